@@ -1,0 +1,309 @@
+"""The region code: the one table format shared by golden/, hw/ and sw/.
+
+A codeword is a 3-bit prefix ``p`` (one of 8 regions) followed by ``w_p`` payload bits, both MSB
+first. A *ranked* region maps its payload to ``rank_to_symbol[base_p + payload]``; the single
+optional *literal* region (``w = 8``) carries the symbol itself (the escape). Everything about the
+format -- validation, the encoder/decoder lookup tables, the canonical binary form and its hash,
+the JSON table file and the ``$readmemh`` images for the RTL -- is defined here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+NUM_REGIONS = 8
+PREFIX_BITS = 3
+MAX_WIDTH = 8
+ALPHABET = 256
+MAX_CODE_LENGTH = PREFIX_BITS + MAX_WIDTH
+
+TABLE_FILE_FORMAT = "zipccl-region-code"
+TABLE_FILE_VERSION = 1
+
+# Canonical binary form (also embedded verbatim in every compressed buffer's header):
+#   bytes 0..7    region descriptors: bits 0-3 width, bit 7 literal flag
+#   bytes 8..9    number of ranked symbols n (uint16, little endian)
+#   bytes 10..265 rank_to_symbol, zero padded to 256 entries
+TABLE_BYTES = NUM_REGIONS + 2 + ALPHABET
+_LITERAL_FLAG = 0x80
+_WIDTH_MASK = 0x0F
+
+# $readmemh word layouts for the RTL (hw/ builds its memories from these constants).
+#   encoder LUT, 256 words:  {width[3:0], prefix[2:0], payload[7:0]}              = 15 bits
+#   region table, 8 words:   {literal, width[3:0], base[8:0]}  (base saturates at 256) = 14 bits
+#   rank LUT, 256 words:     {symbol[7:0]}; the rank count n is a separate 9-bit register
+ENC_PAYLOAD_BITS = 8
+ENC_PREFIX_SHIFT = ENC_PAYLOAD_BITS
+ENC_WIDTH_SHIFT = ENC_PREFIX_SHIFT + PREFIX_BITS
+ENC_WORD_BITS = ENC_WIDTH_SHIFT + 4
+REGION_BASE_BITS = 9
+REGION_WIDTH_SHIFT = REGION_BASE_BITS
+REGION_LITERAL_SHIFT = REGION_WIDTH_SHIFT + 4
+REGION_WORD_BITS = REGION_LITERAL_SHIFT + 1
+RANK_COUNT_BITS = 9
+
+
+class TableError(ValueError):
+    """A table that is not a valid, complete region code."""
+
+
+@dataclass(frozen=True)
+class Codebook:
+    """A complete region code over the 8-bit alphabet.
+
+    ``widths[p]`` is region p's payload width; ``literal`` is the index of the escape region (or
+    None); ``ranks`` is rank_to_symbol, most probable first by convention. Ranked regions take
+    consecutive ranks in prefix order, so region p starts at ``base_p = sum(2**w)`` over the ranked
+    regions before it.
+    """
+
+    widths: tuple[int, ...]
+    literal: int | None
+    ranks: tuple[int, ...]
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
+        object.__setattr__(self, "ranks", tuple(int(s) for s in self.ranks))
+        self._validate()
+
+    def _validate(self) -> None:
+        if len(self.widths) != NUM_REGIONS:
+            raise TableError(f"a table has {NUM_REGIONS} regions, got {len(self.widths)} widths")
+        for p, w in enumerate(self.widths):
+            if not 0 <= w <= MAX_WIDTH:
+                raise TableError(f"region {p} width {w} is outside 0..{MAX_WIDTH}")
+        if self.literal is not None:
+            if not 0 <= self.literal < NUM_REGIONS:
+                raise TableError(f"literal region {self.literal} is outside 0..{NUM_REGIONS - 1}")
+            if self.widths[self.literal] != MAX_WIDTH:
+                raise TableError(
+                    f"literal region {self.literal} must have width {MAX_WIDTH}, "
+                    f"got {self.widths[self.literal]}"
+                )
+        bad = [s for s in self.ranks if not 0 <= s < ALPHABET]
+        if bad:
+            raise TableError(f"rank table holds symbols outside 0..255: {bad[:5]}")
+        if len(set(self.ranks)) != len(self.ranks):
+            dup = sorted({s for s in self.ranks if self.ranks.count(s) > 1})
+            raise TableError(f"rank table lists symbols more than once: {dup[:5]}")
+        if len(self.ranks) > self.capacity:
+            raise TableError(
+                f"rank table has {len(self.ranks)} symbols but the ranked regions hold only "
+                f"{self.capacity}"
+            )
+        if self.literal is None and len(self.ranks) < ALPHABET:
+            raise TableError(
+                f"incomplete table: no literal region and only {len(self.ranks)} of {ALPHABET} "
+                "symbols ranked, so unseen symbols could not be coded"
+            )
+
+    # ----------------------------------------------------------------- derived region facts
+    @property
+    def ranked(self) -> tuple[bool, ...]:
+        return tuple(p != self.literal for p in range(NUM_REGIONS))
+
+    @property
+    def bases(self) -> tuple[int, ...]:
+        """First rank of each ranked region (0 for the literal region)."""
+        out, acc = [], 0
+        for p, w in enumerate(self.widths):
+            out.append(acc if self.ranked[p] else 0)
+            if self.ranked[p]:
+                acc += 1 << w
+        return tuple(out)
+
+    @property
+    def capacity(self) -> int:
+        return sum(1 << w for p, w in enumerate(self.widths) if p != self.literal)
+
+    @property
+    def num_ranked(self) -> int:
+        return len(self.ranks)
+
+    # ----------------------------------------------------------------- lookup tables
+    def encoder_lut(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """symbol -> (prefix, payload, code length), each a 256-entry array."""
+        prefix = np.zeros(ALPHABET, np.uint8)
+        payload = np.zeros(ALPHABET, np.uint8)
+        if self.literal is not None:
+            prefix[:] = self.literal
+            payload[:] = np.arange(ALPHABET, dtype=np.uint8)
+        bases = self.bases
+        for rank, sym in enumerate(self.ranks):
+            p = self._region_of_rank(rank)
+            prefix[sym] = p
+            payload[sym] = rank - bases[p]
+        width = np.asarray(self.widths, np.uint8)[prefix]
+        return prefix, payload, (PREFIX_BITS + width).astype(np.uint8)
+
+    def _region_of_rank(self, rank: int) -> int:
+        for p, (w, base) in enumerate(zip(self.widths, self.bases, strict=True)):
+            if self.ranked[p] and base <= rank < base + (1 << w):
+                return p
+        raise AssertionError("validated tables place every rank in a region")
+
+    def region_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """prefix -> (width, base saturated at 256, literal flag): the decoder's 8-entry table."""
+        width = np.asarray(self.widths, np.uint8)
+        base = np.minimum(np.asarray(self.bases, np.int64), ALPHABET).astype(np.uint16)
+        literal = np.asarray([not r for r in self.ranked], np.bool_)
+        return width, base, literal
+
+    def rank_lut(self) -> np.ndarray:
+        """rank -> symbol, 256 entries; ranks >= num_ranked are illegal and read as 0."""
+        lut = np.zeros(ALPHABET, np.uint8)
+        lut[: self.num_ranked] = self.ranks
+        return lut
+
+    def code_lengths(self) -> np.ndarray:
+        return self.encoder_lut()[2]
+
+    def expected_bits(self, hist: np.ndarray) -> float:
+        """Mean code length in bits under a 256-bin histogram."""
+        hist = np.asarray(hist, np.float64)
+        total = hist.sum()
+        return float((hist * self.code_lengths()).sum() / total) if total else 0.0
+
+    # ----------------------------------------------------------------- canonical form and hash
+    def to_bytes(self) -> bytes:
+        desc = bytes(
+            w | (_LITERAL_FLAG if p == self.literal else 0) for p, w in enumerate(self.widths)
+        )
+        n = self.num_ranked.to_bytes(2, "little")
+        return desc + n + bytes(self.ranks) + bytes(ALPHABET - self.num_ranked)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, name: str = "") -> Codebook:
+        if len(data) != TABLE_BYTES:
+            raise TableError(f"a table is {TABLE_BYTES} bytes, got {len(data)}")
+        desc = data[:NUM_REGIONS]
+        if any(d & ~(_LITERAL_FLAG | _WIDTH_MASK) for d in desc):
+            raise TableError("region descriptor has reserved bits set")
+        literals = [p for p, d in enumerate(desc) if d & _LITERAL_FLAG]
+        if len(literals) > 1:
+            raise TableError(f"more than one literal region: {literals}")
+        n = int.from_bytes(data[NUM_REGIONS : NUM_REGIONS + 2], "little")
+        if n > ALPHABET:
+            raise TableError(f"rank count {n} exceeds {ALPHABET}")
+        ranks = data[NUM_REGIONS + 2 : NUM_REGIONS + 2 + n]
+        if any(data[NUM_REGIONS + 2 + n :]):
+            raise TableError("rank table padding is not zero")
+        return cls(
+            widths=tuple(d & _WIDTH_MASK for d in desc),
+            literal=literals[0] if literals else None,
+            ranks=tuple(ranks),
+            name=name,
+        )
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.to_bytes()).hexdigest()
+
+    @property
+    def hash64(self) -> int:
+        """First 8 bytes of the SHA-256, as carried in compressed-buffer headers."""
+        return int.from_bytes(hashlib.sha256(self.to_bytes()).digest()[:8], "little")
+
+    # ----------------------------------------------------------------- table file (JSON)
+    def to_json(self) -> str:
+        doc = {
+            "format": TABLE_FILE_FORMAT,
+            "version": TABLE_FILE_VERSION,
+            "name": self.name,
+            "regions": [
+                {"prefix": p, "width": w, "kind": "literal" if p == self.literal else "ranked"}
+                for p, w in enumerate(self.widths)
+            ],
+            "rank_to_symbol": list(self.ranks),
+            "sha256": self.sha256,
+        }
+        return json.dumps(doc, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Codebook:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TableError(f"table file is not JSON: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("format") != TABLE_FILE_FORMAT:
+            raise TableError(f"not a {TABLE_FILE_FORMAT} table file")
+        if doc.get("version") != TABLE_FILE_VERSION:
+            raise TableError(f"table file version {doc.get('version')!r} is not supported")
+        try:
+            regions = sorted(doc["regions"], key=lambda r: r["prefix"])
+            if [r["prefix"] for r in regions] != list(range(NUM_REGIONS)):
+                raise TableError(f"table file must list prefixes 0..{NUM_REGIONS - 1} once each")
+            kinds = [r["kind"] for r in regions]
+            if set(kinds) - {"ranked", "literal"}:
+                raise TableError(f"unknown region kind in {kinds}")
+            literals = [p for p, k in enumerate(kinds) if k == "literal"]
+            if len(literals) > 1:
+                raise TableError(f"more than one literal region: {literals}")
+            book = cls(
+                widths=tuple(r["width"] for r in regions),
+                literal=literals[0] if literals else None,
+                ranks=tuple(doc["rank_to_symbol"]),
+                name=str(doc.get("name", "")),
+            )
+        except (KeyError, TypeError) as exc:
+            raise TableError(f"table file is missing or mistypes a field: {exc}") from None
+        if doc.get("sha256") != book.sha256:
+            raise TableError(
+                f"table file hash {doc.get('sha256')!r} does not match its content ({book.sha256})"
+            )
+        return book
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Codebook:
+        return cls.from_json(Path(path).read_text())
+
+    # ----------------------------------------------------------------- RTL memory images
+    def encoder_words(self) -> list[int]:
+        prefix, payload, length = self.encoder_lut()
+        width = length.astype(int) - PREFIX_BITS
+        return [
+            (int(w) << ENC_WIDTH_SHIFT) | (int(p) << ENC_PREFIX_SHIFT) | int(v)
+            for w, p, v in zip(width, prefix, payload, strict=True)
+        ]
+
+    def region_words(self) -> list[int]:
+        width, base, literal = self.region_table()
+        return [
+            (int(lit) << REGION_LITERAL_SHIFT) | (int(w) << REGION_WIDTH_SHIFT) | int(b)
+            for w, b, lit in zip(width, base, literal, strict=True)
+        ]
+
+    def rank_words(self) -> list[int]:
+        return [int(s) for s in self.rank_lut()]
+
+    def write_memh(self, directory: str | Path, stem: str) -> dict[str, Path]:
+        """Write ``{stem}_enc.hex``, ``{stem}_region.hex``, ``{stem}_rank.hex`` and
+        ``{stem}_count.hex`` (the rank count) for ``$readmemh``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        images = {
+            "enc": (self.encoder_words(), ENC_WORD_BITS),
+            "region": (self.region_words(), REGION_WORD_BITS),
+            "rank": (self.rank_words(), 8),
+            "count": ([self.num_ranked], RANK_COUNT_BITS),
+        }
+        paths = {}
+        for kind, (words, bits) in images.items():
+            digits = (bits + 3) // 4
+            path = directory / f"{stem}_{kind}.hex"
+            path.write_text("".join(f"{w:0{digits}x}\n" for w in words))
+            paths[kind] = path
+        return paths
+
+    def describe(self) -> str:
+        kinds = "".join("L" if p == self.literal else str(w) for p, w in enumerate(self.widths))
+        return f"{self.name or 'table'} [{kinds}] n={self.num_ranked} sha256={self.sha256[:12]}"

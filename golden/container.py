@@ -1,0 +1,223 @@
+"""The compressed-buffer format: one self-describing byte buffer per tensor.
+
+Layout (all integers little endian; every section starts on a 128-byte boundary, gaps are zero):
+
+    header          HEADER_BYTES, see ``Header``; ends with a CRC-32 of everything before it
+    split layout:   raw byte planes   raw_bits // 8 planes of numel bytes (byte b = raw bits 8b..8b+7)
+                    raw bit planes    raw_bits % 8 planes of ceil(numel/8) bytes (the top raw bits)
+                    prefix planes     3 planes of ceil(numel/8) bytes
+                    block offsets     ceil(numel/block) uint64
+                    payload stream    payload_bytes bytes
+    raw layout:     the tensor's bytes, little endian
+
+The split sections that depend only on ``numel`` (raw planes, prefix planes, offsets) have sizes
+every rank can compute before any data moves; only the payload stream varies. An encoder stores
+the raw layout whenever the split layout would not be smaller, so no buffer exceeds its input by
+more than ``HEADER_BYTES``.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from golden.codebook import PREFIX_BITS, TABLE_BYTES, Codebook, TableError
+from golden.formats import BY_CODE, FloatFormat
+from golden.streams import (
+    SplitStream,
+    StreamError,
+    decode_split,
+    encode_split,
+    from_planes,
+    num_blocks,
+    to_planes,
+)
+
+MAGIC = b"ZCCL"
+VERSION = 1
+LAYOUT_RAW = 0
+LAYOUT_SPLIT = 1
+HEADER_BYTES = 512
+ALIGN = 128
+MAX_DIMS = 8
+DEFAULT_BLOCK = 4096
+MIN_BLOCK, MAX_BLOCK = 64, 1 << 20
+
+#  magic, version, layout, dtype, ndim, block, numel, payload_bytes, shape[8], table hash
+_FIXED = struct.Struct("<4sBBBBIQQ8QQ")
+_TABLE_AT = _FIXED.size
+_CRC_AT = HEADER_BYTES - 4
+assert _TABLE_AT + TABLE_BYTES <= _CRC_AT
+
+
+def align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class Header:
+    layout: int
+    fmt: FloatFormat
+    shape: tuple[int, ...]
+    block: int
+    payload_bytes: int
+    table: Codebook | None  # None for the raw layout
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    def pack(self) -> bytes:
+        dims = list(self.shape) + [0] * (MAX_DIMS - len(self.shape))
+        table = self.table.to_bytes() if self.table else bytes(TABLE_BYTES)
+        thash = self.table.hash64 if self.table else 0
+        fixed = _FIXED.pack(
+            MAGIC, VERSION, self.layout, self.fmt.code, len(self.shape), self.block,
+            self.numel, self.payload_bytes, *dims, thash,
+        )
+        body = fixed + table
+        body += bytes(_CRC_AT - len(body))
+        return body + struct.pack("<I", zlib.crc32(body))
+
+    @classmethod
+    def unpack(cls, buf: bytes) -> Header:
+        if len(buf) < HEADER_BYTES:
+            raise StreamError(f"buffer of {len(buf)} bytes is shorter than the header")
+        head = bytes(buf[:HEADER_BYTES])
+        (magic, version, layout, code, ndim, block, numel, payload_bytes, *rest) = _FIXED.unpack(
+            head[:_TABLE_AT]
+        )
+        dims, thash = rest[:MAX_DIMS], rest[MAX_DIMS]
+        if magic != MAGIC:
+            raise StreamError(f"not a zipccl buffer (magic {magic!r})")
+        if version != VERSION:
+            raise StreamError(f"buffer format version {version} is not supported (need {VERSION})")
+        if struct.unpack("<I", head[_CRC_AT:])[0] != zlib.crc32(head[:_CRC_AT]):
+            raise StreamError("header checksum mismatch: the buffer is corrupt")
+        if code not in BY_CODE:
+            raise StreamError(f"unknown dtype code {code}")
+        if layout not in (LAYOUT_RAW, LAYOUT_SPLIT):
+            raise StreamError(f"unknown layout {layout}")
+        if ndim > MAX_DIMS or any(dims[ndim:]):
+            raise StreamError(f"bad shape rank {ndim}")
+        shape = tuple(dims[:ndim])
+        if (int(np.prod(shape, dtype=np.int64)) if shape else 1) != numel:
+            raise StreamError(f"shape {shape} does not hold {numel} elements")
+        table = None
+        if layout == LAYOUT_SPLIT:
+            if not (MIN_BLOCK <= block <= MAX_BLOCK and block & (block - 1) == 0):
+                raise StreamError(f"block size {block} is not a power of two in range")
+            try:
+                table = Codebook.from_bytes(head[_TABLE_AT : _TABLE_AT + TABLE_BYTES])
+            except TableError as exc:
+                raise StreamError(f"header table is invalid: {exc}") from None
+            if table.hash64 != thash:
+                raise StreamError("header table hash does not match its table")
+        return cls(layout, BY_CODE[code], shape, block, payload_bytes, table)
+
+
+@dataclass(frozen=True)
+class Sections:
+    """Byte offsets of the split layout's sections, derived from numel alone."""
+
+    raw_bytes: list[int]
+    raw_bits: list[int]
+    prefix: list[int]
+    offsets: int
+    payload: int
+
+    @classmethod
+    def of(cls, fmt: FloatFormat, numel: int, block: int) -> Sections:
+        pos = HEADER_BYTES
+        plane_bits = (numel + 7) // 8
+
+        def take(size: int) -> int:
+            nonlocal pos
+            at, pos = pos, align(pos + size)
+            return at
+
+        raw_bytes = [take(numel) for _ in range(fmt.raw_bits // 8)]
+        raw_bits = [take(plane_bits) for _ in range(fmt.raw_bits % 8)]
+        prefix = [take(plane_bits) for _ in range(PREFIX_BITS)]
+        offsets = take(8 * num_blocks(numel, block))
+        return cls(raw_bytes, raw_bits, prefix, offsets, pos)
+
+
+def split_size(fmt: FloatFormat, numel: int, block: int, payload_bytes: int) -> int:
+    return Sections.of(fmt, numel, block).payload + payload_bytes
+
+
+def raw_size(fmt: FloatFormat, numel: int) -> int:
+    return HEADER_BYTES + numel * fmt.bits // 8
+
+
+def _check_bits(bits: np.ndarray, fmt: FloatFormat) -> np.ndarray:
+    if not isinstance(bits, np.ndarray) or bits.dtype != np.dtype(fmt.uint):
+        got = bits.dtype if isinstance(bits, np.ndarray) else type(bits).__name__
+        raise TypeError(f"{fmt.name} bit patterns must be a {np.dtype(fmt.uint)} array, got {got}")
+    if bits.ndim > MAX_DIMS:
+        raise ValueError(f"tensors of more than {MAX_DIMS} dimensions are not supported")
+    return bits
+
+
+def encode(bits: np.ndarray, fmt: FloatFormat, table: Codebook, block: int = DEFAULT_BLOCK) -> bytes:
+    """Compress the bit patterns ``bits`` (uint8/16/32 view of the tensor) under ``table``."""
+    bits = _check_bits(bits, fmt)
+    if not (MIN_BLOCK <= block <= MAX_BLOCK and block & (block - 1) == 0):
+        raise ValueError(f"block must be a power of two in [{MIN_BLOCK}, {MAX_BLOCK}], got {block}")
+    flat = bits.ravel()
+    split = encode_split(fmt.symbols(flat), table, block)
+    size = split_size(fmt, flat.size, block, len(split.payload))
+    if size >= raw_size(fmt, flat.size):
+        head = Header(LAYOUT_RAW, fmt, bits.shape, block, 0, None)
+        return head.pack() + flat.astype(f"<u{fmt.bits // 8}").tobytes()
+    head = Header(LAYOUT_SPLIT, fmt, bits.shape, block, len(split.payload), table)
+    out = bytearray(size)
+    out[:HEADER_BYTES] = head.pack()
+    sec = Sections.of(fmt, flat.size, block)
+    raw = fmt.raw(flat)
+    for b, at in enumerate(sec.raw_bytes):
+        out[at : at + flat.size] = ((raw >> (8 * b)) & 0xFF).astype(np.uint8).tobytes()
+    top = to_planes(raw >> (8 * len(sec.raw_bytes)), len(sec.raw_bits))
+    for plane, at in zip(list(top) + list(split.planes), sec.raw_bits + sec.prefix, strict=True):
+        out[at : at + len(plane)] = plane.tobytes()
+    out[sec.offsets : sec.offsets + 8 * len(split.offsets)] = split.offsets.astype("<u8").tobytes()
+    out[sec.payload :] = split.payload
+    return bytes(out)
+
+
+def decode(buf: bytes) -> tuple[FloatFormat, np.ndarray]:
+    """Decompress a buffer made by :func:`encode` (or any bit-exact twin of it)."""
+    if not isinstance(buf, bytes | bytearray | memoryview):
+        raise TypeError(f"expected a bytes-like buffer, got {type(buf).__name__}")
+    buf = bytes(buf)
+    head = Header.unpack(buf)
+    fmt, numel = head.fmt, head.numel
+    if head.layout == LAYOUT_RAW:
+        want = raw_size(fmt, numel)
+        if len(buf) != want:
+            raise StreamError(f"raw buffer is {len(buf)} bytes, header says {want}")
+        data = np.frombuffer(buf, f"<u{fmt.bits // 8}", offset=HEADER_BYTES)
+        return fmt, data.astype(fmt.uint).reshape(head.shape)
+    assert head.table is not None
+    want = split_size(fmt, numel, head.block, head.payload_bytes)
+    if len(buf) != want:
+        raise StreamError(f"buffer is {len(buf)} bytes, header says {want} (truncated or padded)")
+    sec = Sections.of(fmt, numel, head.block)
+    plane_len = (numel + 7) // 8
+    arr = np.frombuffer(buf, np.uint8)
+    planes = np.stack([arr[at : at + plane_len] for at in sec.prefix])
+    nb = num_blocks(numel, head.block)
+    offsets = np.frombuffer(buf, "<u8", count=nb, offset=sec.offsets).astype(np.uint64)
+    split = SplitStream(planes, offsets, buf[sec.payload :])
+    symbols = decode_split(split, numel, head.table, head.block)
+    raw = np.zeros(numel, np.uint32)
+    for b, at in enumerate(sec.raw_bytes):
+        raw |= arr[at : at + numel].astype(np.uint32) << (8 * b)
+    if sec.raw_bits:
+        top = np.stack([arr[at : at + plane_len] for at in sec.raw_bits])
+        raw |= from_planes(top, numel) << (8 * len(sec.raw_bytes))
+    return fmt, fmt.join(symbols, raw).reshape(head.shape)

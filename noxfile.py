@@ -1,0 +1,67 @@
+"""Developer and CI entry points: `nox -s sim` (the main job), `nox -s tests`, `verilog`, `synth`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import nox
+
+nox.options.sessions = ["sim"]
+nox.options.reuse_existing_virtualenvs = True
+
+TORCH = "torch==2.13.0"  # the CPU build on the dev/CI machines' disk; a plain "torch" pulls CUDA
+
+
+def _ensure_tool(session: nox.Session, tool: str, package: str) -> None:
+    """Install a Debian tool when missing and allowed (root); otherwise say exactly what to do."""
+    if shutil.which(tool):
+        return
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
+        session.log(f"{tool} not found: installing Debian package {package}")
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", package, external=True)
+        return
+    session.error(f"{tool} not found: install it with `sudo apt-get install -y {package}`")
+
+
+@nox.session
+def sim(session: nox.Session) -> None:
+    """RTL simulation of the QLC encoder/decoder against golden/ on the built-in data set."""
+    _ensure_tool(session, "iverilog", "iverilog")
+    session.install("-e", ".[sim]")
+    session.run("python", "-m", "sim", *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Everything that runs without a GPU: golden, hw (Amaranth sim + cocotb), sw on CPU."""
+    _ensure_tool(session, "iverilog", "iverilog")
+    session.install(TORCH)
+    session.install("-e", ".[test,sim,torch,triton,report]")
+    session.run("ruff", "check", ".")
+    session.run("pytest", "-q", *session.posargs)
+
+
+@nox.session
+def verilog(session: nox.Session) -> None:
+    """Write the encoder/decoder Verilog and the default tables' $readmemh files into build/."""
+    session.install("-e", ".[hw]")
+    session.run("python", "-m", "hw.generate", "--out", "build", *session.posargs)
+
+
+@nox.session
+def synth(session: nox.Session) -> None:
+    """iCE40 UP5K estimates (yosys synth_ice40 + nextpnr-ice40): LUTs, RAM blocks, Fmax."""
+    _ensure_tool(session, "yosys", "yosys")
+    _ensure_tool(session, "nextpnr-ice40", "nextpnr-ice40")
+    session.install("-e", ".[hw]")
+    session.run("python", "-m", "hw.synth", "--out", "build/synth", *session.posargs)
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    """Compression report on all-MiniLM-L6-v2 tensors (`python -m golden.report`)."""
+    session.install(TORCH)
+    session.install("-e", ".[report]")
+    session.run("python", "-m", "golden.report", *session.posargs)
