@@ -1,0 +1,1 @@
+"""zipccl: lossless compression of LLM-training tensors and compressed collectives."""
