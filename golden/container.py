@@ -3,7 +3,7 @@
 Layout (all integers little endian; every section starts on a 128-byte boundary, gaps are zero):
 
     header          HEADER_BYTES, see ``Header``; ends with a CRC-32 of everything before it
-    split layout:   raw byte planes   raw_bits // 8 planes of numel bytes (byte b = raw bits 8b..8b+7)
+    split layout:   raw byte planes   raw_bits // 8 planes of numel bytes (plane b: raw bits 8b..8b+7)
                     raw bit planes    raw_bits % 8 planes of ceil(numel/8) bytes (the top raw bits)
                     prefix planes     3 planes of ceil(numel/8) bytes
                     block offsets     ceil(numel/block) uint64
@@ -46,8 +46,9 @@ MAX_DIMS = 8
 DEFAULT_BLOCK = 4096
 MIN_BLOCK, MAX_BLOCK = 64, 1 << 20
 
-#  magic, version, layout, dtype, ndim, block, numel, payload_bytes, shape[8], table hash
-_FIXED = struct.Struct("<4sBBBBIQQ8QQ")
+# offset 0 magic, 4 version, 5 layout, 6 dtype code, 7 ndim, 8 block, 12 reserved (0),
+# 16 numel, 24 payload_bytes, 32 shape[8], 96 table hash64, 104 table (266 bytes), 508 CRC-32
+_FIXED = struct.Struct("<4sBBBBIIQQ8QQ")
 _TABLE_AT = _FIXED.size
 _CRC_AT = HEADER_BYTES - 4
 assert _TABLE_AT + TABLE_BYTES <= _CRC_AT
@@ -75,8 +76,17 @@ class Header:
         table = self.table.to_bytes() if self.table else bytes(TABLE_BYTES)
         thash = self.table.hash64 if self.table else 0
         fixed = _FIXED.pack(
-            MAGIC, VERSION, self.layout, self.fmt.code, len(self.shape), self.block,
-            self.numel, self.payload_bytes, *dims, thash,
+            MAGIC,
+            VERSION,
+            self.layout,
+            self.fmt.code,
+            len(self.shape),
+            self.block,
+            0,
+            self.numel,
+            self.payload_bytes,
+            *dims,
+            thash,
         )
         body = fixed + table
         body += bytes(_CRC_AT - len(body))
@@ -87,8 +97,8 @@ class Header:
         if len(buf) < HEADER_BYTES:
             raise StreamError(f"buffer of {len(buf)} bytes is shorter than the header")
         head = bytes(buf[:HEADER_BYTES])
-        (magic, version, layout, code, ndim, block, numel, payload_bytes, *rest) = _FIXED.unpack(
-            head[:_TABLE_AT]
+        (magic, version, layout, code, ndim, block, reserved, numel, payload_bytes, *rest) = (
+            _FIXED.unpack(head[:_TABLE_AT])
         )
         dims, thash = rest[:MAX_DIMS], rest[MAX_DIMS]
         if magic != MAGIC:
@@ -97,6 +107,8 @@ class Header:
             raise StreamError(f"buffer format version {version} is not supported (need {VERSION})")
         if struct.unpack("<I", head[_CRC_AT:])[0] != zlib.crc32(head[:_CRC_AT]):
             raise StreamError("header checksum mismatch: the buffer is corrupt")
+        if reserved or any(head[_TABLE_AT + TABLE_BYTES : _CRC_AT]):
+            raise StreamError("header reserved bytes are not zero")
         if code not in BY_CODE:
             raise StreamError(f"unknown dtype code {code}")
         if layout not in (LAYOUT_RAW, LAYOUT_SPLIT):
@@ -107,6 +119,8 @@ class Header:
         if (int(np.prod(shape, dtype=np.int64)) if shape else 1) != numel:
             raise StreamError(f"shape {shape} does not hold {numel} elements")
         table = None
+        if layout == LAYOUT_RAW and (thash or any(head[_TABLE_AT : _TABLE_AT + TABLE_BYTES])):
+            raise StreamError("raw-layout header carries a table")
         if layout == LAYOUT_SPLIT:
             if not (MIN_BLOCK <= block <= MAX_BLOCK and block & (block - 1) == 0):
                 raise StreamError(f"block size {block} is not a power of two in range")
@@ -163,7 +177,9 @@ def _check_bits(bits: np.ndarray, fmt: FloatFormat) -> np.ndarray:
     return bits
 
 
-def encode(bits: np.ndarray, fmt: FloatFormat, table: Codebook, block: int = DEFAULT_BLOCK) -> bytes:
+def encode(
+    bits: np.ndarray, fmt: FloatFormat, table: Codebook, block: int = DEFAULT_BLOCK
+) -> bytes:
     """Compress the bit patterns ``bits`` (uint8/16/32 view of the tensor) under ``table``."""
     bits = _check_bits(bits, fmt)
     if not (MIN_BLOCK <= block <= MAX_BLOCK and block & (block - 1) == 0):

@@ -129,9 +129,16 @@ def decode_serial(data: bytes, count: int, book: Codebook) -> np.ndarray:
 def to_planes(values: np.ndarray, nbits: int) -> np.ndarray:
     """(nbits, ceil(n/8)) uint8: plane k holds bit k of each value, LSB-first within bytes."""
     values = np.asarray(values, np.uint32).ravel()
-    return np.stack(
-        [np.packbits(((values >> k) & 1).astype(np.uint8), bitorder="little") for k in range(nbits)]
-    ) if nbits else np.zeros((0, (len(values) + 7) // 8), np.uint8)
+    return (
+        np.stack(
+            [
+                np.packbits(((values >> k) & 1).astype(np.uint8), bitorder="little")
+                for k in range(nbits)
+            ]
+        )
+        if nbits
+        else np.zeros((0, (len(values) + 7) // 8), np.uint8)
+    )
 
 
 def from_planes(planes: np.ndarray, count: int) -> np.ndarray:
@@ -180,7 +187,7 @@ def pack_split(cw: Codewords, block: int) -> SplitStream:
     width = cw.width.astype(np.int64)
     within, block_bits = _in_block_bit_offsets(width, block)
     block_bytes = (block_bits + 7) // 8
-    offsets = np.concatenate([[0], np.cumsum(block_bytes)[:-1]]).astype(np.uint64)
+    offsets = (np.cumsum(block_bytes) - block_bytes).astype(np.uint64)
     total = int(block_bytes.sum())
     bits = np.zeros(total * 8, np.uint8)
     if count:
@@ -203,7 +210,7 @@ def parse_split(split: SplitStream, count: int, book: Codebook, block: int) -> C
     width = np.asarray(book.widths, np.int64)[prefix]
     within, block_bits = _in_block_bit_offsets(width, block)
     block_bytes = (block_bits + 7) // 8
-    expect = np.concatenate([[0], np.cumsum(block_bytes)[:-1]]) if nb else block_bytes
+    expect = np.cumsum(block_bytes) - block_bytes
     if not np.array_equal(offsets, expect) or int(block_bytes.sum()) != len(split.payload):
         bad = np.flatnonzero(offsets != expect)
         where = f"block {int(bad[0])}" if len(bad) else "the end of the payload stream"

@@ -64,7 +64,7 @@ def exponent_probabilities(fmt: FloatFormat, stats: TensorStats) -> np.ndarray:
 
 
 def zipccl_layout(ranks: list[int], name: str) -> Codebook:
-    """The ZipCCL exponent table: prefix 0 escapes (8-bit literal), prefixes 1..7 one symbol each."""
+    """The ZipCCL exponent table: prefix 0 escapes (8-bit literal), 1..7 one symbol each."""
     return Codebook(widths=(8,) + (0,) * ZIPCCL_TOP, literal=0, ranks=tuple(ranks), name=name)
 
 
