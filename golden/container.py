@@ -3,7 +3,7 @@
 Layout (all integers little endian; every section starts on a 128-byte boundary, gaps are zero):
 
     header          HEADER_BYTES, see ``Header``; ends with a CRC-32 of everything before it
-    split layout:   raw byte planes   raw_bits // 8 planes of numel bytes (plane b: raw bits 8b..8b+7)
+    split layout:   raw byte planes   raw_bits // 8 planes of numel bytes (plane b: bits 8b..8b+7)
                     raw bit planes    raw_bits % 8 planes of ceil(numel/8) bytes (the top raw bits)
                     prefix planes     3 planes of ceil(numel/8) bytes
                     block offsets     ceil(numel/block) uint64
