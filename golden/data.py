@@ -29,6 +29,27 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from golden.baselines import histogram
+
+__all__ = [
+    "FP8_MAX",
+    "SENTENCE_PAIRS",
+    "TENSOR_CLASSES",
+    "Capture",
+    "bf16_activations",
+    "bf16_bits",
+    "bf16_gradients",
+    "bf16_weights",
+    "capture",
+    "concat",
+    "fp8_activations",
+    "fp8_bytes",
+    "fp8_scale",
+    "histogram",
+    "load_model",
+    "tensor_class",
+]
+
 SEED = 0
 TEMPERATURE = 0.05  # InfoNCE temperature (sentence-transformers' MultipleNegativesRankingLoss: 20)
 
@@ -191,8 +212,3 @@ def tensor_class(name: str) -> dict[str, np.ndarray]:
 def concat(tensors: dict[str, np.ndarray]) -> np.ndarray:
     """All tensors of a class flattened into one array (module order)."""
     return np.concatenate([t.ravel() for t in tensors.values()])
-
-
-def histogram(symbols: np.ndarray) -> np.ndarray:
-    """256-bin count histogram of 8-bit symbols (int64)."""
-    return np.bincount(np.asarray(symbols, np.uint8).ravel(), minlength=256).astype(np.int64)
