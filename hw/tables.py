@@ -1,0 +1,90 @@
+"""Stream layouts and table memories shared by the QLC encoder and decoder.
+
+The word layouts of the three table memories are golden/codebook.py's constants, so a Codebook's
+``encoder_words/region_words/rank_words`` images load unchanged: as reset-time init of the memories
+(the bitstream's default table) or, one word per beat, through the ``tw`` table-write stream. One
+write stream can feed both blocks: each block keeps the memories it uses and drops the rest.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from amaranth import unsigned
+from amaranth.lib import data
+
+from golden.codebook import (
+    ENC_PAYLOAD_BITS,
+    ENC_PREFIX_SHIFT,
+    ENC_WIDTH_SHIFT,
+    ENC_WORD_BITS,
+    NUM_REGIONS,
+    PREFIX_BITS,
+    RANK_COUNT_BITS,
+    REGION_BASE_BITS,
+    REGION_LITERAL_SHIFT,
+    REGION_WIDTH_SHIFT,
+    REGION_WORD_BITS,
+    Codebook,
+)
+
+WORD_BITS = 32  # serial stream word; bit 31 is the first stream bit (big-endian words)
+WIDTH_BITS = 4
+COUNT_BITS = 32  # symbols per packet (decoder) and bits per packet (encoder report)
+
+
+class Mem(enum.IntEnum):
+    """Which table memory a ``tw`` beat writes."""
+
+    ENC = 0  # 256 x ENC_WORD_BITS   {width, prefix, payload}
+    REGION = 1  # 8 x REGION_WORD_BITS {literal, width, base}
+    RANK = 2  # 256 x 8              rank -> symbol
+    COUNT = 3  # 1 x RANK_COUNT_BITS  number of ranked symbols
+
+
+TW_DATA_BITS = max(ENC_WORD_BITS, REGION_WORD_BITS, RANK_COUNT_BITS, 8)
+
+SymbolLayout = data.StructLayout({"data": 8, "last": 1})
+WordLayout = data.StructLayout({"data": WORD_BITS, "last": 1})
+# Encoder output: the packet's bit count rides on every word and is final on the ``last`` word.
+EncWordLayout = data.StructLayout({"data": WORD_BITS, "last": 1, "bits": COUNT_BITS})
+TableWriteLayout = data.StructLayout(
+    {"mem": unsigned(2), "addr": unsigned(8), "data": unsigned(TW_DATA_BITS)}
+)
+
+EncEntry = data.StructLayout(
+    {"payload": ENC_PAYLOAD_BITS, "prefix": PREFIX_BITS, "width": WIDTH_BITS}
+)
+RegionEntry = data.StructLayout({"base": REGION_BASE_BITS, "width": WIDTH_BITS, "literal": 1})
+
+assert EncEntry.size == ENC_WORD_BITS
+assert EncEntry["prefix"].offset == ENC_PREFIX_SHIFT
+assert EncEntry["width"].offset == ENC_WIDTH_SHIFT
+assert RegionEntry.size == REGION_WORD_BITS
+assert RegionEntry["width"].offset == REGION_WIDTH_SHIFT
+assert RegionEntry["literal"].offset == REGION_LITERAL_SHIFT
+
+
+def table_writes(book: Codebook, mems: tuple[Mem, ...] = tuple(Mem)) -> list[tuple[int, int, int]]:
+    """(mem, addr, data) beats that load ``book`` into the selected memories."""
+    images = {
+        Mem.ENC: book.encoder_words(),
+        Mem.REGION: book.region_words(),
+        Mem.RANK: book.rank_words(),
+        Mem.COUNT: [book.num_ranked],
+    }
+    return [(int(m), a, w) for m in mems for a, w in enumerate(images[m])]
+
+
+def pack_table_write(mem: int, addr: int, word: int) -> int:
+    """The flat ``tw.payload`` value of one beat (StructLayout fields sit LSB first)."""
+    return mem | addr << 2 | word << 10
+
+
+def default_book() -> Codebook:
+    """The table a block holds after configuration when none is given: ranked 3,3,3,4,4,4,5 plus
+    a literal region, ranks in symbol order (any complete table would do; tests load their own)."""
+    widths = (3, 3, 3, 4, 4, 4, 5, 8)
+    capacity = sum(1 << w for w in widths[:-1])
+    return Codebook(widths, literal=NUM_REGIONS - 1, ranks=tuple(range(capacity)), name="default")
+

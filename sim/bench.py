@@ -1,0 +1,298 @@
+"""Simulator-independent testbench: stream drivers, golden expectations and the test scenarios.
+
+The same scenarios drive the Amaranth simulator (fast unit tests) and the generated Verilog under
+cocotb/Icarus: a :class:`Port` hides how a signal is read, written and clocked. Signals are named
+as in the generated Verilog (``i__valid``, ``o__payload``, ``error``); payloads are flat integers
+in the StructLayout bit order of hw/tables.py.
+
+Cycle protocol (both ports): at a drive point every driver sets its inputs, then ``settle`` lets
+combinational logic settle, then handshakes are sampled (``valid & ready`` as the next clock edge
+will see them), then ``tick`` moves to the next drive point across one rising edge.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from golden.codebook import Codebook
+from golden.streams import Codewords, StreamError, encode_codewords, pack_serial, resolve
+from hw.tables import WORD_BITS, Mem, pack_table_write, table_writes
+
+MAX_CYCLES_PER_BEAT = 64  # a stuck design fails instead of hanging; generous for 25 % rates
+
+
+class Port(Protocol):
+    def set(self, name: str, value: int) -> None: ...
+    def get(self, name: str) -> int: ...
+    async def settle(self) -> None: ...
+    async def tick(self) -> None: ...
+    async def reset(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------- stream drivers
+class Source:
+    """Presents queued beats; once valid rises it holds (payload stable) until accepted."""
+
+    def __init__(self, name: str, rate: float, rng: random.Random) -> None:
+        self.name, self.rate, self.rng = name, rate, rng
+        self.queue: deque[int] = deque()
+        self.showing: int | None = None
+
+    @property
+    def idle(self) -> bool:
+        return self.showing is None and not self.queue
+
+    def clear(self) -> None:
+        self.queue.clear()
+        self.showing = None
+
+    def drive(self, port: Port) -> None:
+        if self.showing is None and self.queue and self.rng.random() < self.rate:
+            self.showing = self.queue.popleft()
+        port.set(f"{self.name}__valid", self.showing is not None)
+        if self.showing is not None:
+            port.set(f"{self.name}__payload", self.showing)
+
+    def sample(self, port: Port) -> None:
+        if self.showing is not None and port.get(f"{self.name}__ready"):
+            self.showing = None
+
+
+class Sink:
+    """Random ready; records every accepted payload."""
+
+    def __init__(self, name: str, rate: float, rng: random.Random) -> None:
+        self.name, self.rate, self.rng = name, rate, rng
+        self.got: list[int] = []
+        self.ready = False
+
+    def drive(self, port: Port) -> None:
+        self.ready = self.rng.random() < self.rate
+        port.set(f"{self.name}__ready", self.ready)
+
+    def sample(self, port: Port) -> None:
+        if self.ready and port.get(f"{self.name}__valid"):
+            self.got.append(port.get(f"{self.name}__payload"))
+
+
+@dataclass
+class Bench:
+    """Runs a block's streams cycle by cycle: ``sources`` feed it, ``sink`` drains it."""
+
+    port: Port
+    sources: dict[str, Source]
+    sink: Sink
+    cycles: int = 0
+    watch_error: bool = False  # stop early when the ``error`` output rises
+
+    @classmethod
+    def make(
+        cls, port: Port, inputs: Sequence[str], seed: int, in_rate: float, out_rate: float,
+        watch_error: bool = False,
+    ) -> Bench:
+        rng = random.Random(seed)
+        sources = {n: Source(n, 1.0 if n == "tw" else in_rate, rng) for n in inputs}
+        return cls(port, sources, Sink("o", out_rate, rng), watch_error=watch_error)
+
+    def error(self) -> bool:
+        return self.watch_error and bool(self.port.get("error"))
+
+    async def step(self) -> None:
+        for s in self.sources.values():
+            s.drive(self.port)
+        self.sink.drive(self.port)
+        await self.port.settle()
+        for s in self.sources.values():
+            s.sample(self.port)
+        self.sink.sample(self.port)
+        await self.port.tick()
+        self.cycles += 1
+
+    async def run_until(self, done: Callable[[], bool], budget: int) -> None:
+        """Clock until ``done()`` (or the error flag); ``budget`` cycles at most, then fail."""
+        start = self.cycles
+        while not (done() or self.error()):
+            if self.cycles - start > budget:
+                raise AssertionError(f"stalled: {budget} cycles without finishing")
+            await self.step()
+
+    async def feed(self, beats: dict[str, Sequence[int]]) -> None:
+        """Queue beats on several sources and clock until all of them are accepted."""
+        for name, seq in beats.items():
+            self.sources[name].queue.extend(int(b) for b in seq)
+        total = sum(len(s) for s in beats.values())
+        await self.run_until(
+            lambda: all(self.sources[n].idle for n in beats), MAX_CYCLES_PER_BEAT * (total + 8)
+        )
+
+    async def drain(self, count: int) -> None:
+        """Clock until the sink has ``count`` beats in all."""
+        await self.run_until(lambda: len(self.sink.got) >= count, MAX_CYCLES_PER_BEAT * (count + 8))
+
+    async def idle_cycles(self, n: int) -> None:
+        for _ in range(n):
+            await self.step()
+
+    async def reset(self) -> None:
+        for s in self.sources.values():
+            s.clear()
+            self.port.set(f"{s.name}__valid", 0)
+        await self.port.reset()
+        self.sink.got.clear()
+
+
+# ---------------------------------------------------------------------------- golden side
+def serial_words(data: bytes) -> list[int]:
+    """Serial bytes -> 32-bit words, big-endian (bit 31 is the first stream bit), zero padded."""
+    pad = -len(data) % 4
+    return [int(w) for w in np.frombuffer(data + bytes(pad), ">u4")]
+
+
+def symbol_beats(packet: np.ndarray) -> list[int]:
+    return [int(s) | (i == len(packet) - 1) << 8 for i, s in enumerate(packet)]
+
+
+def enc_word_fields(beat: int) -> tuple[int, int, int]:
+    """Encoder output beat -> (data, last, bits)."""
+    return beat & 0xFFFFFFFF, beat >> WORD_BITS & 1, beat >> (WORD_BITS + 1)
+
+
+def table_beats(book: Codebook, mems: tuple[Mem, ...] = tuple(Mem)) -> list[int]:
+    return [pack_table_write(*w) for w in table_writes(book, mems)]
+
+
+@dataclass
+class Stats:
+    """What a scenario checked: symbols, stream bits, clock cycles spent feeding and draining."""
+
+    symbols: int = 0
+    bits: int = 0
+    cycles: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, other: Stats) -> None:
+        self.symbols += other.symbols
+        self.bits += other.bits
+        self.cycles += other.cycles
+        self.notes += other.notes
+
+
+def _check_equal(what: str, got: Sequence[int], want: Sequence[int]) -> None:
+    if list(got) != list(want):
+        n = min(len(got), len(want))
+        bad = next((i for i in range(n) if got[i] != want[i]), n)
+        show = (got[bad] if bad < len(got) else None, want[bad] if bad < len(want) else None)
+        raise AssertionError(
+            f"{what}: mismatch at beat {bad} of {len(want)} (got {len(got)} beats): "
+            f"got {show[0]!r}, want {show[1]!r}"
+        )
+
+
+# ---------------------------------------------------------------------------- scenarios
+async def encode_packets(bench: Bench, book: Codebook, packets: Sequence[np.ndarray]) -> Stats:
+    """Load ``book`` through ``tw``, encode the packets, compare the words with golden/."""
+    await bench.feed({"tw": table_beats(book, (Mem.ENC,))})
+    start, first = bench.cycles, len(bench.sink.got)
+    want: list[tuple[int, int]] = []
+    lasts: dict[int, int] = {}
+    bits = 0
+    for p in packets:
+        cw = encode_codewords(p, book)
+        words = serial_words(pack_serial(cw))
+        want += [(w, int(k == len(words) - 1)) for k, w in enumerate(words)]
+        lasts[len(want) - 1] = cw.total_bits
+        bits += cw.total_bits
+    await bench.feed({"i": [b for p in packets for b in symbol_beats(p)]})
+    await bench.drain(first + len(want))
+    got = [enc_word_fields(b) for b in bench.sink.got[first:]]
+    _check_equal(f"encoder words ({book.describe()})", [g[:2] for g in got], want)
+    _check_equal(
+        "encoder packet bit counts", [got[k][2] for k in sorted(lasts)], list(lasts.values())
+    )
+    return Stats(sum(len(p) for p in packets), bits, bench.cycles - start)
+
+
+async def decode_packets(
+    bench: Bench, book: Codebook, packets: Sequence[np.ndarray], load: bool = True
+) -> Stats:
+    """Load ``book`` (unless told not to), decode golden's words, compare the symbols."""
+    if load:
+        await bench.feed({"tw": table_beats(book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
+    start, first = bench.cycles, len(bench.sink.got)
+    words: list[int] = []
+    bits = 0
+    for p in packets:
+        cw = encode_codewords(p, book)
+        words += serial_words(pack_serial(cw))
+        bits += cw.total_bits
+    want = [b for p in packets for b in symbol_beats(p)]
+    await bench.feed({"n": [len(p) for p in packets], "i": words})
+    await bench.drain(first + len(want))
+    _check_equal(f"decoder symbols ({book.describe()})", bench.sink.got[first:], want)
+    return Stats(len(want), bits, bench.cycles - start)
+
+
+async def loopback_packets(bench: Bench, book: Codebook, packets: Sequence[np.ndarray]) -> Stats:
+    """Encoder -> decoder in hardware: the symbols must come back unchanged."""
+    await bench.feed({"tw": table_beats(book)})
+    start, first = bench.cycles, len(bench.sink.got)
+    want = [b for p in packets for b in symbol_beats(p)]
+    await bench.feed({"n": [len(p) for p in packets], "i": want})
+    await bench.drain(first + len(want))
+    _check_equal(f"loopback symbols ({book.describe()})", bench.sink.got[first:], want)
+    bits = sum(encode_codewords(p, book).total_bits for p in packets)
+    return Stats(len(want), bits, bench.cycles - start)
+
+
+def illegal_stream(
+    book: Codebook, symbols: np.ndarray, at: int, rng: np.random.Generator
+) -> list[int]:
+    """Golden words of ``symbols`` with an illegal codeword (golden's resolve() rejects it)
+    inserted at index ``at``: the decoder must emit exactly the ``at`` symbols before it."""
+    cw = encode_codewords(symbols, book)
+    _, base, literal = book.region_table()
+    bad_regions = [
+        p for p in range(len(book.widths))
+        if not literal[p] and int(base[p]) + (1 << book.widths[p]) > book.num_ranked
+    ]
+    if not bad_regions:
+        raise ValueError(f"{book.describe()} has no illegal codewords")
+    p = int(rng.choice(bad_regions))
+    lo = max(0, book.num_ranked - int(base[p]))
+    v = int(rng.integers(lo, 1 << book.widths[p]))
+    ins = lambda a, x: np.insert(a, at, x).astype(np.uint8)  # noqa: E731
+    bad = Codewords(ins(cw.prefix, p), ins(cw.payload, v), ins(cw.width, book.widths[p]))
+    try:
+        resolve(bad, book)
+    except StreamError as exc:
+        if f"symbol {at}:" not in str(exc):
+            raise AssertionError(f"golden rejects a different codeword: {exc}") from None
+    else:
+        raise AssertionError("golden accepted the illegal codeword")
+    return serial_words(pack_serial(bad))
+
+
+async def decode_illegal(
+    bench: Bench, book: Codebook, symbols: np.ndarray, at: int, rng: np.random.Generator
+) -> Stats:
+    """The decoder emits the symbols before the illegal codeword, raises ``error`` and stops."""
+    await bench.feed({"tw": table_beats(book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
+    words = illegal_stream(book, symbols, at, rng)
+    first = len(bench.sink.got)
+    bench.watch_error = True
+    bench.sources["n"].queue.append(len(symbols) + 1)
+    bench.sources["i"].queue.extend(words)
+    await bench.run_until(lambda: False, MAX_CYCLES_PER_BEAT * (len(words) + len(symbols) + 8))
+    await bench.idle_cycles(20)
+    if not bench.port.get("error"):
+        raise AssertionError("decoder did not raise error on an illegal codeword")
+    want = [int(s) for s in symbols[:at]]
+    got = [g & 0xFF for g in bench.sink.got[first:]]
+    _check_equal("symbols before the illegal codeword", got, want)
+    return Stats(at, 0, 0, [f"illegal codeword at symbol {at} flagged"])
