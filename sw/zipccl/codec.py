@@ -1,0 +1,323 @@
+"""zipccl.compress / decompress: golden/container.py buffers from torch tensors, on CPU or CUDA.
+
+The bytes are exactly ``golden.container.encode(bits, fmt, table, block)`` for the same input,
+table and block, whichever backend makes them: CUDA C++ kernels (``_cuda``, built with nvcc at first
+use) on CUDA tensors, vectorised torch (``_torch``) elsewhere and as the fallback
+(``ZIPCCL_BACKEND=torch`` forces it).
+
+Public API::
+
+    c = compress(t)                  # Compressed: c.buffer (uint8, t's device), c.nbytes, c.ratio
+    t2 = decompress(c)               # bit-exact copy of t (same dtype, shape, device)
+    c = Compressed.from_buffer(buf)  # parse + validate a received uint8 buffer (ValueError)
+
+Allocation-free entry points for collectives:
+
+* ``max_compressed_bytes(dtype, numel, block)`` -- the largest buffer a tensor can need (raw layout:
+  header + input bytes; the split layout is chosen only when it is smaller).
+* ``fixed_part_bytes(dtype, numel, block)`` -- header + the sections whose size is known before any
+  data moves (raw planes, prefix planes, block offsets); the payload stream follows.
+* ``compress_into(t, out, table=None, block=4096) -> Compressed`` -- writes into ``out`` (uint8,
+  >= max_compressed_bytes); the result's buffer is a view ``out[:nbytes]``.
+* ``decompress(buf_or_c, out=t)`` -- decodes into an existing tensor; a bare uint8 buffer is parsed.
+
+Tables: ``table=None`` (or ``"theory"``) takes :func:`default_table` -- golden.theory's ZipCCL table
+from the statistics of the deterministic sample (exponent formats), or the FP8 preset table.
+``table="histogram"`` builds it from the full symbol histogram instead (golden.builders), an
+opt-in comparison mode that costs an extra pass over the tensor. Corrupt or truncated buffers raise
+ValueError; the CUDA decoder validates the header and section sizes on the host and per-block
+consistency on the device (an error flag read back before returning).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from golden import theory
+from golden.codebook import Codebook
+from golden.container import (
+    DEFAULT_BLOCK,
+    HEADER_BYTES,
+    LAYOUT_RAW,
+    LAYOUT_SPLIT,
+    MAX_BLOCK,
+    MAX_DIMS,
+    MIN_BLOCK,
+    Header,
+    Sections,
+    raw_size,
+    split_size,
+)
+from golden.formats import FloatFormat, get_format
+from zipccl import _torch
+
+__all__ = [
+    "Compressed",
+    "compress",
+    "compress_into",
+    "decompress",
+    "default_table",
+    "fixed_part_bytes",
+    "histogram_table",
+    "max_compressed_bytes",
+]
+
+TableSpec = Codebook | str | None
+
+
+def _fmt(dtype: torch.dtype) -> FloatFormat:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"expected a torch.dtype, got {type(dtype).__name__}")
+    return get_format(str(dtype).removeprefix("torch."))
+
+
+def _dtype(fmt: FloatFormat) -> torch.dtype:
+    return getattr(torch, fmt.name)
+
+
+def _check_block(block: int) -> None:
+    if not (MIN_BLOCK <= block <= MAX_BLOCK and block & (block - 1) == 0):
+        raise ValueError(f"block must be a power of two in [{MIN_BLOCK}, {MAX_BLOCK}], got {block}")
+
+
+def fixed_part_bytes(dtype: torch.dtype, numel: int, block: int = DEFAULT_BLOCK) -> int:
+    """Bytes before the payload stream in the split layout (== golden Sections.payload)."""
+    _check_block(block)
+    return Sections.of(_fmt(dtype), int(numel), block).payload
+
+
+def max_compressed_bytes(dtype: torch.dtype, numel: int, block: int = DEFAULT_BLOCK) -> int:
+    """Upper bound on ``nbytes`` for preallocation: the raw layout's size."""
+    _check_block(block)
+    return raw_size(_fmt(dtype), int(numel))
+
+
+# ---------------------------------------------------------------------- tables
+@functools.lru_cache(maxsize=256)
+def _theory_table(fmt: FloatFormat, stats: theory.TensorStats) -> Codebook:
+    return theory.zipccl_table(fmt, stats)
+
+
+def _sample(x: torch.Tensor) -> torch.Tensor:
+    """golden.theory.sample_indices as a strided slice (no index tensor)."""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    stride = max(1, n // theory.SAMPLE_SIZE)
+    return flat[::stride][: theory.SAMPLE_SIZE]
+
+
+def _histogram(symbols: torch.Tensor) -> np.ndarray:
+    return torch.bincount(symbols, minlength=256).cpu().numpy()
+
+
+def _symbols(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    return _torch.symbols_raw(_torch.bits_of(x.contiguous(), fmt), fmt)[0]
+
+
+def _fp8_table(hist: np.ndarray, fmt: FloatFormat) -> Codebook:
+    from golden import builders
+
+    if hist.sum() == 0:
+        hist = np.ones(256, np.int64)
+    return builders.qlc_heuristic(hist, name=f"qlc-{fmt.name}")
+
+
+def default_table(tensor: torch.Tensor) -> Codebook:
+    """The table ``compress`` uses when given none: theory from the deterministic sample.
+
+    Exponent formats: golden.theory.zipccl_table from the sample's RMS (finite non-zero values, in
+    float64 on the host, exactly as golden computes it) and zero fraction. FP8: the QLC heuristic
+    table of the sample's byte histogram.
+    """
+    fmt = _fmt(tensor.dtype)
+    sample = _sample(tensor)
+    if fmt.byte_coded:
+        return _fp8_table(_histogram(_symbols(sample, fmt)), fmt)
+    stats = theory.tensor_stats(sample.to(torch.float64).cpu().numpy())
+    return _theory_table(fmt, stats)
+
+
+def histogram_table(tensor: torch.Tensor) -> Codebook:
+    """Opt-in: the table from the full symbol histogram (one extra pass over the tensor)."""
+    from golden import builders
+
+    fmt = _fmt(tensor.dtype)
+    hist = _histogram(_symbols(tensor, fmt))
+    if fmt.byte_coded:
+        return _fp8_table(hist, fmt)
+    if hist.sum() == 0:
+        hist[0] = 1
+    return builders.zipccl_histogram_table(hist)
+
+
+def _resolve_table(tensor: torch.Tensor, table: TableSpec) -> Codebook:
+    if table is None or table == "theory":
+        return default_table(tensor)
+    if table == "histogram":
+        return histogram_table(tensor)
+    if not isinstance(table, Codebook):
+        raise TypeError(f"table must be a Codebook, 'theory' or 'histogram', got {table!r}")
+    return table
+
+
+# ---------------------------------------------------------------------- the buffer
+@dataclass(frozen=True)
+class Compressed:
+    """One compressed tensor: ``buffer`` is the whole golden/container buffer, sendable as is."""
+
+    buffer: torch.Tensor
+    dtype: torch.dtype
+    shape: torch.Size
+    numel: int
+    nbytes: int
+    ratio: float
+    table_hash: int
+    layout: str
+    block: int
+    payload_bytes: int
+    table: Codebook | None
+
+    @classmethod
+    def _of(cls, buffer: torch.Tensor, head: Header) -> Compressed:
+        fmt = head.fmt
+        numel = head.numel
+        nbytes = buffer.numel()
+        return cls(
+            buffer=buffer,
+            dtype=_dtype(fmt),
+            shape=torch.Size(head.shape),
+            numel=numel,
+            nbytes=nbytes,
+            ratio=nbytes / max(1, numel * fmt.bits // 8),
+            table_hash=head.table.hash64 if head.table else 0,
+            layout="split" if head.layout == LAYOUT_SPLIT else "raw",
+            block=head.block,
+            payload_bytes=head.payload_bytes,
+            table=head.table,
+        )
+
+    @classmethod
+    def from_buffer(cls, buf: torch.Tensor) -> Compressed:
+        """Parse and validate a received buffer's header and length (ValueError if corrupt)."""
+        if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 1:
+            raise TypeError("a compressed buffer is a 1-D torch.uint8 tensor")
+        if buf.numel() < HEADER_BYTES:
+            raise ValueError(f"buffer of {buf.numel()} bytes is shorter than the header")
+        head = Header.unpack(bytes(buf[:HEADER_BYTES].cpu().numpy()))
+        want = _expected_size(head)
+        if buf.numel() != want:
+            raise ValueError(
+                f"buffer is {buf.numel()} bytes, header says {want} (truncated or padded)"
+            )
+        return cls._of(buf, head)
+
+
+def _expected_size(head: Header) -> int:
+    if head.layout == LAYOUT_RAW:
+        return raw_size(head.fmt, head.numel)
+    return split_size(head.fmt, head.numel, head.block, head.payload_bytes)
+
+
+# ---------------------------------------------------------------------- backends
+def _backend(device: torch.device, block: int):  # returns the backend module
+    if device.type == "cuda" and os.environ.get("ZIPCCL_BACKEND", "") != "torch":
+        from zipccl import _cuda
+
+        if _cuda.supports(block) and _cuda.available():
+            return _cuda
+    return _torch
+
+
+def _write_header(out: torch.Tensor, head: Header) -> None:
+    data = torch.frombuffer(bytearray(head.pack()), dtype=torch.uint8)
+    out[:HEADER_BYTES].copy_(data, non_blocking=out.is_cuda)
+
+
+def _check_input(tensor: torch.Tensor) -> FloatFormat:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dim() > MAX_DIMS:
+        raise ValueError(f"tensors of more than {MAX_DIMS} dimensions are not supported")
+    return _fmt(tensor.dtype)
+
+
+def compress_into(
+    tensor: torch.Tensor,
+    out: torch.Tensor,
+    table: TableSpec = None,
+    *,
+    block: int = DEFAULT_BLOCK,
+) -> Compressed:
+    """Compress into the preallocated uint8 ``out`` (>= max_compressed_bytes, same device)."""
+    fmt = _check_input(tensor)
+    _check_block(block)
+    numel = tensor.numel()
+    cap = raw_size(fmt, numel)
+    if out.dtype != torch.uint8 or out.dim() != 1 or out.numel() < cap:
+        raise ValueError(f"out must be a 1-D uint8 tensor of at least {cap} bytes")
+    if out.device != tensor.device:
+        raise ValueError(f"out is on {out.device}, the tensor on {tensor.device}")
+    x = tensor.contiguous()
+    book = _resolve_table(x, table)
+    shape = tuple(tensor.shape)
+    payload = None
+    if Sections.of(fmt, numel, block).payload < cap:
+        payload = _backend(x.device, block).encode_into(x, fmt, book, block, out)
+    if payload is None or split_size(fmt, numel, block, payload) >= cap:
+        head = Header(LAYOUT_RAW, fmt, shape, block, 0, None)
+        out[HEADER_BYTES:cap].copy_(x.reshape(-1).view(torch.uint8))
+        size = cap
+    else:
+        head = Header(LAYOUT_SPLIT, fmt, shape, block, payload, book)
+        size = split_size(fmt, numel, block, payload)
+    _write_header(out, head)
+    return Compressed._of(out[:size], head)
+
+
+def compress(
+    tensor: torch.Tensor, table: TableSpec = None, *, block: int = DEFAULT_BLOCK
+) -> Compressed:
+    """Compress ``tensor`` losslessly; the buffer lives on the tensor's device.
+
+    The buffer is a view of a max_compressed_bytes allocation (no copy on the hot path).
+    """
+    fmt = _check_input(tensor)
+    _check_block(block)
+    out = torch.empty(raw_size(fmt, tensor.numel()), dtype=torch.uint8, device=tensor.device)
+    return compress_into(tensor, out, table, block=block)
+
+
+def decompress(c: Compressed | torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Decompress to a new tensor, or into ``out`` (same dtype and numel; returned)."""
+    if isinstance(c, torch.Tensor):
+        c = Compressed.from_buffer(c)
+    if not isinstance(c, Compressed):
+        raise TypeError(f"expected a Compressed or a uint8 tensor, got {type(c).__name__}")
+    buf = c.buffer
+    if buf.numel() != c.nbytes:
+        raise ValueError(f"buffer is {buf.numel()} bytes, Compressed says {c.nbytes}")
+    if out is None:
+        out = torch.empty(c.shape, dtype=c.dtype, device=buf.device)
+    elif out.dtype != c.dtype or out.numel() != c.numel or out.device != buf.device:
+        raise ValueError(
+            f"out must be {c.dtype} with {c.numel} elements on {buf.device}, got "
+            f"{out.dtype} with {out.numel()} on {out.device}"
+        )
+    contiguous = out.is_contiguous()
+    target = out if contiguous else torch.empty_like(out, memory_format=torch.contiguous_format)
+    fmt = _fmt(c.dtype)
+    if c.layout == "raw":
+        target.view(-1).view(torch.uint8).copy_(buf[HEADER_BYTES:])
+    else:
+        assert c.table is not None
+        _backend(buf.device, c.block).decode_into(
+            buf, fmt, c.table, c.block, c.payload_bytes, target
+        )
+    if target is not out:
+        out.copy_(target)
+    return out
