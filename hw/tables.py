@@ -13,12 +13,12 @@ import enum
 from amaranth import unsigned
 from amaranth.lib import data
 
+from golden import presets
 from golden.codebook import (
     ENC_PAYLOAD_BITS,
     ENC_PREFIX_SHIFT,
     ENC_WIDTH_SHIFT,
     ENC_WORD_BITS,
-    NUM_REGIONS,
     PREFIX_BITS,
     RANK_COUNT_BITS,
     REGION_BASE_BITS,
@@ -82,9 +82,5 @@ def pack_table_write(mem: int, addr: int, word: int) -> int:
 
 
 def default_book() -> Codebook:
-    """The table a block holds after configuration when none is given: ranked 3,3,3,4,4,4,5 plus
-    a literal region, ranks in symbol order (any complete table would do; tests load their own)."""
-    widths = (3, 3, 3, 4, 4, 4, 5, 8)
-    capacity = sum(1 << w for w in widths[:-1])
-    return Codebook(widths, literal=NUM_REGIONS - 1, ranks=tuple(range(capacity)), name="default")
-
+    """The table a block holds after configuration when none is given: the QLC e4m3 preset."""
+    return presets.qlc_e4m3()

@@ -27,6 +27,10 @@ from hw.tables import WORD_BITS, Mem, pack_table_write, table_writes
 MAX_CYCLES_PER_BEAT = 64  # a stuck design fails instead of hanging; generous for 25 % rates
 
 
+class Aborted(Exception):
+    """The bench reached its ``abort_at`` cycle (used to reset a block mid-packet)."""
+
+
 class Port(Protocol):
     def set(self, name: str, value: int) -> None: ...
     def get(self, name: str) -> int: ...
@@ -90,6 +94,7 @@ class Bench:
     sink: Sink
     cycles: int = 0
     watch_error: bool = False  # stop early when the ``error`` output rises
+    abort_at: int | None = None  # raise Aborted at this cycle
 
     @classmethod
     def make(
@@ -118,6 +123,8 @@ class Bench:
         """Clock until ``done()`` (or the error flag); ``budget`` cycles at most, then fail."""
         start = self.cycles
         while not (done() or self.error()):
+            if self.cycles == self.abort_at:
+                raise Aborted
             if self.cycles - start > budget:
                 raise AssertionError(f"stalled: {budget} cycles without finishing")
             await self.step()
@@ -195,9 +202,12 @@ def _check_equal(what: str, got: Sequence[int], want: Sequence[int]) -> None:
 
 
 # ---------------------------------------------------------------------------- scenarios
-async def encode_packets(bench: Bench, book: Codebook, packets: Sequence[np.ndarray]) -> Stats:
-    """Load ``book`` through ``tw``, encode the packets, compare the words with golden/."""
-    await bench.feed({"tw": table_beats(book, (Mem.ENC,))})
+async def encode_packets(
+    bench: Bench, book: Codebook, packets: Sequence[np.ndarray], load: bool = True
+) -> Stats:
+    """Load ``book`` through ``tw`` (unless told not to), encode, compare the words with golden/."""
+    if load:
+        await bench.feed({"tw": table_beats(book, (Mem.ENC,))})
     start, first = bench.cycles, len(bench.sink.got)
     want: list[tuple[int, int]] = []
     lasts: dict[int, int] = {}
@@ -238,9 +248,12 @@ async def decode_packets(
     return Stats(len(want), bits, bench.cycles - start)
 
 
-async def loopback_packets(bench: Bench, book: Codebook, packets: Sequence[np.ndarray]) -> Stats:
+async def loopback_packets(
+    bench: Bench, book: Codebook, packets: Sequence[np.ndarray], load: bool = True
+) -> Stats:
     """Encoder -> decoder in hardware: the symbols must come back unchanged."""
-    await bench.feed({"tw": table_beats(book)})
+    if load:
+        await bench.feed({"tw": table_beats(book)})
     start, first = bench.cycles, len(bench.sink.got)
     want = [b for p in packets for b in symbol_beats(p)]
     await bench.feed({"n": [len(p) for p in packets], "i": want})

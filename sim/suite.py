@@ -1,0 +1,163 @@
+"""The verification suite of one hardware block, run by cocotb (Verilog) or Amaranth's simulator.
+
+Per block (``encoder``, ``decoder``, ``loopback``), in order:
+
+1. **throughput** -- one packet per code length 3..11, no back-pressure: cycles per symbol;
+2. **data set** -- the built-in MiniLM tensors under every golden builder's table, in 4096-symbol
+   packets, no back-pressure: stream bits (compression ratio) and cycles per symbol;
+3. **back-pressure + reload** -- random valid/ready on every stream, a new table loaded through
+   the port before each table's packets: builder tables and random codebooks, all 256 symbols,
+   real data, 1..3-symbol packets;
+4. **reset mid-packet** -- a packet cut by reset, then the next one decoded/encoded with the
+   table that survived the reset;
+5. **illegal streams** (decoder) -- error raised, only the symbols before the bad codeword out,
+   and the decoder recovers after reset.
+
+Every output beat is compared with golden/ (sim/bench.py); any mismatch raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from golden.codebook import Codebook
+from sim.bench import (
+    Aborted,
+    Bench,
+    Port,
+    Stats,
+    decode_illegal,
+    decode_packets,
+    encode_packets,
+    loopback_packets,
+)
+from sim.cases import (
+    CODE_LENGTHS,
+    builder_sets,
+    illegal_book,
+    length_set,
+    load_data,
+    random_book,
+    symbol_mix,
+)
+
+Scenario = Callable[..., Awaitable[Stats]]
+TOPS: dict[str, tuple[Scenario, tuple[str, ...]]] = {
+    "encoder": (encode_packets, ("tw", "i")),
+    "decoder": (decode_packets, ("tw", "n", "i")),
+    "loopback": (loopback_packets, ("tw", "n", "i")),
+}
+PACKET = 4096
+BACKPRESSURE_RATE = 0.6
+
+
+@dataclass(frozen=True)
+class Level:
+    length_symbols: int  # per code length, throughput packet
+    dataset_symbols: int  # per data set (at most the whole set)
+    mix_symbols: int  # real symbols per table in the back-pressure stage
+    random_books: int
+    illegal_books: int
+
+
+LEVELS = {
+    "quick": Level(1024, 4096, 128, 3, 2),
+    "full": Level(4096, 1 << 20, 512, 12, 6),
+}
+
+
+def packets_of(symbols: np.ndarray, size: int = PACKET) -> list[np.ndarray]:
+    return [symbols[i : i + size] for i in range(0, len(symbols), size)]
+
+
+async def reset_mid_packet(
+    bench: Bench, run: Scenario, book: Codebook, packet: np.ndarray, after: int
+) -> Stats:
+    """Cut a packet by reset ``after`` cycles into it; the next packet must still be right."""
+    await run(bench, book, [packet[:64]])
+    bench.abort_at = bench.cycles + after
+    try:
+        await run(bench, book, [packet], load=False)
+    except Aborted:
+        pass
+    else:
+        raise AssertionError(f"packet of {len(packet)} finished within {after} cycles")
+    bench.abort_at = None
+    await bench.reset()
+    return await run(bench, book, [packet], load=False)
+
+
+async def run_suite(top: str, port: Port, level: str = "quick", seed: int = 1) -> dict:
+    """Run every stage on ``top`` through ``port``; returns the figures (raises on mismatch)."""
+    run, inputs = TOPS[top]
+    lv = LEVELS[level]
+    rng = np.random.default_rng(seed)
+    data = load_data()
+    sets = builder_sets(data)
+    total = Stats()
+    report: dict = {"top": top, "level": level, "seed": seed, "lengths": {}, "datasets": {}}
+
+    bench = Bench.make(port, inputs, seed, 1.0, 1.0)
+    for length in CODE_LENGTHS:
+        ds = length_set(length, lv.length_symbols, seed)
+        st = await run(bench, ds.book, [ds.symbols])
+        report["lengths"][length] = st.cycles / st.symbols
+        total.add(st)
+    for ds in sets:
+        st = await run(bench, ds.book, packets_of(ds.symbols[: lv.dataset_symbols]))
+        report["datasets"][ds.name] = {
+            "table": ds.book.describe(),
+            "symbols": st.symbols,
+            "bits": st.bits,
+            "cycles": st.cycles,
+        }
+        total.add(st)
+
+    bench = Bench.make(port, inputs, seed + 1, BACKPRESSURE_RATE, BACKPRESSURE_RATE)
+    books = [ds.book for ds in sets] + [random_book(rng) for _ in range(lv.random_books)]
+    real = data["fp8_ffn1"]
+    for book in books:
+        small = [rng.integers(0, 256, k).astype(np.uint8) for k in (1, 2, 3)]
+        total.add(await run(bench, book, [symbol_mix(rng, real, lv.mix_symbols), *small]))
+
+    total.add(await reset_mid_packet(bench, run, sets[0].book, real[:600], after=200))
+    if top == "decoder":
+        total.add(await illegal_streams(bench, lv.illegal_books, real, rng))
+    report["symbols"] = total.symbols
+    report["notes"] = total.notes
+    return report
+
+
+async def illegal_streams(
+    bench: Bench, count: int, real: np.ndarray, rng: np.random.Generator
+) -> Stats:
+    total = Stats()
+    for k in range(count):
+        book = illegal_book(rng, name=f"illegal-{k}")
+        symbols = symbol_mix(rng, real, 64)
+        total.add(await decode_illegal(bench, book, symbols, int(rng.integers(len(symbols))), rng))
+        await bench.reset()
+        bench.watch_error = False
+        total.add(await decode_packets(bench, book, [symbols]))
+    return total
+
+
+def summary_lines(reports: Sequence[dict]) -> list[str]:
+    """Human-readable figures of several blocks' reports."""
+    lines = []
+    for r in reports:
+        worst = max(r["lengths"].values())
+        per_len = " ".join(f"{k}:{v:.4f}" for k, v in r["lengths"].items())
+        lines.append(f"{r['top']}: {r['symbols']} symbols checked; cycles/symbol by code length "
+                     f"{per_len} (worst {worst:.4f})")
+        for name, d in r["datasets"].items():
+            ratio = d["bits"] / (8 * d["symbols"])
+            lines.append(
+                f"  {name:34s} {d['symbols']:6d} symbols  ratio {ratio:.4f}  "
+                f"{d['cycles'] / d['symbols']:.4f} cycles/symbol  [{d['table']}]"
+            )
+        lines += [f"  {n}" for n in r["notes"]]
+    return lines
