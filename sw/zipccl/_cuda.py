@@ -1,0 +1,229 @@
+"""CUDA C++ backend: csrc/codec.cu compiled with nvcc at first use, loaded with ctypes.
+
+No torch headers are involved (building a torch extension takes about a minute; this file builds
+in about two seconds), so the shared library is plain CUDA with two ``extern "C"`` launchers that
+take raw device pointers and torch's current stream. The build is cached per source hash and GPU
+architecture under ``$ZIPCCL_CACHE`` (default ``~/.cache/zipccl``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from golden.codebook import ALPHABET, NUM_REGIONS, Codebook
+from golden.container import Sections, align
+from golden.formats import FloatFormat
+from golden.streams import num_blocks
+
+SOURCE = Path(__file__).with_name("csrc") / "codec.cu"
+MAX_BLOCK = 16384  # the payload of one block is staged in shared memory
+MAX_THREADS = 512
+GAPS = 10
+KIND = {"bfloat16": 0, "float16": 1, "float32": 2, "float8_e4m3fn": 3, "float8_e5m2": 3}
+ERRORS = {
+    1: "block offsets out of order or out of range",
+    2: "a block's payload size disagrees with its prefix planes",
+    4: "illegal codeword: a rank past the table's ranked symbols",
+    8: "payload padding bits are not zero",
+    16: "bit plane padding bits are not zero",
+}
+
+
+class Layout(ctypes.Structure):
+    """Mirror of ``struct Layout`` in codec.cu (all 64-bit, so no padding)."""
+
+    _fields_ = [
+        (name, ctypes.c_longlong)
+        for name in ("n", "nb", "block", "threads", "ngaps")
+    ] + [
+        ("raw_byte_at", ctypes.c_longlong * 3),
+        ("raw_bit_at", ctypes.c_longlong * 3),
+        ("prefix_at", ctypes.c_longlong * 3),
+        ("offsets_at", ctypes.c_longlong),
+        ("payload_at", ctypes.c_longlong),
+        ("capacity", ctypes.c_longlong),
+        ("payload_bytes", ctypes.c_longlong),
+        ("gap_lo", ctypes.c_longlong * GAPS),
+        ("gap_hi", ctypes.c_longlong * GAPS),
+    ]
+
+
+def supports(block: int) -> bool:
+    return block <= MAX_BLOCK
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("ZIPCCL_CACHE", Path.home() / ".cache" / "zipccl"))
+
+
+def build(arch: str) -> Path:
+    """Compile codec.cu for ``arch`` (e.g. "90") unless a cached build exists; return the .so."""
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(src + arch.encode()).hexdigest()[:16]
+    lib = _cache_dir() / f"zipccl_codec_{key}_sm{arch}.so"
+    if lib.exists():
+        return lib
+    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    nvcc = shutil.which("nvcc") or str(home / "bin" / "nvcc")
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+        out = Path(tmp) / lib.name
+        cmd = [
+            nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
+            f"-gencode=arch=compute_{arch},code=sm_{arch}", "-o", str(out), str(SOURCE),
+        ]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        os.replace(out, lib)
+    return lib
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL | None:
+    major, minor = torch.cuda.get_device_capability()
+    try:
+        lib = ctypes.CDLL(str(build(f"{major}{minor}")))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        warnings.warn(f"zipccl: CUDA kernels unavailable, using torch ops ({detail})", stacklevel=3)
+        return None
+    ptr = ctypes.c_void_p
+    for name, last in (("zipccl_encode", ptr), ("zipccl_decode", ptr)):
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_int, ptr, ptr, ctypes.POINTER(Layout), ptr, ptr, last]
+        fn.restype = ctypes.c_int
+    lib.zipccl_error_string.argtypes = [ctypes.c_int]
+    lib.zipccl_error_string.restype = ctypes.c_char_p
+    return lib
+
+
+def available() -> bool:
+    return torch.cuda.is_available() and _lib() is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _table_words(table: Codebook) -> tuple[int, ...]:
+    """The int32 table image codec.cu reads (encoder codes, regions, ranks, rank count)."""
+    pre, value, length = table.encoder_lut()
+    width = length.astype(int) - 3
+    enc = [int(v) | int(p) << 8 | int(w) << 12 for p, v, w in zip(pre, value, width, strict=True)]
+    rw, base, lit = table.region_table()
+    regions = [int(w) | int(b) << 4 | int(x) << 15 for w, b, x in zip(rw, base, lit, strict=True)]
+    assert len(enc) == ALPHABET and len(regions) == NUM_REGIONS
+    return (*enc, *regions, *(int(s) for s in table.rank_lut()), table.num_ranked)
+
+
+_TABLES: dict[tuple[Codebook, torch.device], torch.Tensor] = {}
+
+
+def _table_tensor(table: Codebook, device: torch.device) -> torch.Tensor:
+    """Device copy of the table image, cached per table and device (tables are few)."""
+    key = (table, device)
+    if key not in _TABLES:
+        words = torch.tensor(_table_words(table), dtype=torch.int32)
+        _TABLES[key] = words.to(device)
+    return _TABLES[key]
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(fmt: FloatFormat, n: int, block: int, capacity: int, payload_bytes: int) -> Layout:
+    sec = Sections.of(fmt, n, block)
+    nb = num_blocks(n, block)
+    plane = (n + 7) // 8
+    lay = Layout(n=n, nb=nb, block=block, threads=min(MAX_THREADS, max(32, block // 8)))
+    ends = [(at, n) for at in sec.raw_bytes] + [(at, plane) for at in sec.raw_bits + sec.prefix]
+    ends.append((sec.offsets, 8 * nb))
+    gaps = [(at + size, align(at + size)) for at, size in ends]
+    lay.ngaps = len(gaps)
+    for i, (lo, hi) in enumerate(gaps):
+        lay.gap_lo[i], lay.gap_hi[i] = lo, hi
+    for name, starts in (
+        ("raw_byte_at", sec.raw_bytes), ("raw_bit_at", sec.raw_bits), ("prefix_at", sec.prefix)
+    ):
+        for i, at in enumerate(starts):
+            getattr(lay, name)[i] = at
+    lay.offsets_at, lay.payload_at = sec.offsets, sec.payload
+    lay.capacity, lay.payload_bytes = capacity, payload_bytes
+    return lay
+
+
+def _check(rc: int) -> None:
+    if rc:
+        lib = _lib()
+        msg = lib.zipccl_error_string(rc).decode() if lib else str(rc)
+        raise RuntimeError(f"zipccl CUDA launch failed: {msg}")
+
+
+def launch_encode(
+    x: torch.Tensor, fmt: FloatFormat, table: Codebook, block: int, out: torch.Tensor
+) -> torch.Tensor:
+    """Queue the encode kernel; returns the int64 work tensor whose [1] is payload_bytes."""
+    n = x.numel()
+    lay = _layout(fmt, n, block, out.numel(), 0)
+    work = torch.empty(lay.nb + 2, dtype=torch.int64, device=x.device)
+    with torch.cuda.device(x.device):
+        stream = torch.cuda.current_stream().cuda_stream
+        lib = _lib()
+        assert lib is not None
+        _check(lib.zipccl_encode(
+            KIND[fmt.name], x.data_ptr(), out.data_ptr(), ctypes.byref(lay),
+            _table_tensor(table, x.device).data_ptr(), work.data_ptr(), stream,
+        ))
+    return work
+
+
+def encode_into(
+    x: torch.Tensor, fmt: FloatFormat, table: Codebook, block: int, out: torch.Tensor
+) -> int:
+    """Same contract as ``_torch.encode_into``; one host sync to read the payload size."""
+    return int(launch_encode(x, fmt, table, block, out)[1].item())
+
+
+def launch_decode(
+    buf: torch.Tensor,
+    fmt: FloatFormat,
+    table: Codebook,
+    block: int,
+    payload_bytes: int,
+    out: torch.Tensor,
+    flag: torch.Tensor,
+) -> None:
+    """Queue the decode kernel; problems are OR-ed into ``flag`` (int32 on the device)."""
+    lay = _layout(fmt, out.numel(), block, buf.numel(), payload_bytes)
+    with torch.cuda.device(buf.device):
+        stream = torch.cuda.current_stream().cuda_stream
+        lib = _lib()
+        assert lib is not None
+        _check(lib.zipccl_decode(
+            KIND[fmt.name], buf.data_ptr(), out.data_ptr(), ctypes.byref(lay),
+            _table_tensor(table, buf.device).data_ptr(), flag.data_ptr(), stream,
+        ))
+
+
+def raise_on_flag(code: int) -> None:
+    if code:
+        why = "; ".join(msg for bit, msg in ERRORS.items() if code & bit)
+        raise ValueError(f"corrupt compressed buffer: {why}")
+
+
+def decode_into(
+    buf: torch.Tensor,
+    fmt: FloatFormat,
+    table: Codebook,
+    block: int,
+    payload_bytes: int,
+    out: torch.Tensor,
+) -> None:
+    """Same contract as ``_torch.decode_into``; one host sync to read the error flag."""
+    flag = torch.zeros(1, dtype=torch.int32, device=buf.device)
+    launch_decode(buf, fmt, table, block, payload_bytes, out, flag)
+    raise_on_flag(int(flag.item()))

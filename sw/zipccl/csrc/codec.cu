@@ -1,0 +1,426 @@
+// zipccl split-layout codec kernels (golden/container.py bytes), built by zipccl/_cuda.py with nvcc.
+//
+// One CTA codes one block of `block` elements; each thread owns 8 consecutive elements, so one byte
+// of every bit plane (prefix planes, FP16's raw bit planes) is one thread's register and every raw
+// byte plane gets an 8-byte store. The payload bits of a block are placed by a CTA-wide exclusive
+// scan of the threads' bit counts into a shared-memory stream (MSB first, as golden packs them).
+//
+// Compress is one pass: CTAs take logical block ids from an atomic counter and find where their
+// payload goes by a decoupled look-back over the earlier blocks' published byte counts (the
+// single-pass scan of Merrill & Garland), then write the payload and their uint64 block offset
+// straight into the container. Decompress reads the block offsets, stages the block's payload in
+// shared memory and checks every block for consistency, reporting problems through an error flag.
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace {
+
+constexpr int kMaxThreads = 512;
+constexpr int kGaps = 10;
+constexpr unsigned kFull = 0xffffffffu;
+constexpr unsigned long long kFlagAgg = 1ull << 62;
+constexpr unsigned long long kFlagInc = 2ull << 62;
+constexpr unsigned long long kValue = (1ull << 62) - 1;
+
+// Error bits of the decoder's flag (zipccl/_cuda.py names them).
+constexpr int kErrOffsets = 1, kErrSize = 2, kErrRank = 4, kErrPadding = 8, kErrPlanePad = 16;
+
+// Mirrors the ctypes structure in zipccl/_cuda.py: all fields 64-bit, no padding.
+struct Layout {
+  long long n, nb, block, threads, ngaps;
+  long long raw_byte_at[3], raw_bit_at[3], prefix_at[3];
+  long long offsets_at, payload_at, capacity, payload_bytes;
+  long long gap_lo[kGaps], gap_hi[kGaps];
+};
+
+// Table words (int32): [0,256) encoder: payload | prefix << 8 | width << 12;
+// [256,264) regions: width | base << 4 | literal << 15; [264,520) rank -> symbol; [520] count.
+constexpr int kRegionAt = 256, kRankAt = 264, kCountAt = 520;
+
+template <int BITS> struct Uint;
+template <> struct Uint<8> { using T = uint8_t; };
+template <> struct Uint<16> { using T = uint16_t; };
+template <> struct Uint<32> { using T = uint32_t; };
+
+template <int BITS_, int MANT, int EXPB, bool BYTE>
+struct Fmt {
+  static constexpr int BITS = BITS_;
+  using T = typename Uint<BITS>::T;
+  static constexpr int RAW = BYTE ? 0 : 1 + MANT;
+  static constexpr int RAWB = RAW / 8;  // raw byte planes
+  static constexpr int RAWb = RAW % 8;  // raw bit planes
+  static constexpr uint32_t MMASK = (1u << MANT) - 1;
+  __device__ static uint32_t sym(uint32_t x) { return BYTE ? x : (x >> MANT) & ((1u << EXPB) - 1); }
+  __device__ static uint32_t raw(uint32_t x) {
+    return BYTE ? 0u : ((x >> (BITS - 1)) << MANT) | (x & MMASK);
+  }
+  __device__ static uint32_t join(uint32_t s, uint32_t r) {
+    return BYTE ? s : ((r >> MANT) << (BITS - 1)) | (s << MANT) | (r & MMASK);
+  }
+};
+
+using BF16 = Fmt<16, 7, 8, false>;
+using FP16 = Fmt<16, 10, 5, false>;
+using FP32 = Fmt<32, 23, 8, false>;
+using FP8 = Fmt<8, 0, 0, true>;
+
+__device__ inline bool aligned(const void* p, int bytes) {
+  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
+// Load up to 8 elements (cnt of them); vectorised when all 8 are there and aligned.
+template <typename T>
+__device__ inline void load8(const T* p, int cnt, uint32_t v[8]) {
+  if (cnt == 8 && aligned(p, sizeof(T) == 1 ? 8 : 16)) {
+    if constexpr (sizeof(T) == 1) {
+      uint2 w = __ldcs(reinterpret_cast<const uint2*>(p));
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = (w.x >> (8 * k)) & 0xff, v[k + 4] = (w.y >> (8 * k)) & 0xff;
+    } else if constexpr (sizeof(T) == 2) {
+      uint4 w = __ldcs(reinterpret_cast<const uint4*>(p));
+      uint32_t a[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[2 * k] = a[k] & 0xffff, v[2 * k + 1] = a[k] >> 16;
+    } else {
+      uint4 w0 = __ldcs(reinterpret_cast<const uint4*>(p));
+      uint4 w1 = __ldcs(reinterpret_cast<const uint4*>(p) + 1);
+      v[0] = w0.x, v[1] = w0.y, v[2] = w0.z, v[3] = w0.w;
+      v[4] = w1.x, v[5] = w1.y, v[6] = w1.z, v[7] = w1.w;
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v[k] = k < cnt ? p[k] : 0u;
+}
+
+template <typename T>
+__device__ inline void store8(T* p, int cnt, const uint32_t v[8]) {
+  if (cnt == 8 && aligned(p, sizeof(T) == 1 ? 8 : 16)) {
+    if constexpr (sizeof(T) == 1) {
+      uint2 w = {0, 0};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w.x |= v[k] << (8 * k), w.y |= v[k + 4] << (8 * k);
+      *reinterpret_cast<uint2*>(p) = w;
+    } else if constexpr (sizeof(T) == 2) {
+      uint4 w = {v[0] | v[1] << 16, v[2] | v[3] << 16, v[4] | v[5] << 16, v[6] | v[7] << 16};
+      *reinterpret_cast<uint4*>(p) = w;
+    } else {
+      reinterpret_cast<uint4*>(p)[0] = make_uint4(v[0], v[1], v[2], v[3]);
+      reinterpret_cast<uint4*>(p)[1] = make_uint4(v[4], v[5], v[6], v[7]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    if (k < cnt) p[k] = static_cast<T>(v[k]);
+}
+
+// 8 bytes packed little endian in a uint64 (element k at byte k).
+__device__ inline void store_bytes(uint8_t* p, int cnt, unsigned long long w) {
+  if (cnt == 8 && aligned(p, 8)) {
+    *reinterpret_cast<unsigned long long*>(p) = w;
+    return;
+  }
+  for (int k = 0; k < cnt; ++k) p[k] = static_cast<uint8_t>(w >> (8 * k));
+}
+
+__device__ inline unsigned long long load_bytes(const uint8_t* p, int cnt) {
+  if (cnt == 8 && aligned(p, 8)) return *reinterpret_cast<const unsigned long long*>(p);
+  unsigned long long w = 0;
+  for (int k = 0; k < cnt; ++k) w |= static_cast<unsigned long long>(p[k]) << (8 * k);
+  return w;
+}
+
+// CTA-wide exclusive scan (blockDim.x a multiple of 32); `total` gets the CTA sum.
+__device__ inline uint32_t block_scan(uint32_t v, uint32_t* sh, uint32_t& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  uint32_t x = v;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    uint32_t y = __shfl_up_sync(kFull, x, d);
+    if (lane >= d) x += y;
+  }
+  if (lane == 31) sh[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    uint32_t s = lane < nw ? sh[lane] : 0u;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      uint32_t y = __shfl_up_sync(kFull, s, d);
+      if (lane >= d) s += y;
+    }
+    if (lane < nw) sh[lane] = s;
+  }
+  __syncthreads();
+  const uint32_t base = warp ? sh[warp - 1] : 0u;
+  total = sh[nw - 1];
+  __syncthreads();
+  return base + x - v;
+}
+
+// Exclusive prefix of block b's byte count over blocks 0..b-1 (decoupled look-back, warp 0).
+__device__ inline unsigned long long look_back(volatile unsigned long long* status, long long b,
+                                               unsigned long long agg) {
+  const int lane = threadIdx.x;
+  if (b == 0) {
+    if (lane == 0) status[0] = kFlagInc | agg;
+    return 0;
+  }
+  if (lane == 0) status[b] = kFlagAgg | agg;
+  unsigned long long excl = 0;
+  for (long long idx = b - 1;; idx -= 32) {
+    const long long j = idx - lane;
+    unsigned long long s = kFlagInc;  // before block 0: an inclusive zero
+    if (j >= 0) {
+      do {
+        s = status[j];
+      } while ((s >> 62) == 0);
+    }
+    const unsigned inc = __ballot_sync(kFull, (s >> 62) == 2);
+    const int stop = inc ? __ffs(inc) - 1 : 31;
+    unsigned long long v = lane <= stop ? (s & kValue) : 0ull;
+#pragma unroll
+    for (int d = 16; d; d >>= 1) v += __shfl_down_sync(kFull, v, d);
+    excl += __shfl_sync(kFull, v, 0);
+    if (inc) break;
+  }
+  if (lane == 0) status[b] = kFlagInc | (excl + agg);
+  return excl;
+}
+
+template <class F>
+__global__ void __launch_bounds__(kMaxThreads)
+encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
+              const int32_t* __restrict__ tab, unsigned long long* __restrict__ work) {
+  __shared__ uint32_t s_code[256];
+  __shared__ uint32_t s_scan[32];
+  __shared__ long long s_bid;
+  __shared__ unsigned long long s_excl;
+  extern __shared__ uint32_t s_pay[];  // the block's payload bytes, little-endian words
+
+  const int T = blockDim.x;
+  const int words = static_cast<int>(L.block / 4) + 1;
+  for (int i = threadIdx.x; i < 256; i += T) s_code[i] = tab[i];
+  for (int i = threadIdx.x; i < words; i += T) s_pay[i] = 0u;
+  if (threadIdx.x == 0) s_bid = static_cast<long long>(atomicAdd(work, 1ull));
+  __syncthreads();
+  const long long b = s_bid;
+  const long long start = b * L.block;
+
+  uint32_t bitpos = 0;
+  for (long long local = 8ll * threadIdx.x; local - 8ll * threadIdx.x < L.block;
+       local += 8ll * T) {
+    const long long e0 = start + local;
+    const int cnt = (local < L.block && e0 < L.n) ? static_cast<int>(min(8ll, L.n - e0)) : 0;
+    uint32_t v[8];
+    load8(in + (cnt ? e0 : 0), cnt, v);
+    uint32_t pbits[3] = {0u, 0u, 0u}, tbits[F::RAWb > 0 ? F::RAWb : 1] = {0u};
+    unsigned long long rbytes[F::RAWB > 0 ? F::RAWB : 1] = {0ull};
+    unsigned long long acc = 0;
+    uint32_t nbits = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if (k < cnt) {
+        const uint32_t r = F::raw(v[k]);
+        const uint32_t code = s_code[F::sym(v[k])];
+        const uint32_t p = (code >> 8) & 7u, w = code >> 12;
+#pragma unroll
+        for (int j = 0; j < 3; ++j) pbits[j] |= ((p >> j) & 1u) << k;
+#pragma unroll
+        for (int j = 0; j < F::RAWB; ++j)
+          rbytes[j] |= static_cast<unsigned long long>((r >> (8 * j)) & 0xffu) << (8 * k);
+#pragma unroll
+        for (int j = 0; j < F::RAWb; ++j) tbits[j] |= ((r >> (8 * F::RAWB + j)) & 1u) << k;
+        acc = (acc << w) | (code & 0xffu);
+        nbits += w;
+      }
+    }
+    if (cnt) {
+#pragma unroll
+      for (int j = 0; j < F::RAWB; ++j) store_bytes(out + L.raw_byte_at[j] + e0, cnt, rbytes[j]);
+#pragma unroll
+      for (int j = 0; j < F::RAWb; ++j) out[L.raw_bit_at[j] + e0 / 8] = tbits[j];
+#pragma unroll
+      for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e0 / 8] = pbits[j];
+    }
+    uint32_t total;
+    uint32_t pos = bitpos + block_scan(nbits, s_scan, total);
+    for (uint32_t rem = nbits; rem;) {  // place `acc` (nbits, MSB first) at bit `pos`
+      const uint32_t B = pos >> 3, off = pos & 7u, take = min(8u - off, rem);
+      const uint32_t byte = static_cast<uint32_t>((acc >> (rem - take)) & ((1u << take) - 1u))
+                            << (8u - off - take);
+      atomicOr(&s_pay[B >> 2], byte << (8u * (B & 3u)));
+      pos += take;
+      rem -= take;
+    }
+    bitpos += total;
+  }
+  __syncthreads();
+  const uint32_t nbytes = (bitpos + 7u) >> 3;
+  if (threadIdx.x < 32) {
+    const unsigned long long excl = look_back(work + 2, b, nbytes);
+    if (threadIdx.x == 0) s_excl = excl;
+  }
+  __syncthreads();
+  const unsigned long long excl = s_excl;
+  if (threadIdx.x == 0) {
+    store_bytes(out + L.offsets_at + 8 * b, 8, excl);
+    if (b == L.nb - 1) work[1] = excl + nbytes;
+  }
+  const long long dst = L.payload_at + static_cast<long long>(excl);
+  if (dst + nbytes <= L.capacity) {
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(s_pay);
+    for (uint32_t i = threadIdx.x; i < nbytes; i += T) out[dst + i] = src[i];
+  }
+  if (b == 0) {  // the alignment gaps between sections are zero in golden's buffers
+    for (int g = 0; g < L.ngaps; ++g)
+      for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += T) out[i] = 0;
+  }
+}
+
+template <class F>
+__global__ void __launch_bounds__(kMaxThreads)
+decode_kernel(const uint8_t* __restrict__ buf, typename F::T* __restrict__ out, const Layout L,
+              const int32_t* __restrict__ tab, int* __restrict__ flag) {
+  __shared__ uint32_t s_region[8];
+  __shared__ uint8_t s_rank[256];
+  __shared__ uint32_t s_scan[32];
+  extern __shared__ uint8_t s_bytes[];  // the block's payload stream (+2 bytes of slack)
+
+  const int T = blockDim.x;
+  const long long b = blockIdx.x;
+  const long long start = b * L.block;
+  if (threadIdx.x < 8) s_region[threadIdx.x] = tab[kRegionAt + threadIdx.x];
+  for (int i = threadIdx.x; i < 256; i += T) s_rank[i] = static_cast<uint8_t>(tab[kRankAt + i]);
+  const uint32_t nranked = tab[kCountAt];
+  const unsigned long long lo = load_bytes(buf + L.offsets_at + 8 * b, 8);
+  const unsigned long long hi = b + 1 < L.nb ? load_bytes(buf + L.offsets_at + 8 * (b + 1), 8)
+                                             : static_cast<unsigned long long>(L.payload_bytes);
+  if (!(lo <= hi && hi <= static_cast<unsigned long long>(L.payload_bytes) &&
+        hi - lo <= static_cast<unsigned long long>(L.block))) {
+    if (threadIdx.x == 0) atomicOr(flag, kErrOffsets);
+    return;  // uniform across the CTA: nothing below is read
+  }
+  const int len = static_cast<int>(hi - lo);
+  for (int i = threadIdx.x; i < len + 2; i += T)
+    s_bytes[i] = i < len ? buf[L.payload_at + lo + i] : 0;
+  __syncthreads();
+
+  int err = 0;
+  uint32_t bitpos = 0;
+  for (long long local = 8ll * threadIdx.x; local - 8ll * threadIdx.x < L.block;
+       local += 8ll * T) {
+    const long long e0 = start + local;
+    const int cnt = (local < L.block && e0 < L.n) ? static_cast<int>(min(8ll, L.n - e0)) : 0;
+    uint32_t pb[3] = {0u, 0u, 0u}, region[8];
+    if (cnt) {
+#pragma unroll
+      for (int j = 0; j < 3; ++j) pb[j] = buf[L.prefix_at[j] + e0 / 8];
+    }
+    uint32_t nbits = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t p = ((pb[0] >> k) & 1u) | ((pb[1] >> k) & 1u) << 1 | ((pb[2] >> k) & 1u) << 2;
+      region[k] = s_region[p];
+      if (k < cnt) nbits += region[k] & 15u;
+    }
+    uint32_t total;
+    uint32_t pos = bitpos + block_scan(nbits, s_scan, total);
+    bitpos += total;
+    if (!cnt) continue;
+    uint32_t v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t w = region[k] & 15u, B = min(pos >> 3, static_cast<uint32_t>(len));
+      const uint32_t window = static_cast<uint32_t>(s_bytes[B]) << 8 | s_bytes[B + 1];
+      const uint32_t val = (window >> (16u - (pos & 7u) - w)) & ((1u << w) - 1u);
+      const bool lit = region[k] >> 15;
+      const uint32_t rank = ((region[k] >> 4) & 0x3ffu) + val;
+      if (k < cnt && !lit && rank >= nranked) err |= kErrRank;
+      v[k] = lit ? val : s_rank[min(rank, 255u)];
+      pos += k < cnt ? w : 0u;
+    }
+    unsigned long long rb[F::RAWB > 0 ? F::RAWB : 1] = {0ull};
+    uint32_t tb[F::RAWb > 0 ? F::RAWb : 1] = {0u};
+#pragma unroll
+    for (int j = 0; j < F::RAWB; ++j) rb[j] = load_bytes(buf + L.raw_byte_at[j] + e0, cnt);
+#pragma unroll
+    for (int j = 0; j < F::RAWb; ++j) tb[j] = buf[L.raw_bit_at[j] + e0 / 8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      uint32_t r = 0;
+#pragma unroll
+      for (int j = 0; j < F::RAWB; ++j) r |= static_cast<uint32_t>((rb[j] >> (8 * k)) & 0xffu) << (8 * j);
+#pragma unroll
+      for (int j = 0; j < F::RAWb; ++j) r |= ((tb[j] >> k) & 1u) << (8 * F::RAWB + j);
+      v[k] = F::join(v[k], r);
+    }
+    store8(out + e0, cnt, v);
+  }
+  if (threadIdx.x == 0) {
+    const uint32_t nbytes = (bitpos + 7u) >> 3, tail = bitpos & 7u;
+    if (nbytes != static_cast<uint32_t>(len)) err |= kErrSize;
+    else if (tail && (s_bytes[nbytes - 1] & ((1u << (8u - tail)) - 1u))) err |= kErrPadding;
+    const int used = static_cast<int>(L.n & 7);
+    if (b == L.nb - 1 && used) {
+      const long long last = (L.n - 1) / 8;
+      for (int j = 0; j < 3; ++j)
+        if (buf[L.prefix_at[j] + last] >> used) err |= kErrPlanePad;
+      for (int j = 0; j < F::RAWb; ++j)
+        if (buf[L.raw_bit_at[j] + last] >> used) err |= kErrPlanePad;
+    }
+  }
+  if (err) atomicOr(flag, err);
+}
+
+template <class F>
+int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab, void* work,
+                  cudaStream_t s) {
+  cudaError_t e = cudaMemsetAsync(work, 0, (L->nb + 2) * sizeof(unsigned long long), s);
+  if (e != cudaSuccess) return e;
+  const size_t smem = (L->block / 4 + 1) * sizeof(uint32_t);
+  encode_kernel<F><<<static_cast<unsigned>(L->nb), static_cast<unsigned>(L->threads), smem, s>>>(
+      static_cast<const typename F::T*>(in), static_cast<uint8_t*>(out), *L, tab,
+      static_cast<unsigned long long*>(work));
+  return cudaGetLastError();
+}
+
+template <class F>
+int launch_decode(const void* buf, void* out, const Layout* L, const int32_t* tab, int* flag,
+                  cudaStream_t s) {
+  const size_t smem = L->block + 2;
+  decode_kernel<F><<<static_cast<unsigned>(L->nb), static_cast<unsigned>(L->threads), smem, s>>>(
+      static_cast<const uint8_t*>(buf), static_cast<typename F::T*>(out), *L, tab, flag);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+// kind: 0 bfloat16, 1 float16, 2 float32, 3 FP8 (both formats code the whole byte).
+extern "C" int zipccl_encode(int kind, const void* in, void* out, const Layout* L,
+                             const int32_t* tab, void* work, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (kind) {
+    case 0: return launch_encode<BF16>(in, out, L, tab, work, s);
+    case 1: return launch_encode<FP16>(in, out, L, tab, work, s);
+    case 2: return launch_encode<FP32>(in, out, L, tab, work, s);
+    case 3: return launch_encode<FP8>(in, out, L, tab, work, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" int zipccl_decode(int kind, const void* buf, void* out, const Layout* L,
+                             const int32_t* tab, int* flag, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (kind) {
+    case 0: return launch_decode<BF16>(buf, out, L, tab, flag, s);
+    case 1: return launch_decode<FP16>(buf, out, L, tab, flag, s);
+    case 2: return launch_decode<FP32>(buf, out, L, tab, flag, s);
+    case 3: return launch_decode<FP8>(buf, out, L, tab, flag, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" const char* zipccl_error_string(int code) {
+  return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
