@@ -182,25 +182,42 @@ def run(classes: tuple[str, ...] = CLASSES, log: Callable[[str], None] | None = 
     return {name: measure_class(name, log) for name in classes}
 
 
-def format_text(report: dict) -> str:
-    lines = []
+def _rows(methods: dict) -> list[tuple[str, str, str, str, str]]:
+    """(method, bits/elem, ratio, other size, covers) as strings, in report order."""
+    rows = []
+    for name, row in methods.items():
+        if not isinstance(row, dict):
+            continue
+        other = ""
+        for key, label in (
+            ("table_bits_per_element", "ideal"),
+            ("container_bits_per_element", "container"),
+        ):
+            if key in row:
+                other = f"{label} {row[key]:.3f}"
+        rows.append(
+            (name, f"{row['bits_per_element']:.3f}", f"{row['ratio']:.3f}", other, row["covers"])
+        )
+    return rows
+
+
+def format_text(report: dict, markdown: bool = False) -> str:
+    """The report as aligned text tables, or as markdown tables."""
+    head = ("method", "bits/elem", "ratio", "other size", "covers")
+    out = []
     for cls, methods in report.items():
-        lines += [
-            f"\n{cls} ({methods['tensors']} tensors, {methods['numel']:,} elements)",
-            f"{'method':<28}{'bits/elem':>10}{'ratio':>8}  covers",
-        ]
-        for name, row in methods.items():
-            if not isinstance(row, dict):
-                continue
-            extra = ""
-            for key in ("table_bits_per_element", "container_bits_per_element"):
-                if key in row:
-                    extra = f" [{key.split('_bits')[0]}: {row[key]:.3f}]"
-            lines.append(
-                f"{name:<28}{row['bits_per_element']:>10.3f}{row['ratio']:>8.3f}  "
-                f"{row['covers']}{extra}"
+        title = f"{cls} ({methods['tensors']} tensors, {methods['numel']:,} elements)"
+        rows = _rows(methods)
+        if markdown:
+            out += [f"### {title}", "", "| " + " | ".join(head) + " |", "|---|--:|--:|--:|---|"]
+            out += ["| " + " | ".join(r) + " |" for r in rows] + [""]
+        else:
+            out += (
+                [title]
+                + [f"{r[0]:<27}{r[1]:>10}{r[2]:>7}{r[3]:>17}  {r[4]}" for r in [head, *rows]]
+                + [""]
             )
-    return "\n".join(lines).lstrip("\n")
+    return "\n".join(out)
 
 
 # --------------------------------------------------------------------------- plots
@@ -285,11 +302,13 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print one JSON object")
+    fmt.add_argument("--markdown", action="store_true", help="print markdown tables")
     parser.add_argument("--plot", metavar="DIR", help="write PNG histograms into DIR")
     args = parser.parse_args(argv)
     report = run()
-    print(json.dumps(report, indent=2) if args.json else format_text(report))
+    print(json.dumps(report, indent=2) if args.json else format_text(report, args.markdown))
     if args.plot:
         for path in plot(args.plot):
             print(f"[golden.report] wrote {path}", file=sys.stderr)

@@ -99,3 +99,26 @@ def test_theory_table_uses_the_bf16_values():
     book = report.theory_table(bits)
     stats = tensor_stats(report.bf16_values(bits))
     assert book.name.endswith(f"rms{stats.rms:.3g}-z{stats.zero_fraction:.3g}")
+
+
+def test_text_and_markdown_tables():
+    doc = {
+        "bf16_x": {
+            "zipccl_theory": {
+                "bits_per_element": 11.25,
+                "ratio": 11.25 / 16,
+                "covers": "container bytes",
+                "table_bits_per_element": 11.2,
+            },
+            "raw": {"bits_per_element": 16.0, "ratio": 1.0, "covers": "uncompressed"},
+            "numel": 10,
+            "tensors": 2,
+        }
+    }
+    text = report.format_text(doc)
+    assert "bf16_x (2 tensors, 10 elements)" in text
+    assert "zipccl_theory" in text and "11.250" in text and "ideal 11.200" in text
+    md = report.format_text(doc, markdown=True).splitlines()
+    assert md[0] == "### bf16_x (2 tensors, 10 elements)"
+    assert "| zipccl_theory | 11.250 | 0.703 | ideal 11.200 | container bytes |" in md
+    assert "| raw | 16.000 | 1.000 |  | uncompressed |" in md
