@@ -1,0 +1,271 @@
+"""GPU codec benchmark: zipccl vs nvCOMP ANS on BF16 and FP8, N(0,1) and real MiniLM tensors.
+
+    python benchmarks/codec.py --minilm .data/minilm.npz --out results/   (on a CUDA machine)
+
+Throughput is uncompressed bytes / time; times are CUDA-event medians of many runs after warm-up.
+``api`` times the public call (compress_into / decompress into preallocated buffers, table given),
+which includes the one host sync each needs (payload size, error flag) and the header write;
+``kernel`` times the kernel launch alone. ``/ copy`` is the api throughput over that of a plain
+device-to-device copy of the same tensor (measured copy bandwidth, bytes read + written, / 2).
+nvCOMP ANS runs on the same tensors in the same process (wall clock around device syncs).
+The MiniLM file holds BF16/FP8 bit patterns exported by golden.data (tiled up to each size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import zipccl
+from zipccl import _cuda, codec
+
+from golden import container
+
+MIB = 1 << 20
+
+
+def event_median(fn: Callable[[], object], runs: int, warmup: int = 3) -> float:
+    """Median seconds of ``fn`` between two CUDA events on the current stream."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def wall_median(fn: Callable[[], object], runs: int, warmup: int = 2) -> float:
+    """Median seconds with a device-wide sync on both sides (for libraries on other streams)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def runs_for(nbytes: int) -> int:
+    return int(min(100, max(10, 2e10 / max(nbytes, 1))))
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy rate, bytes read + written per second, 1 GiB."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    t = event_median(lambda: dst.copy_(src), 20)
+    return 2 * src.numel() / t
+
+
+def make(kind: str, dtype: torch.dtype, nbytes: int, minilm: dict[str, np.ndarray]) -> torch.Tensor:
+    n = nbytes // torch.tensor([], dtype=dtype).element_size()
+    if kind == "normal":
+        return torch.randn(n, device="cuda").to(dtype)
+    arr = minilm[kind]
+    src = torch.from_numpy(arr.view(np.int16) if arr.dtype == np.uint16 else arr).view(dtype).cuda()
+    reps = -(-n // src.numel())
+    return src.repeat(reps)[:n].contiguous()
+
+
+def nvcomp_row(x: torch.Tensor, runs: int) -> dict[str, float]:
+    try:
+        from nvidia import nvcomp
+    except ImportError as exc:
+        return {"nvcomp_error": str(exc)}
+    dtype = "<f2" if x.element_size() == 2 else "|u1"
+    raw = x.view(torch.uint8 if x.element_size() == 1 else torch.float16)
+    arr = nvcomp.as_array(raw)
+    nv = nvcomp.Codec(algorithm="ANS", data_type=dtype)
+    enc = nv.encode(arr)
+    try:
+        dec = torch.from_dlpack(nv.decode(enc))
+        ok = torch.equal(dec.view(torch.uint8).reshape(-1), x.view(torch.uint8).reshape(-1))
+    except (TypeError, RuntimeError, BufferError) as exc:
+        ok = f"unchecked: {exc}"
+    n = x.numel() * x.element_size()
+    return {
+        "nvcomp_ratio": enc.buffer_size / n,
+        "nvcomp_compress_GBps": n / wall_median(lambda: nv.encode(arr), runs) / 1e9,
+        "nvcomp_decompress_GBps": n / wall_median(lambda: nv.decode(enc), runs) / 1e9,
+        "nvcomp_roundtrip_ok": ok,
+    }
+
+
+def zipccl_row(x: torch.Tensor, runs: int, copy_bw: float) -> dict[str, object]:
+    fmt = codec._fmt(x.dtype)
+    n = x.numel() * x.element_size()
+    t_table = wall_median(lambda: zipccl.default_table(x), 10)
+    table = zipccl.default_table(x)
+    out = torch.empty(zipccl.max_compressed_bytes(x.dtype, x.numel()), dtype=torch.uint8,
+                      device="cuda")
+    c = zipccl.compress_into(x, out, table)
+    y = torch.empty_like(x)
+    zipccl.decompress(c, out=y)
+    ok = torch.equal(y.view(torch.uint8), x.view(torch.uint8))
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    row: dict[str, object] = {
+        "ratio": c.ratio,
+        "layout": c.layout,
+        "roundtrip_ok": ok,
+        "theory_table_ms": t_table * 1e3,
+        "compress_api_GBps": n / event_median(lambda: zipccl.compress_into(x, out, table), runs)
+        / 1e9,
+        "compress_kernel_GBps": n / event_median(
+            lambda: _cuda.launch_encode(x, fmt, table, c.block, out), runs) / 1e9,
+        "decompress_api_GBps": n / event_median(lambda: zipccl.decompress(c, out=y), runs) / 1e9,
+    }
+    if c.layout == "split":
+        row["decompress_kernel_GBps"] = n / event_median(
+            lambda: _cuda.launch_decode(c.buffer, fmt, table, c.block, c.payload_bytes, y, flag),
+            runs) / 1e9
+        assert int(flag.item()) == 0
+    # Memory-bound floor: input read + container written (compress), the reverse (decompress).
+    floor = (n + c.nbytes) / copy_bw
+    row["compress_of_floor"] = n / float(row["compress_kernel_GBps"]) / 1e9 / floor
+    row["decompress_api_of_copy"] = float(row["decompress_api_GBps"]) * 1e9 * 2 / copy_bw
+    row["compress_api_of_copy"] = float(row["compress_api_GBps"]) * 1e9 * 2 / copy_bw
+    return row
+
+
+def golden_ratio_check(x: torch.Tensor) -> dict[str, float]:
+    """Ratio on the first 1 Mi elements: GPU buffer length vs golden.container.encode on CPU."""
+    head = x[: 1 << 20].cpu()
+    c = zipccl.compress(x[: 1 << 20])
+    fmt = codec._fmt(x.dtype)
+    bits = head.view(torch.uint8 if fmt.bits == 8 else torch.int16).numpy().view(fmt.uint)
+    gold = container.encode(bits, fmt, c.table or zipccl.default_table(head), c.block)
+    same = bytes(c.buffer.cpu().numpy()) == gold
+    return {"golden_ratio_1Mi": len(gold) / (head.numel() * head.element_size()),
+            "golden_bytes_equal_1Mi": same}
+
+
+def table_costs(x: torch.Tensor) -> dict[str, float]:
+    return {
+        "theory_table_ms": wall_median(lambda: zipccl.default_table(x), 10) * 1e3,
+        "histogram_table_ms": wall_median(lambda: zipccl.histogram_table(x), 10) * 1e3,
+        "ratio_theory": zipccl.compress(x).ratio,
+        "ratio_histogram": zipccl.compress(x, "histogram").ratio,
+    }
+
+
+def torch_backend_row(x: torch.Tensor) -> dict[str, float]:
+    """The vectorised torch fallback on the GPU (ZIPCCL_BACKEND=torch) for comparison."""
+    import os
+
+    os.environ["ZIPCCL_BACKEND"] = "torch"
+    try:
+        n = x.numel() * x.element_size()
+        table = zipccl.default_table(x)
+        c = zipccl.compress(x, table)
+        return {
+            "torch_compress_GBps": n / wall_median(lambda: zipccl.compress(x, table), 5) / 1e9,
+            "torch_decompress_GBps": n / wall_median(lambda: zipccl.decompress(c), 5) / 1e9,
+        }
+    finally:
+        del os.environ["ZIPCCL_BACKEND"]
+
+
+def sanitize_case() -> None:
+    """Small compress/decompress of every dtype plus corrupt buffers, for compute-sanitizer."""
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn):
+        x = (torch.randn(10007, device="cuda") * 3).to(dtype)
+        c = zipccl.compress(x, block=1024)
+        assert torch.equal(zipccl.decompress(c).view(torch.uint8), x.view(torch.uint8))
+        bad = c.buffer.clone()
+        bad[-40:] = 0xFF
+        bad[container.HEADER_BYTES + 7 :: 97] ^= 0x5A
+        try:
+            zipccl.decompress(zipccl.Compressed._of(bad, container.Header.unpack(
+                bytes(bad[: container.HEADER_BYTES].cpu().numpy()))))
+        except ValueError as exc:
+            print("rejected as expected:", exc)
+    torch.cuda.synchronize()
+    print("sanitize case done")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--sizes", default="1,4,16,64,256,1024", help="MiB, comma separated")
+    ap.add_argument("--minilm", default=".data/minilm.npz")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--no-nvcomp", action="store_true")
+    ap.add_argument("--sanitize", action="store_true", help="small case for compute-sanitizer")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.sanitize:
+        sanitize_case()
+        return
+    minilm = dict(np.load(args.minilm)) if Path(args.minilm).exists() else {}
+    if minilm:
+        classes = ("bf16_weights", "bf16_activations", "bf16_gradients")
+        minilm["bf16_minilm"] = np.concatenate([minilm[k] for k in classes])
+    copy_bw = copy_bandwidth()
+    print(f"device {torch.cuda.get_device_name()}  D2D copy {copy_bw / 1e12:.2f} TB/s", flush=True)
+    results: dict[str, object] = {"device": torch.cuda.get_device_name(), "copy_TBps":
+                                  copy_bw / 1e12, "rows": [], "extra": {}}
+    cases = [(torch.bfloat16, "normal"), (torch.bfloat16, "bf16_minilm"),
+             (torch.float8_e4m3fn, "normal"), (torch.float8_e4m3fn, "fp8_activations")]
+    for dtype, kind in cases:
+        if kind != "normal" and not minilm:
+            continue
+        for mib in (int(s) for s in args.sizes.split(",")):
+            x = make(kind, dtype, mib * MIB, minilm)
+            runs = runs_for(mib * MIB)
+            row = {"dtype": str(dtype).removeprefix("torch."), "data": kind, "MiB": mib}
+            row |= zipccl_row(x, runs, copy_bw)
+            if not args.no_nvcomp:
+                row |= nvcomp_row(x, max(5, runs // 4))
+            if mib == 1:
+                row |= golden_ratio_check(x)
+            if mib == 256:
+                results["extra"][f"{row['dtype']}-{kind}-256MiB-tables"] = table_costs(x)
+            if mib == 64:
+                results["extra"][f"{row['dtype']}-{kind}-64MiB-torch"] = torch_backend_row(x)
+            results["rows"].append(row)
+            print(json.dumps(row), flush=True)
+            del x
+            torch.cuda.empty_cache()
+    for cls in ("bf16_weights", "bf16_activations", "bf16_gradients"):
+        if minilm:
+            x = make(cls, torch.bfloat16, 256 * MIB, minilm)
+            results["extra"][f"{cls}-256MiB"] = {"ratio": zipccl.compress(x).ratio} | (
+                table_costs(x))
+    (out / "codec.json").write_text(json.dumps(results, indent=1, default=str))
+    print(json.dumps(results["extra"], indent=1, default=str))
+    print(markdown(results))
+
+
+def markdown(results: dict) -> str:
+    cols = [("ratio", ".4f"), ("compress_api_GBps", ".0f"), ("compress_kernel_GBps", ".0f"),
+            ("decompress_api_GBps", ".0f"), ("decompress_kernel_GBps", ".0f"),
+            ("compress_api_of_copy", ".2f"), ("decompress_api_of_copy", ".2f"),
+            ("nvcomp_ratio", ".4f"),
+            ("nvcomp_compress_GBps", ".0f"), ("nvcomp_decompress_GBps", ".0f")]
+    head = ["dtype", "data", "MiB", "ratio", "compress GB/s api", "compress GB/s kernel",
+            "decompress GB/s api", "decompress GB/s kernel", "compress / copy", "decompress / copy",
+            "nvCOMP ANS ratio", "nvCOMP compress GB/s", "nvCOMP decompress GB/s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in results["rows"]:
+        cells = [r["dtype"], r["data"], str(r["MiB"])]
+        cells += [format(r[k], f) if isinstance(r.get(k), float) else "-" for k, f in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
