@@ -4,7 +4,9 @@ One forward + backward pass of the model (eval mode, so no dropout) over a fixed
 pairs yields three tensor classes that look like what LLM training moves between accelerators:
 
 * **weights** -- every parameter (embeddings, attention/FFN matrices, biases, LayerNorm gains);
-* **activations** -- the input of every ``nn.Linear`` (forward pre-hooks), padding included;
+* **activations** -- the input of every ``nn.Linear`` (forward pre-hooks), padding included; the
+  query, key and value projections read one tensor, kept once under the query's name (a fused
+  QKV layer would move it once), so each layer gives 4 tensors (+1 for the BERT pooler);
 * **gradients** -- every parameter's gradient under an in-batch contrastive (InfoNCE) loss, the
   loss sentence-transformers trains this model with; the word-embedding gradient is mostly zeros
   because only the batch's tokens receive gradient, and the unused BERT pooler gets none.
@@ -112,10 +114,14 @@ def capture() -> Capture:
     model = load_model()
     model.eval()
     acts: dict[str, np.ndarray] = {}
+    seen: dict[int, object] = {}
 
     def hook(name: str) -> Callable:
         def pre_hook(_module, args) -> None:
-            acts[name] = args[0].detach().float().numpy().copy()
+            ptr = args[0].data_ptr()
+            if ptr not in seen:  # query/key/value read one tensor: keep it once
+                seen[ptr] = args[0]  # held, so no later tensor can reuse the address
+                acts[name] = args[0].detach().float().numpy().copy()
 
         return pre_hook
 

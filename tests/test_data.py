@@ -48,7 +48,9 @@ def test_capture_classes_are_real_and_cached():
     assert 22_000_000 < n_weights < 23_500_000  # 22.7 M parameters
     assert set(cap.gradients) < set(cap.weights)
     assert all("pooler" in n for n in set(cap.weights) - set(cap.gradients))
-    assert len(cap.activations) == 37  # 6 layers x 6 linears + the pooler
+    # 6 layers x (q/k/v input once, attention output, FFN1, FFN2) + the pooler
+    assert len(cap.activations) == 25
+    assert not any(n.endswith((".key", ".value")) for n in cap.activations)
     for name in cap.activations:
         assert name in {n.rsplit(".", 1)[0] for n in cap.weights}
     word = cap.gradients["0.model.embeddings.word_embeddings.weight"]
