@@ -6,7 +6,8 @@ symbols are always coded (ranked capacity covers all 256, or a literal escape re
 
 * :func:`best_table` -- exhaustive search for the least expected code length.
 * :func:`qlc_heuristic` -- the QLC paper's ``optimize_zones`` rule mapped to widths {3,4,5,8}.
-* :func:`qlc_dynamic` -- the paper's variant for a dominant symbol: a w=1 head, w=5 middles.
+* :func:`qlc_dynamic` -- the paper's variant for a dominant symbol: a w=1 head for the top 2,
+  then six w=5 middles (SPEC.md's reading), or ``middle=None``: the best 3/4/5 middles.
 * :func:`zipccl_histogram_table` -- the ZipCCL exponent layout with the measured top 7.
 
 Tables from theory (no histogram) live in :mod:`golden.theory`.
@@ -83,15 +84,16 @@ def _book(widths: Iterable[int], literal: int | None, order: list[int], name: st
 
 
 # --------------------------------------------------------------------------- exhaustive search
-def _candidates(allowed: tuple[int, ...], literal: bool) -> np.ndarray:
-    """Non-decreasing width vectors of the ranked regions (one row each).
+def _candidates(allowed: tuple[int, ...], literal: bool, head: tuple[int, ...]) -> np.ndarray:
+    """Width vectors of the ranked regions (one row each): ``head``, then non-decreasing widths.
 
     Expected length does not depend on region order (the most frequent symbols always go to the
     narrowest regions, by the rearrangement inequality), so only multisets of widths need trying:
     C(16, 8) = 12,870 vectors instead of 9**8 = 43 M. Ranked-only vectors must hold all 256 symbols.
     """
-    k = NUM_REGIONS - 1 if literal else NUM_REGIONS
+    k = NUM_REGIONS - (1 if literal else 0) - len(head)
     rows = np.array(list(combinations_with_replacement(allowed, k)), np.int64).reshape(-1, k)
+    rows = np.concatenate([np.tile(np.asarray(head, np.int64), (len(rows), 1)), rows], axis=1)
     if not literal:
         rows = rows[(1 << rows).sum(axis=1) >= ALPHABET]
     return rows
@@ -111,22 +113,28 @@ def best_table(
     hist: np.ndarray,
     widths: Iterable[int] = range(MAX_WIDTH + 1),
     literal: bool | None = None,
+    head: Iterable[int] = (),
     name: str = "best",
 ) -> Codebook:
     """The table of least expected code length, by exhaustive search over width vectors.
 
     ``widths`` restricts the ranked regions' widths (e.g. ``(3, 4, 5, 8)`` for the QLC paper's
-    lengths); ``literal`` forces (True) or forbids (False) an escape region, None tries both.
-    The search is exact (integer bit totals); ties keep the ranked-only, lexicographically
-    smallest vector. Ranked regions are emitted narrowest first; the escape, if any, is prefix 7.
+    lengths); ``literal`` forces (True) or forbids (False) an escape region, None tries both;
+    ``head`` fixes the first regions' widths (they take the most frequent symbols), e.g. ``(1,)``
+    for the dynamic variant. The search is exact (integer bit totals); ties keep the ranked-only,
+    lexicographically smallest vector. Ranked regions after the head are emitted narrowest first;
+    the escape, if any, is prefix 7.
     """
     allowed = tuple(sorted({int(w) for w in widths}))
+    head = tuple(int(w) for w in head)
     if not allowed or allowed[0] < 0 or allowed[-1] > MAX_WIDTH:
         raise ValueError(f"widths must be a non-empty subset of 0..{MAX_WIDTH}, got {allowed}")
+    if len(head) >= NUM_REGIONS - 1 or not all(0 <= w <= MAX_WIDTH for w in head):
+        raise ValueError(f"head must be at most {NUM_REGIONS - 2} widths in 0..{MAX_WIDTH}")
     order, cum = _sorted_counts(hist)
     best: tuple[int, tuple[int, ...], bool] | None = None
     for lit in {None: (False, True), False: (False,), True: (True,)}[literal]:
-        rows = _candidates(allowed, lit)
+        rows = _candidates(allowed, lit, head)
         if len(rows) == 0:
             continue
         costs = _costs(rows, cum, lit)
@@ -200,11 +208,18 @@ def qlc_heuristic(
 def qlc_dynamic(
     hist: np.ndarray,
     head: int = DYNAMIC_HEAD_WIDTH,
-    middle: int = DYNAMIC_MIDDLE_WIDTH,
+    middle: int | None = DYNAMIC_MIDDLE_WIDTH,
     name: str = "qlc-dynamic",
 ) -> Codebook:
-    """The paper's variant for a dominant symbol (zeros): 2 symbols at 3+1 = 4 bits, six w=5
-    middle regions (8-bit codes for ranks 2..193), and the 8-bit escape for the rest."""
+    """The paper's variant for a dominant symbol (zeros): the 2 most frequent symbols in a w=1
+    region (4-bit codes), wider middle regions, and the 8-bit escape last.
+
+    ``middle=5`` (default) is SPEC.md's reading: six w=5 regions, 8-bit codes for ranks 2..193.
+    ``middle=None`` searches the six middle widths over the paper's 3/4/5 instead (exhaustively,
+    as :func:`best_table` with the head fixed).
+    """
+    if middle is None:
+        return best_table(hist, QLC_MIDDLE_WIDTHS, literal=True, head=(head,), name=name)
     order, _ = _sorted_counts(hist)
     widths = (head,) + (middle,) * (NUM_REGIONS - 2) + (MAX_WIDTH,)
     return _book(widths, NUM_REGIONS - 1, order, name)

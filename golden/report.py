@@ -47,7 +47,8 @@ COVERS = {
     "qlc_heuristic": "optimize_zones heuristic table (widths 3/4/5 + 8-bit escape)",
     "qlc_best": "exhaustive-search table (widths 0..8, escape optional)",
     "qlc_best_6_7_8_11": "exhaustive search over the QLC paper's widths 3/4/5 + 8-bit escape",
-    "qlc_dynamic": "dynamic table (w=1 head for the top 2, w=5 middles, 8-bit escape)",
+    "qlc_dynamic": "dynamic table (w=1 head for the top 2, six w=5 middles, 8-bit escape)",
+    "qlc_dynamic_searched": "w=1 head for the top 2, best 3/4/5 middles, 8-bit escape",
     "qlc_preset": "the checked-in golden/tables/qlc_e4m3.json, same table for every tensor",
     "huffman": "Huffman code built on the tensor's own histogram",
     "exp_golomb": "best-order Exp-Golomb of the frequency rank",
@@ -91,6 +92,9 @@ def _code_methods(hist: np.ndarray, fp8: bool) -> dict[str, Codebook]:
             hist, widths=builders.QLC_MIDDLE_WIDTHS, literal=True, name="qlc-best-6-7-8-11"
         ),
         "qlc_dynamic": builders.qlc_dynamic(hist),
+        "qlc_dynamic_searched": builders.qlc_dynamic(
+            hist, middle=None, name="qlc-dynamic-searched"
+        ),
     }
     if fp8:
         books["qlc_preset"] = presets.qlc_e4m3()

@@ -26,7 +26,19 @@ from golden.streams import (
 from tests.strategies import codebooks
 
 ALL_BYTES = np.arange(ALPHABET, dtype=np.uint8)
-BUILDERS = [B.best_table, B.qlc_heuristic, B.qlc_dynamic, B.zipccl_histogram_table]
+
+
+def _dynamic_searched(hist: np.ndarray) -> Codebook:
+    return B.qlc_dynamic(hist, middle=None)
+
+
+BUILDERS = [
+    B.best_table,
+    B.qlc_heuristic,
+    B.qlc_dynamic,
+    _dynamic_searched,
+    B.zipccl_histogram_table,
+]
 
 
 @st.composite
@@ -197,6 +209,17 @@ def test_dynamic_gives_the_two_most_frequent_four_bit_codes():
     assert (lengths == 8).sum() == 192
 
 
+@settings(max_examples=60, deadline=None)
+@given(histograms())
+def test_searched_dynamic_is_optimal_given_its_head(hist):
+    fixed, searched = B.qlc_dynamic(hist), B.qlc_dynamic(hist, middle=None)
+    assert searched.widths[0] == 1 and searched.literal == 7
+    assert set(searched.widths[1:7]) <= {3, 4, 5}
+    assert searched.expected_bits(hist) <= fixed.expected_bits(hist) + 1e-12
+    order = B.ranks_by_frequency(hist)
+    assert searched.ranks[:2] == tuple(order[:2])
+
+
 def test_zipccl_histogram_table_takes_the_top_seven():
     hist = np.zeros(ALPHABET, np.int64)
     hist[[120, 121, 122, 123, 124, 125, 126, 127]] = [5, 60, 70, 80, 90, 100, 110, 4]
@@ -235,6 +258,10 @@ def test_bad_parameters_are_rejected():
         B.best_table(hist, widths=(3, 9))
     with pytest.raises(ValueError, match="without an escape"):
         B.best_table(hist, widths=(3, 4), literal=False)
+    with pytest.raises(ValueError, match="head"):
+        B.best_table(hist, head=(1,) * 7)
+    with pytest.raises(ValueError, match="head"):
+        B.best_table(hist, head=(9,))
     with pytest.raises(ValueError, match="threshold"):
         B.qlc_heuristic(hist, threshold=0.0)
     with pytest.raises(ValueError, match="threshold"):

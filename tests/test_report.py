@@ -67,6 +67,7 @@ def test_fp8_figures(run_once):
     bits = {k: v["bits_per_element"] for k, v in m.items() if isinstance(v, dict)}
     assert bits["entropy"] <= bits["huffman"] <= bits["qlc_best"] <= bits["qlc_best_6_7_8_11"]
     assert bits["qlc_best_6_7_8_11"] <= min(bits["qlc_heuristic"], bits["qlc_preset"]) + 1e-9
+    assert bits["qlc_best"] <= bits["qlc_dynamic_searched"] <= bits["qlc_dynamic"] + 1e-9
     assert 5.5 < bits["qlc_best"] < 7.5  # real activations compress, but not wildly
     for name in ("qlc_best", "qlc_preset"):
         assert 0 < m[name]["container_bits_per_element"] - bits[name] < 0.2
