@@ -13,10 +13,20 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+constexpr int kGaps = 10;
+
+// Mirrors the ctypes structure in zipccl/_cuda.py: all fields 64-bit, no padding. (Outside the
+// anonymous namespace: the exported launchers take it, so it needs external linkage.)
+struct Layout {
+  long long n, nb, block, threads, ngaps;
+  long long raw_byte_at[3], raw_bit_at[3], prefix_at[3];
+  long long offsets_at, payload_at, capacity, payload_bytes;
+  long long gap_lo[kGaps], gap_hi[kGaps];
+};
+
 namespace {
 
 constexpr int kMaxThreads = 512;
-constexpr int kGaps = 10;
 constexpr unsigned kFull = 0xffffffffu;
 constexpr unsigned long long kFlagAgg = 1ull << 62;
 constexpr unsigned long long kFlagInc = 2ull << 62;
@@ -24,14 +34,6 @@ constexpr unsigned long long kValue = (1ull << 62) - 1;
 
 // Error bits of the decoder's flag (zipccl/_cuda.py names them).
 constexpr int kErrOffsets = 1, kErrSize = 2, kErrRank = 4, kErrPadding = 8, kErrPlanePad = 16;
-
-// Mirrors the ctypes structure in zipccl/_cuda.py: all fields 64-bit, no padding.
-struct Layout {
-  long long n, nb, block, threads, ngaps;
-  long long raw_byte_at[3], raw_bit_at[3], prefix_at[3];
-  long long offsets_at, payload_at, capacity, payload_bytes;
-  long long gap_lo[kGaps], gap_hi[kGaps];
-};
 
 // Table words (int32): [0,256) encoder: payload | prefix << 8 | width << 12;
 // [256,264) regions: width | base << 4 | literal << 15; [264,520) rank -> symbol; [520] count.
