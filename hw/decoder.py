@@ -5,15 +5,18 @@ last word (the encoder's zero padding) is dropped, so the next packet starts on 
 
 Pipeline:
 
-1. **Prefix parse + length select** (the only loop): a two-word window ``w0:w1`` and a bit
-   pointer ``pos`` in ``w0``. Each clock the 3 prefix bits at ``pos`` pick a region register
-   (8 x {literal, width, base}, plain registers so the lookup is combinational) and
-   ``pos += 3 + width``; crossing the end of ``w0`` pops it. The window refills from ``i`` one
-   word per clock whenever ``w1`` is free (``i.ready`` is a register, no combinational path), and
-   a code is at most 11 bits, so the loop never waits for words when the source keeps up.
-2. **Payload extract** -- the 8 bits after the prefix, shifted right by ``8 - width``;
-   ``rank = base + payload`` addresses the rank LUT (block RAM, synchronous read). ``rank >=
-   num_ranked`` in a ranked region (an empty region, a rank past the table) is illegal.
+1. **Prefix parse + length select + payload extract** (the only loop): a two-word window
+   ``w0:w1`` and a bit pointer ``pos`` (0..64). Each clock the 3 prefix bits at ``pos`` pick a
+   region register (8 x {literal, width, base}, plain registers so the lookup is combinational)
+   and ``pos += 3 + width``; the 8 bits after the prefix, shifted right by ``8 - width``, are the
+   payload. Words wholly behind ``pos`` are dropped on the *next* clock (from the registered
+   ``pos``), so nothing but ``pos`` itself depends on the loop. A code is at most 11 bits and
+   ``pos`` stays below 43 while parsing, so after a drop the next code lies in ``w0`` and the
+   refill (a word per clock whenever a slot is free; ``i.ready`` depends on registers only)
+   always comes in time: the loop never waits when the source keeps up.
+2. **Rank + legality** -- ``rank = base + payload`` addresses the rank LUT (block RAM,
+   synchronous read); in parallel ``payload >= room`` (the region's ranks in the table) flags an
+   illegal codeword (an empty region, a rank past the table).
 3. **LUT remap** -- ``symbol = literal ? payload : rank_lut[rank]`` into the output register.
    An illegal codeword reaching this stage is not emitted: ``error`` rises and the decoder stops
    (no beat accepted or sent) until reset.
@@ -40,7 +43,6 @@ from golden.codebook import (
 )
 from hw.tables import (
     COUNT_BITS,
-    WIDTH_BITS,
     WORD_BITS,
     Mem,
     RegionEntry,
@@ -84,11 +86,11 @@ class QLCDecoder(wiring.Component):
         active = Signal()
         remaining = Signal(COUNT_BITS)
         w0, w1 = Signal(WORD_BITS), Signal(WORD_BITS)
-        h0, h1 = Signal(), Signal()  # w0 / w1 hold a word (h1 implies h0)
-        pos = Signal(range(WORD_BITS))
+        words = Signal(range(3))  # words held in w0, w1
+        pos = Signal(range(2 * WORD_BITS + 1))  # bit offset of the next codeword from w0's top
         s1_valid, s1_last, s1_literal = Signal(), Signal(), Signal()
-        s1_raw, s1_width = Signal(MAX_WIDTH), Signal(WIDTH_BITS)
-        s1_base = Signal(REGION_BASE_BITS)
+        s1_payload, s1_base = Signal(MAX_WIDTH), Signal(REGION_BASE_BITS)
+        s1_room = Signal(RANK_COUNT_BITS)  # ranks the region has in the table
         s2_valid, s2_last, s2_literal, s2_illegal = Signal(), Signal(), Signal(), Signal()
         s2_payload = Signal(MAX_WIDTH)
 
@@ -113,30 +115,37 @@ class QLCDecoder(wiring.Component):
         s2_free = ~err & ~(s2_valid & s2_illegal) & (~s2_valid | self.o.ready)
         s1_free = ~s1_valid | s2_free
 
-        # stage 1: prefix parse + length select
+        # stage 1: prefix parse + length select. The loop is pos -> 3 bits of a 64:1 mux ->
+        # region mux -> add -> pos; dropping consumed words waits for the next clock (pops come
+        # from the registered pos), so no window enable hangs off the loop.
+        window = Cat(w0[::-1], w1[::-1])  # stream order: bit k is the k-th bit from w0's top
         head = Signal(MAX_CODE_LENGTH)  # the 11 stream bits at pos, first bit at the top
         region = Signal(REGION_WORD_BITS)
         entry = RegionEntry(region)
         end = Signal(range(2 * WORD_BITS))
-        at = Signal(range(2 * WORD_BITS))
+        shift = Signal(range(MAX_WIDTH + 1))
         m.d.comb += [
-            at.eq(2 * WORD_BITS - MAX_CODE_LENGTH - pos),
-            head.eq(Cat(w1, w0).bit_select(at, MAX_CODE_LENGTH)),
+            head.eq(window.bit_select(pos[:6], MAX_CODE_LENGTH)[::-1]),
             end.eq(pos + PREFIX_BITS + entry.width),
+            shift.eq(MAX_WIDTH - entry.width),
         ]
         with m.Switch(head[MAX_WIDTH:]):
             for p, reg in enumerate(regions):
                 with m.Case(p):
                     m.d.comb += region.eq(reg)
         last = remaining == 1
-        parse = active & s1_free & h0 & (h1 | (end <= WORD_BITS))
-        pop1 = parse & ((end >= WORD_BITS) | last) & ~(last & (end > WORD_BITS))
-        pop2 = parse & last & (end > WORD_BITS)
+        fits = Mux(words == 2, 1, (words == 1) & (end <= WORD_BITS))
+        parse = active & s1_free & fits
+        # after a packet's last codeword the rest of its word is padding: skip to a word boundary
+        stop = Mux(end <= WORD_BITS, WORD_BITS, 2 * WORD_BITS)
+        moved = Mux(parse, Mux(last, stop, end), pos)
+        pops = pos[5:7]  # whole words behind pos, dropped this clock
         take_n = self.n.valid & self.n.ready
         m.d.comb += [
             self.n.ready.eq(~active & ~err & ~self.tw.valid),
-            self.i.ready.eq(~h1 & ~err),
+            self.i.ready.eq((words - pops < 2) & ~err),
         ]
+        m.d.sync += pos.eq(Cat(moved[:5], moved[5:7] - pops))
         with m.If(take_n):
             m.d.sync += [active.eq(self.n.payload != 0), remaining.eq(self.n.payload)]
         with m.If(s1_free):
@@ -145,25 +154,18 @@ class QLCDecoder(wiring.Component):
             m.d.sync += [
                 remaining.eq(remaining - 1),
                 active.eq(~last),
-                pos.eq(end),  # mod 32: the part past w0 is the offset in the next word
                 s1_last.eq(last),
                 s1_literal.eq(entry.literal),
-                s1_raw.eq(head[:MAX_WIDTH]),
-                s1_width.eq(entry.width),
+                s1_payload.eq(head[:MAX_WIDTH] >> shift),
                 s1_base.eq(entry.base),
+                s1_room.eq(Mux(entry.base < num_ranked, num_ranked - entry.base, 0)),
             ]
-            with m.If(last):
-                m.d.sync += pos.eq(0)
-        self._window(m, w0, w1, h0, h1, pop1, pop2)
+        self._window(m, w0, w1, words, pops)
 
-        # stage 2: payload extract, rank, legality; the rank LUT read is stage 3's register
-        shift = Signal(range(MAX_WIDTH + 1))
-        payload = Signal(MAX_WIDTH)
+        # stage 2: rank and legality in parallel; the rank LUT read is stage 3's register
         rank = Signal(RANK_BITS)
         m.d.comb += [
-            shift.eq(MAX_WIDTH - s1_width),
-            payload.eq(s1_raw >> shift),
-            rank.eq(s1_base + payload),
+            rank.eq(s1_base + s1_payload),
             rd.addr.eq(rank),
             rd.en.eq(s2_free),
         ]
@@ -172,8 +174,8 @@ class QLCDecoder(wiring.Component):
                 s2_valid.eq(s1_valid),
                 s2_last.eq(s1_last),
                 s2_literal.eq(s1_literal),
-                s2_payload.eq(payload),
-                s2_illegal.eq(~s1_literal & (rank >= num_ranked)),
+                s2_payload.eq(s1_payload),
+                s2_illegal.eq(~s1_literal & (s1_payload >= s1_room)),
             ]
 
         # stage 3: LUT remap with literal bypass
@@ -187,18 +189,16 @@ class QLCDecoder(wiring.Component):
         ]
         return m
 
-    def _window(self, m: Module, w0, w1, h0, h1, pop1, pop2) -> None:
-        """Two-word FIFO: pop one or two words as the parser leaves them, push from ``i``."""
-        push = self.i.valid & self.i.ready  # implies ~h1
-        with m.If(pop2):
-            m.d.sync += [h0.eq(0), h1.eq(0)]
-        with m.Elif(pop1):
-            m.d.sync += [w0.eq(w1), h0.eq(h1), h1.eq(0)]
-            with m.If(push):
-                m.d.sync += [w0.eq(self.i.payload), h0.eq(1)]
-        with m.Elif(push):
-            with m.If(h0):
-                m.d.sync += [w1.eq(self.i.payload), h1.eq(1)]
+    def _window(self, m: Module, w0, w1, words, pops) -> None:
+        """Two-word FIFO: drop ``pops`` words, then push from ``i`` into the first free slot."""
+        push = self.i.valid & self.i.ready  # implies a free slot once the pops are done
+        with m.If(pops == 1):
+            m.d.sync += w0.eq(w1)
+        left = Signal.like(words)
+        m.d.comb += left.eq(words - pops)
+        m.d.sync += words.eq(left + push)
+        with m.If(push):
+            with m.If(left == 0):
+                m.d.sync += w0.eq(self.i.payload)
             with m.Else():
-                m.d.sync += [w0.eq(self.i.payload), h0.eq(1)]
-
+                m.d.sync += w1.eq(self.i.payload)

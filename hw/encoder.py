@@ -4,13 +4,15 @@ Pipeline (every stage holds under back-pressure, so no beat is lost or repeated)
 
 1. **LUT read** -- the accepted symbol addresses the 256-entry encoder LUT (a block RAM with a
    synchronous read port whose enable is the stage's advance, so its output holds while stalled).
-2. **Pack** -- the codeword ``prefix << width | payload`` (3..11 bits) is appended below the
-   pending bits ``acc`` (right aligned, ``n`` < 32 of them); once ``n + length >= 32`` the top 32
-   bits leave as a word (bit 31 = first stream bit) and the rest stay. Garbage above the pending
-   bits is never masked: every extraction takes only bits below ``n + length``.
-3. **Output register** -- the word stream ``o``; ``o.payload.bits`` counts the packet's bits and
+2. **Align** -- the LUT entry becomes the codeword left aligned in 11 bits (prefix, then the
+   payload shifted up by ``8 - width``) and its length ``3 + width``, registered.
+3. **Pack** -- the pending bits ``acc`` are left aligned with zeros below them (``n`` < 32), so
+   the codeword goes in with one shift by the *register* ``n`` and an OR; once ``n + length >=
+   32`` the top 32 bits leave as a word (bit 31 = first stream bit) and the 0..10 bits past it
+   become the new ``acc``, a fixed shift. No shift depends on a value computed in the same cycle.
+4. **Output register** -- the word stream ``o``; ``o.payload.bits`` counts the packet's bits and
    is final on the ``last`` word. A packet whose bits do not fill its last word takes one extra
-   *flush* cycle that pads that word with zeros.
+   *flush* cycle that sends ``acc`` as it is: already zero padded.
 
 Tables: the LUT starts as ``book`` (reset-time init) and is rewritten through ``tw`` between
 packets; ``tw.ready`` is low inside a packet so a packet is always coded with one table.
@@ -18,11 +20,18 @@ packets; ``tw.ready`` is low inside a packet so a packet is always coded with on
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Signal
+from amaranth import C, Cat, Module, Signal
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from golden.codebook import ALPHABET, ENC_WORD_BITS, MAX_CODE_LENGTH, PREFIX_BITS, Codebook
+from golden.codebook import (
+    ALPHABET,
+    ENC_WORD_BITS,
+    MAX_CODE_LENGTH,
+    MAX_WIDTH,
+    PREFIX_BITS,
+    Codebook,
+)
 from hw.tables import (
     COUNT_BITS,
     WORD_BITS,
@@ -58,10 +67,13 @@ class QLCEncoder(wiring.Component):
 
         in_packet = Signal()  # a packet's first symbol is in, its last is not yet
         s1_valid, s1_last = Signal(), Signal()
-        acc = Signal(WORD_BITS)  # pending bits, right aligned
+        s2_valid, s2_last = Signal(), Signal()
+        s2_code = Signal(MAX_CODE_LENGTH)  # the codeword, left aligned (first bit at the top)
+        s2_length = Signal(range(MAX_CODE_LENGTH + 1))
+        acc = Signal(WORD_BITS)  # pending bits, left aligned, zeros below them
         n = Signal(range(WORD_BITS))  # number of pending bits
         total = Signal(COUNT_BITS)  # bits of the packet so far
-        flush = Signal()  # the packet ended with n > 0 pending bits: pad and send them
+        flush = Signal()  # the packet ended with n > 0 pending bits: send them, zero padded
         o_valid = Signal()
         o_data, o_last, o_bits = Signal(WORD_BITS), Signal(), Signal(COUNT_BITS)
 
@@ -74,65 +86,73 @@ class QLCEncoder(wiring.Component):
             wr.en.eq(tw_take & (self.tw.payload.mem == Mem.ENC)),
         ]
 
-        # stage 1: LUT read
+        # handshakes: each stage advances when the one after it can take its contents
         out_free = ~o_valid | self.o.ready
-        pack = s1_valid & out_free & ~flush
-        s1_free = ~s1_valid | pack
+        end = Signal(range(WORD_BITS + MAX_CODE_LENGTH))
+        pack = s2_valid & ~flush & (out_free | (end < WORD_BITS))  # a full o blocks only a word
+        s2_free = ~s2_valid | pack
+        s1_free = ~s1_valid | s2_free
         take = self.i.valid & self.i.ready
         m.d.comb += [
             self.i.ready.eq(s1_free & ~tw_take),
             rd.addr.eq(self.i.payload.data),
             rd.en.eq(s1_free),
         ]
+
+        # stage 1: LUT read
         with m.If(s1_free):
             m.d.sync += [s1_valid.eq(take), s1_last.eq(self.i.payload.last)]
         with m.If(take):
             m.d.sync += in_packet.eq(~self.i.payload.last)
 
-        # stage 2: pack
+        # stage 2: left-align the codeword
         entry = EncEntry(rd.data)
-        length = Signal(range(MAX_CODE_LENGTH + 1))
-        code = Signal(MAX_CODE_LENGTH)
+        shift = Signal(range(MAX_WIDTH + 1))
+        m.d.comb += shift.eq(MAX_WIDTH - entry.width)
+        with m.If(s2_free):
+            m.d.sync += [
+                s2_valid.eq(s1_valid),
+                s2_last.eq(s1_last),
+                s2_code.eq(Cat((entry.payload << shift)[:MAX_WIDTH], entry.prefix)),
+                s2_length.eq(PREFIX_BITS + entry.width),
+            ]
+
+        # stage 3: pack below the pending bits (the only variable shift is by the register n)
         joined = Signal(WORD_BITS + MAX_CODE_LENGTH)
-        end = Signal(range(WORD_BITS + MAX_CODE_LENGTH))
-        over = Signal(range(MAX_CODE_LENGTH))
-        pad = Signal(range(WORD_BITS + 1))
         m.d.comb += [
-            length.eq(PREFIX_BITS + entry.width),
-            code.eq((entry.prefix << entry.width) | entry.payload),
-            joined.eq((acc << length) | code),
-            end.eq(n + length),
-            over.eq(end - WORD_BITS),
-            pad.eq(WORD_BITS - n),
+            joined.eq(Cat(C(0, MAX_CODE_LENGTH), acc) | (Cat(C(0, WORD_BITS), s2_code) >> n)),
+            end.eq(n + s2_length),
         ]
         with m.If(self.o.ready):
             m.d.sync += o_valid.eq(0)
         with m.If(flush & out_free):
             m.d.sync += [
                 o_valid.eq(1),
-                o_data.eq(acc << pad),
+                o_data.eq(acc),
                 o_last.eq(1),
                 o_bits.eq(total),
                 flush.eq(0),
+                acc.eq(0),
                 n.eq(0),
                 total.eq(0),
             ]
         with m.Elif(pack):
-            m.d.sync += [acc.eq(joined), total.eq(total + length)]
+            m.d.sync += total.eq(total + s2_length)
             with m.If(end >= WORD_BITS):
                 aligned = end == WORD_BITS
                 m.d.sync += [
                     o_valid.eq(1),
-                    o_data.eq(joined >> over),
-                    o_last.eq(s1_last & aligned),
-                    o_bits.eq(total + length),
-                    n.eq(over),
-                    flush.eq(s1_last & ~aligned),
+                    o_data.eq(joined[MAX_CODE_LENGTH:]),
+                    o_last.eq(s2_last & aligned),
+                    o_bits.eq(total + s2_length),
+                    acc.eq(Cat(C(0, WORD_BITS - MAX_CODE_LENGTH), joined[:MAX_CODE_LENGTH])),
+                    n.eq(end - WORD_BITS),
+                    flush.eq(s2_last & ~aligned),
                 ]
-                with m.If(s1_last & aligned):
+                with m.If(s2_last & aligned):
                     m.d.sync += total.eq(0)
             with m.Else():
-                m.d.sync += [n.eq(end), flush.eq(s1_last)]
+                m.d.sync += [acc.eq(joined[MAX_CODE_LENGTH:]), n.eq(end), flush.eq(s2_last)]
         m.d.comb += [
             self.o.valid.eq(o_valid),
             self.o.payload.eq(Cat(o_data, o_last, o_bits)),

@@ -1,0 +1,153 @@
+"""iCE40 UP5K estimates for the QLC blocks: yosys ``synth_ice40`` + ``nextpnr-ice40 --up5k``.
+
+    python -m hw.synth --out build/synth
+
+Area is yosys' cell count of the block alone (SB_LUT4, SB_RAM40_4K, flip-flops, carry cells).
+The UP5K has 39 I/O pins, fewer than the blocks' ports, so placement and timing run on a *pin
+wrapper*: every block input comes from a shift register fed by one pin and every block output is
+registered and XOR-folded into one pin. Those wrapper paths are register-to-register and short,
+so nextpnr's maximum frequency is the block's own critical path; its logic-cell count includes
+the wrapper (reported apart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from functools import reduce
+from pathlib import Path
+
+from amaranth import Cat, Elaboratable, Module, Signal, Value
+from amaranth.back import verilog
+from amaranth.lib import wiring
+
+from hw.generate import TOPS
+
+BLOCKS = ("qlc_encoder", "qlc_decoder")
+TARGET_MHZ = 100  # asks nextpnr to optimise hard; the achieved figure is what is reported
+
+
+class PinWrapper(Elaboratable):
+    """A block behind 2 pins: serial-in shift register to its inputs, XOR of its outputs."""
+
+    def __init__(self, core: wiring.Component) -> None:
+        self.core = core
+        self.sin = Signal()
+        self.sout = Signal()
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        m.submodules.core = self.core
+        ins, outs = [], []
+        for _path, member, value in self.core.signature.flatten(self.core):
+            (ins if member.flow == wiring.In else outs).append(Value.cast(value))
+        width = sum(len(v) for v in ins)
+        sr = Signal(width)
+        m.d.sync += sr.eq(Cat(self.sin, sr[:-1]))
+        at = 0
+        for v in ins:
+            m.d.comb += v.eq(sr[at : at + len(v)])
+            at += len(v)
+        captured = Signal(sum(len(v) for v in outs))
+        m.d.sync += [captured.eq(Cat(*outs)), self.sout.eq(reduce(lambda a, b: a ^ b, captured))]
+        return m
+
+
+@dataclass
+class Figures:
+    block: str
+    luts: int  # SB_LUT4 of the block alone (yosys)
+    rams: int  # SB_RAM40_4K
+    ffs: int  # flip-flops of the block alone
+    carries: int  # SB_CARRY
+    wrapped_lcs: int  # nextpnr logic cells of block + pin wrapper
+    fmax_mhz: float  # nextpnr estimate
+
+
+def _run(cmd: list[str], log: Path) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    log.write_text(proc.stdout + proc.stderr)
+    if proc.returncode:
+        raise RuntimeError(f"{cmd[0]} failed (exit {proc.returncode}); see {log}")
+    return proc.stdout + proc.stderr
+
+
+def _cells(stat: dict, top: str) -> dict[str, int]:
+    """Cell counts by type from ``stat -json`` (yosys escapes module names with a backslash)."""
+    module = stat["modules"].get(top) or stat["modules"][f"\\{top}"]
+    return module.get("num_cells_by_type") or module.get("cells", {})
+
+
+def yosys_area(top: str, source: Path, out: Path) -> dict[str, int]:
+    """Cell counts of ``top`` after synth_ice40 (flattened)."""
+    stat_json = out / f"{top}_stat.json"
+    _run(
+        ["yosys", "-q", "-p", f"read_verilog {source}; synth_ice40 -top {top}; "
+         f"tee -q -o {stat_json} stat -json"],
+        out / f"{top}_yosys.log",
+    )
+    text = stat_json.read_text()
+    return _cells(json.loads(text[text.index("{"):]), top)
+
+
+def place_and_route(top: str, source: Path, out: Path) -> tuple[int, float]:
+    """(logic cells, Fmax MHz) of the pin-wrapped block on an UP5K."""
+    netlist = out / f"{top}_wrapped.json"
+    _run(
+        ["yosys", "-q", "-p", f"read_verilog {source}; synth_ice40 -top {top}_wrapped "
+         f"-json {netlist}"],
+        out / f"{top}_wrapped_yosys.log",
+    )
+    log = _run(
+        ["nextpnr-ice40", "--up5k", "--package", "sg48", "--json", str(netlist),
+         "--freq", str(TARGET_MHZ), "--timing-allow-fail", "--seed", "1",
+         "--asc", str(out / f"{top}.asc")],
+        out / f"{top}_nextpnr.log",
+    )
+    lcs = int(re.search(r"ICESTORM_LC:\s+(\d+)/", log).group(1))
+    fmax = float(re.findall(r"Max frequency for clock\s+'[^']*':\s+([\d.]+) MHz", log)[-1])
+    return lcs, fmax
+
+
+def synth_block(top: str, out: Path) -> Figures:
+    out.mkdir(parents=True, exist_ok=True)
+    core = TOPS[top]()
+    source = out / f"{top}.v"
+    source.write_text(verilog.convert(core, name=top))
+    wrapper = PinWrapper(TOPS[top]())
+    wrapped = out / f"{top}_wrapped.v"
+    wrapped.write_text(
+        verilog.convert(wrapper, name=f"{top}_wrapped", ports=[wrapper.sin, wrapper.sout])
+    )
+    cells = yosys_area(top, source, out)
+    lcs, fmax = place_and_route(top, wrapped, out)
+    ffs = sum(n for c, n in cells.items() if c.startswith("SB_DFF"))
+    return Figures(top, cells.get("SB_LUT4", 0), cells.get("SB_RAM40_4K", 0), ffs,
+                   cells.get("SB_CARRY", 0), lcs, fmax)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("build/synth"))
+    ap.add_argument("--blocks", nargs="+", choices=BLOCKS, default=list(BLOCKS))
+    args = ap.parse_args(argv)
+    missing = [t for t in ("yosys", "nextpnr-ice40") if shutil.which(t) is None]
+    if missing:
+        print(f"missing {', '.join(missing)}: sudo apt-get install -y yosys nextpnr-ice40")
+        return 2
+    rows = [synth_block(b, args.out) for b in args.blocks]
+    print("| block | SB_LUT4 | SB_RAM40_4K | FFs | SB_CARRY | LCs with pin wrapper | Fmax (MHz) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for f in rows:
+        print(f"| {f.block} | {f.luts} | {f.rams} | {f.ffs} | {f.carries} | {f.wrapped_lcs} | "
+              f"{f.fmax_mhz:.1f} |")
+    (args.out / "figures.json").write_text(json.dumps([asdict(f) for f in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

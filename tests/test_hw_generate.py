@@ -1,0 +1,55 @@
+"""Verilog generation, memory images from the golden table constants, and the synthesis script."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from golden.codebook import Codebook
+from golden.presets import qlc_e4m3
+from hw.generate import TOPS, generate, main
+from hw.tables import EncEntry, Mem, RegionEntry, pack_table_write, table_writes
+
+
+def test_generate_writes_verilog_and_memh(tmp_path) -> None:
+    paths = generate(tmp_path)
+    names = {p.name for p in paths}
+    assert {f"{t}.v" for t in TOPS} <= names
+    book = qlc_e4m3()
+    for kind, words in (("enc", book.encoder_words()), ("rank", book.rank_words())):
+        text = (tmp_path / f"{book.name}_{kind}.hex").read_text().split()
+        assert [int(w, 16) for w in text] == words
+    enc = (tmp_path / "qlc_encoder.v").read_text()
+    assert "module qlc_encoder" in enc and "i__payload" in enc and "tw__ready" in enc
+
+
+def test_generate_honours_a_table_file(tmp_path) -> None:
+    book = Codebook((8, 0, 0, 0, 0, 0, 0, 0), 0, (1, 2, 3, 4, 5, 6, 7), name="tiny")
+    path = tmp_path / "t.json"
+    book.save(path)
+    assert main(["--out", str(tmp_path / "o"), "--table", str(path)]) == 0
+    assert (tmp_path / "o" / "tiny_count.hex").read_text().strip() == "007"
+
+
+def test_table_write_beats_follow_the_layouts() -> None:
+    book = qlc_e4m3()
+    beats = table_writes(book)
+    assert len(beats) == 256 + 8 + 256 + 1
+    mem, addr, word = beats[300]
+    assert (mem, addr) == (Mem.RANK, 300 - 264) and word == book.rank_words()[36]
+    assert pack_table_write(Mem.COUNT, 0, 120) == 3 | 120 << 10
+    entry = book.encoder_words()[0]
+    assert entry >> EncEntry["width"].offset == book.code_lengths()[0] - 3
+    assert RegionEntry.size == 14
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (shutil.which("yosys") and shutil.which("nextpnr-ice40")), reason="needs yosys, nextpnr"
+)
+def test_synth_reports_figures(tmp_path) -> None:
+    from hw.synth import synth_block
+
+    fig = synth_block("qlc_encoder", tmp_path)
+    assert fig.rams == 1 and 0 < fig.luts < 5280 and fig.fmax_mhz > 0
