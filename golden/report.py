@@ -214,7 +214,8 @@ def format_text(report: dict, markdown: bool = False) -> str:
         rows = _rows(methods)
         if markdown:
             out += [f"### {title}", "", "| " + " | ".join(head) + " |", "|---|--:|--:|--:|---|"]
-            out += ["| " + " | ".join(r) + " |" for r in rows] + [""]
+            out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+            out.append("")
         else:
             out += (
                 [title]

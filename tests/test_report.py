@@ -108,7 +108,7 @@ def test_text_and_markdown_tables():
             "zipccl_theory": {
                 "bits_per_element": 11.25,
                 "ratio": 11.25 / 16,
-                "covers": "container bytes",
+                "covers": "container bytes |x|",
                 "table_bits_per_element": 11.2,
             },
             "raw": {"bits_per_element": 16.0, "ratio": 1.0, "covers": "uncompressed"},
@@ -121,5 +121,5 @@ def test_text_and_markdown_tables():
     assert "zipccl_theory" in text and "11.250" in text and "ideal 11.200" in text
     md = report.format_text(doc, markdown=True).splitlines()
     assert md[0] == "### bf16_x (2 tensors, 10 elements)"
-    assert "| zipccl_theory | 11.250 | 0.703 | ideal 11.200 | container bytes |" in md
+    assert "| zipccl_theory | 11.250 | 0.703 | ideal 11.200 | container bytes \\|x\\| |" in md
     assert "| raw | 16.000 | 1.000 |  | uncompressed |" in md
