@@ -153,6 +153,8 @@ def summary_lines(reports: Sequence[dict]) -> list[str]:
         per_len = " ".join(f"{k}:{v:.4f}" for k, v in r["lengths"].items())
         lines.append(f"{r['top']}: {r['symbols']} symbols checked; cycles/symbol by code length "
                      f"{per_len} (worst {worst:.4f})")
+        if r["top"] == "loopback":
+            lines.append("  (loopback cycles include the encoder's word buffering latency)")
         for name, d in r["datasets"].items():
             ratio = d["bits"] / (8 * d["symbols"])
             lines.append(
