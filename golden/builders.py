@@ -229,10 +229,3 @@ def zipccl_histogram_table(hist: np.ndarray, name: str = "zipccl-histogram") -> 
     """The ZipCCL exponent layout (escape + 7 one-symbol regions) with the measured top 7."""
     return zipccl_layout(top_symbols(check_histogram(hist), ZIPCCL_TOP), name)
 
-
-BUILDERS = {
-    "best": best_table,
-    "qlc_heuristic": qlc_heuristic,
-    "qlc_dynamic": qlc_dynamic,
-    "zipccl_histogram": zipccl_histogram_table,
-}
