@@ -105,12 +105,25 @@ def _infonce(emb_a, emb_b):
 def capture() -> Capture:
     """Run the model once (forward with pre-hooks, contrastive loss, backward) and keep the tensors.
 
-    Deterministic: fixed sentences, eval mode, ``torch.manual_seed(SEED)``; bit-identical across
-    runs on one machine (float32 CPU kernels may differ in the last bit between CPU types).
+    Deterministic: fixed sentences, eval mode, ``torch.manual_seed(SEED)``, one CPU thread (the
+    float32 kernels split reductions by thread count); bit-identical across runs and core counts
+    (other CPU types or torch versions may still differ in the last bit).
     """
     import torch
 
     torch.manual_seed(SEED)
+    threads = torch.get_num_threads()
+    # float32 CPU kernels split reductions by thread count: pin it for bit-exact captures
+    torch.set_num_threads(1)
+    try:
+        return _run_model()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_model() -> Capture:
+    import torch
+
     model = load_model()
     model.eval()
     acts: dict[str, np.ndarray] = {}

@@ -86,3 +86,19 @@ def test_tensor_classes_have_the_codec_dtypes():
 def test_histogram_counts_every_symbol():
     h = data.histogram(np.array([0, 0, 255, 7], np.uint8))
     assert h.shape == (256,) and h.sum() == 4 and h[0] == 2 and h[255] == 1 and h[7] == 1
+
+
+def test_capture_does_not_depend_on_the_thread_count():
+    """A fresh capture under another torch thread count is bit-identical, and restores the count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2 if before != 2 else 3)
+    try:
+        again = data.capture.__wrapped__()
+        assert torch.get_num_threads() == (2 if before != 2 else 3)
+    finally:
+        torch.set_num_threads(before)
+    cap = data.capture()
+    for cls in ("weights", "activations", "gradients"):
+        a, b = getattr(cap, cls), getattr(again, cls)
+        assert list(a) == list(b)
+        assert all(np.array_equal(a[n], b[n]) for n in a), cls
