@@ -201,8 +201,9 @@ def qlc_heuristic(
             break
         widths.append(fits[0])
         start += 1 << fits[0]
-    widths += [0] * (NUM_REGIONS - 1 - len(widths))  # unused regions: empty, never emitted
-    return _book((*widths, MAX_WIDTH), NUM_REGIONS - 1, order, name)
+    unused = [0] * (NUM_REGIONS - 1 - len(widths))  # regions left over hold no rank: never emitted
+    ranks = tuple(order[: min(start, ALPHABET)])
+    return Codebook((*widths, *unused, MAX_WIDTH), NUM_REGIONS - 1, ranks, name=name)
 
 
 def qlc_dynamic(

@@ -181,6 +181,8 @@ def test_heuristic_zones_follow_the_rule(hist, threshold):
     assert book.literal == 7 and book.widths[7] == 8
     used = [w for w in book.widths[:7] if w]
     assert set(used) <= {3, 4, 5}
+    assert book.widths[: len(used)] == tuple(used)  # the unused regions come last, empty
+    assert book.num_ranked == min(sum(1 << w for w in used), ALPHABET)
     # every used zone but the last reached the threshold on its own
     cap = np.cumsum([0] + [1 << w for w in used])
     order = B.ranks_by_frequency(hist)
