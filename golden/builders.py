@@ -32,6 +32,7 @@ no capacity rounding), kept so the reading above can be compared with the origin
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from itertools import combinations_with_replacement
 
@@ -84,6 +85,7 @@ def _book(widths: Iterable[int], literal: int | None, order: list[int], name: st
 
 
 # --------------------------------------------------------------------------- exhaustive search
+@functools.cache
 def _candidates(allowed: tuple[int, ...], literal: bool, head: tuple[int, ...]) -> np.ndarray:
     """Width vectors of the ranked regions (one row each): ``head``, then non-decreasing widths.
 
@@ -96,6 +98,7 @@ def _candidates(allowed: tuple[int, ...], literal: bool, head: tuple[int, ...]) 
     rows = np.concatenate([np.tile(np.asarray(head, np.int64), (len(rows), 1)), rows], axis=1)
     if not literal:
         rows = rows[(1 << rows).sum(axis=1) >= ALPHABET]
+    rows.flags.writeable = False  # cached: shared by every call
     return rows
 
 
