@@ -25,7 +25,6 @@ import numpy as np
 from golden.builders import check_histogram, ranks_by_frequency
 from golden.codebook import ALPHABET
 
-RAW_BITS = 8
 EXP_GOLOMB_ORDERS = range(9)
 
 
@@ -35,6 +34,12 @@ def histogram(symbols: np.ndarray) -> np.ndarray:
     if s.dtype != np.uint8:
         raise TypeError(f"symbols must be a uint8 array, got {s.dtype}")
     return np.bincount(s.ravel(), minlength=ALPHABET).astype(np.int64)
+
+
+def raw_bits(hist: np.ndarray) -> float:
+    """Bits per symbol stored uncompressed: the 8-bit symbol itself."""
+    check_histogram(hist)
+    return 8.0
 
 
 def _mean(hist: np.ndarray, lengths: np.ndarray) -> float:

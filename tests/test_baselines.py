@@ -26,6 +26,12 @@ def test_entropy_hand_values():
     assert bl.entropy_bits(_hist({0: 2, 1: 1, 2: 1})) == pytest.approx(1.5)
 
 
+def test_raw_is_the_symbol_width_and_bounds_huffman():
+    h = _hist({0: 1, 1: 1, 2: 1})
+    assert bl.raw_bits(h) == 8.0 >= bl.huffman_bits(h)
+    assert bl.huffman_bits(np.ones(ALPHABET, np.int64)) == bl.raw_bits(np.ones(ALPHABET, np.int64))
+
+
 def test_huffman_textbook_example():
     """CLRS: f:5 e:9 c:12 b:13 d:16 a:45 -> lengths 4 4 3 3 3 1 (224 bits per 100 symbols)."""
     h = _hist({0: 45, 1: 13, 2: 12, 3: 16, 4: 9, 5: 5})
