@@ -76,11 +76,12 @@ def bf16_values(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, np.uint32) << 16).view(np.float32)
 
 
-def theory_table(bits: np.ndarray, fmt: FloatFormat = BF16) -> Codebook:
-    """The ZipCCL theory table from the tensor's statistics on the shared strided sample."""
+def theory_table(bits: np.ndarray) -> Codebook:
+    """The ZipCCL theory table of BF16 bit patterns, from the statistics of the strided sample
+    every backend draws (as the GPU codec's default table does)."""
     flat = bits.ravel()
     sample = bf16_values(flat[theory.sample_indices(flat.size)])
-    return theory.zipccl_table(fmt, theory.tensor_stats(sample))
+    return theory.zipccl_table(BF16, theory.tensor_stats(sample))
 
 
 def _code_methods(hist: np.ndarray, fp8: bool) -> dict[str, Codebook]:
@@ -125,7 +126,7 @@ def measure_tensor(bits: np.ndarray, fmt: FloatFormat, tallies: dict[str, Tally]
     hist = bl.histogram(fmt.symbols(bits.ravel()))
     books = _code_methods(hist, fp8)
     if not fp8:
-        books = {"zipccl_theory": theory_table(bits, fmt), **books}
+        books = {"zipccl_theory": theory_table(bits), **books}
     for name, book in books.items():
         tally = tallies[name]
         tally.ideal += n * (fmt.raw_bits + book.expected_bits(hist))
