@@ -1,0 +1,201 @@
+"""Process-group plumbing shared by the compressed collectives.
+
+Every zipccl collective starts with one tiny all-gather of a fixed-length int64 *descriptor* (op,
+dtype, sizes, table hash, a local error code, ...). Its length depends only on the world size, so
+it can never mismatch; after it every rank knows every other rank's call, checks the same things
+in the same order and either proceeds with the same decision or raises the same
+:class:`CollectiveMismatchError`. A rank whose own arguments are bad does not raise early (the
+others would hang in the exchange): it reports an error code in its descriptor instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+#  Local error codes a rank reports in its descriptor (0 = fine).
+ERRORS = {
+    1: "output tensor has the wrong number of elements for this collective",
+    2: "input and output dtypes differ",
+    3: "split sizes do not add up to the tensor's first dimension",
+    4: "tensor is not contiguous",
+    5: "tensors are on the wrong device for this process group's backend",
+    6: "src is not a rank of the group",
+    7: "tensor list holds tensors of different shapes or dtypes",
+}
+
+DTYPE_CODES: dict[torch.dtype, int] = {
+    torch.bfloat16: 1,
+    torch.float16: 2,
+    torch.float32: 3,
+    torch.float8_e4m3fn: 4,
+    torch.float8_e5m2: 5,
+    torch.float64: 16,
+    torch.uint8: 17,
+    torch.int8: 18,
+    torch.int16: 19,
+    torch.int32: 20,
+    torch.int64: 21,
+    torch.bool: 22,
+}
+CODEC_DTYPES = frozenset(d for d, c in DTYPE_CODES.items() if c <= 5)
+_CODE_NAMES = {c: str(d).removeprefix("torch.") for d, c in DTYPE_CODES.items()}
+
+
+class CollectiveMismatchError(ValueError):
+    """Ranks called a collective with arguments that do not fit together (raised on every rank)."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """A resolved process group: the handle torch wants plus what the protocols need."""
+
+    pg: dist.ProcessGroup | None
+    rank: int
+    world: int
+    device: torch.device  # where collective buffers must live (cuda for NCCL, cpu for gloo)
+    backend: str
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def resolve(group: dist.ProcessGroup | None, like: torch.Tensor | None = None) -> Group:
+    """The group's rank, size, backend and buffer device (the tensor's own if it is a CUDA one)."""
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
+    backend = str(dist.get_backend(group)).lower()
+    if "nccl" in backend:
+        device = like.device if like is not None and like.is_cuda else torch.device(
+            "cuda", torch.cuda.current_device()
+        )
+    else:
+        device = torch.device("cpu")
+    return Group(group, dist.get_rank(group), dist.get_world_size(group), device, backend)
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    return DTYPE_CODES.get(dtype, 255)
+
+
+def dtype_name(code: int) -> str:
+    return _CODE_NAMES.get(int(code), f"unsupported dtype code {int(code)}")
+
+
+def to_i64(value: int) -> int:
+    """A uint64 (a table hash) as the int64 with the same bits, so it fits the descriptor."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def exchange(g: Group, fields: Sequence[int], op_name: str) -> torch.Tensor:
+    """All-gather one descriptor row per rank; raise on every rank if any rank reported an error.
+
+    Returns a CPU int64 tensor of shape (world, len(fields)); field 0 must be the op code and
+    field 1 the local error code.
+    """
+    row = torch.tensor(list(fields), dtype=torch.int64)
+    table = torch.empty(g.world * row.numel(), dtype=torch.int64, device=g.device)
+    dist.all_gather_into_tensor(table, row.to(g.device), group=g.pg)
+    table = table.cpu().view(g.world, row.numel())
+    ops = table[:, 0].tolist()
+    if len(set(ops)) != 1:
+        raise CollectiveMismatchError(
+            f"zipccl.{op_name}: ranks called different collectives (op codes by rank: {ops})"
+        )
+    bad = [(r, int(code)) for r, code in enumerate(table[:, 1].tolist()) if code]
+    if bad:
+        what = "; ".join(f"rank {r}: {ERRORS.get(code, f'error {code}')}" for r, code in bad)
+        raise CollectiveMismatchError(f"zipccl.{op_name}: {what}")
+    return table
+
+
+def require_same(table: torch.Tensor, column: int, what: str, op_name: str,
+                 show=str) -> int:
+    """The value every rank put in ``column``; a clear error naming each rank's value otherwise."""
+    values = table[:, column].tolist()
+    if len(set(values)) != 1:
+        listed = ", ".join(f"rank {r}: {show(v)}" for r, v in enumerate(values))
+        raise CollectiveMismatchError(f"zipccl.{op_name}: ranks disagree on {what} ({listed})")
+    return int(values[0])
+
+
+class DoneWork:
+    """What ``async_op=True`` returns for a collective whose work is already enqueued in order.
+
+    Compressed collectives finish their host-side protocol before returning and leave the caller's
+    current stream ordered after all their GPU work, so waiting has nothing left to do.
+    """
+
+    def __init__(self, result: object = None) -> None:
+        self._result = result
+
+    def wait(self, timeout: object = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def result(self) -> object:
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+
+@dataclass
+class Streams:
+    """Side streams for pipelining on CUDA (compress | NCCL | decompress); none on CPU."""
+
+    compress: torch.cuda.Stream | None
+    decompress: torch.cuda.Stream | None
+
+    @contextlib.contextmanager
+    def on(self, stream: torch.cuda.Stream | None) -> Iterator[None]:
+        if stream is None:
+            yield
+        else:
+            with torch.cuda.stream(stream):
+                yield
+
+
+_STREAMS: dict[torch.device, Streams] = {}
+
+
+def streams_for(g: Group) -> Streams:
+    if not g.cuda:
+        return Streams(None, None)
+    if g.device not in _STREAMS:
+        _STREAMS[g.device] = Streams(
+            torch.cuda.Stream(g.device), torch.cuda.Stream(g.device)
+        )
+    return _STREAMS[g.device]
+
+
+@contextlib.contextmanager
+def ordered(g: Group, streams: Streams) -> Iterator[None]:
+    """Side streams start after the caller's work and the caller resumes after theirs.
+
+    All temporaries are allocated on the caller's stream, so this ordering is also what keeps the
+    caching allocator from handing a buffer back out while a side stream still reads it.
+    """
+    if not g.cuda:
+        yield
+        return
+    main = torch.cuda.current_stream(g.device)
+    for s in (streams.compress, streams.decompress):
+        s.wait_stream(main)
+    try:
+        yield
+    finally:
+        for s in (streams.compress, streams.decompress):
+            main.wait_stream(s)

@@ -1,0 +1,627 @@
+"""Compressed collectives with torch.distributed's signatures and results.
+
+Every op is a drop-in for its torch.distributed namesake (same arguments, same result tensor
+contents) plus two keyword-only extras: ``table`` (a Codebook every rank must pass identically;
+default: each rank's own theory table, carried inside its buffers) and ``verify`` (default True:
+exchange the descriptor that turns mismatched calls into an error on every rank; the DDP hook turns
+it off because DDP already guarantees identical buckets).
+
+Protocols (the compressed buffer is golden/container.py's: a *fixed part* -- header, raw planes,
+prefix planes, block offsets -- whose size follows from dtype and numel alone, then a variable
+*payload* stream whose length is in the header):
+
+* all-gather / broadcast: phase 1 moves the fixed parts (sizes known to all, no size exchange
+  first); the headers they carry tell every rank every payload length, so phase 2 moves the
+  payloads (all-gather: padded to the largest; broadcast: exact).
+* all-to-all (uneven splits): phase 1 all-to-all of the fixed parts of every (src, dst) piece,
+  whose sizes both ends compute from the agreed splits; phase 2 all-to-all of the payloads with
+  the exact split sizes read from the received headers.
+* reduce-scatter: all-to-all of the W row blocks (native, or the compressed protocol above), then
+  a local reduction in fp32 in rank order 0..W-1, rounded once -- deterministic and equal to
+  :func:`reference_reduce`. With W = 2 NCCL's native reduce-scatter gives the same bits (one
+  correctly rounded operation), so the switch may take it; with W > 2 it never does.
+* all-reduce: reduce-scatter + all-gather on a flat copy padded to a multiple of W.
+
+Large messages go in chunks (``ZIPCCL_CHUNK_BYTES``): chunk k+1 is compressed on one CUDA stream
+while chunk k travels on NCCL's stream and chunk k-1 is decompressed on a third.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from golden.codebook import Codebook
+from golden.container import HEADER_BYTES, LAYOUT_RAW, Header, raw_size, split_size
+from zipccl import codec, switch
+from zipccl._comm import (
+    CODEC_DTYPES,
+    CollectiveMismatchError,
+    DoneWork,
+    Group,
+    dtype_code,
+    dtype_name,
+    exchange,
+    ordered,
+    require_same,
+    resolve,
+    streams_for,
+    to_i64,
+)
+
+ReduceOp = dist.ReduceOp
+_OP_CODES = {"all_gather": 1, "all_to_all": 2, "reduce_scatter": 3, "all_reduce": 4,
+             "broadcast": 5}
+_MODE_CODES = {m: i for i, m in enumerate(switch.MODES)}
+_LOCAL_OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 1, ReduceOp.PRODUCT: 2, ReduceOp.MIN: 3,
+              ReduceOp.MAX: 4}
+_BYTE_VIEW = {torch.float8_e4m3fn, torch.float8_e5m2}  # gloo cannot move fp8: send the bytes
+
+
+# --------------------------------------------------------------------------- agreement
+
+
+@dataclass(frozen=True)
+class _Agreed:
+    """What every rank knows after the descriptor exchange."""
+
+    g: Group
+    strategy: str  # switch.NATIVE | A2A_REDUCE | COMPRESSED
+    table: Codebook | None
+    chunks: int
+
+
+def _table_hash(table: Codebook | None) -> int:
+    if table is not None and not isinstance(table, Codebook):
+        raise TypeError(f"table must be a golden Codebook or None, got {type(table).__name__}")
+    return table.hash64 if table is not None else 0
+
+
+def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
+           fields: Sequence[int], table: Codebook | None, verify: bool,
+           red: ReduceOp | None = None) -> tuple[_Agreed, torch.Tensor | None]:
+    """Exchange the descriptor (unless ``verify`` is off), check it, pick the strategy."""
+    mode = switch.mode()
+    red_code = -1 if red is None else _red_code(red)
+    head = [_OP_CODES[name], err, dtype_code(dtype), to_i64(_table_hash(table)),
+            _MODE_CODES[mode], red_code, nbytes]
+    desc = None
+    if verify:  # every op's row has the same length, so even different ops cannot mismatch
+        pad = [0] * (_extra_fields(g.world) - len(fields))
+        desc = exchange(g, head + list(fields) + pad, name)
+        require_same(desc, 2, "the dtype", name, dtype_name)
+        require_same(desc, 3, "the table (hash; 0 = each rank's own theory table)", name,
+                     lambda h: f"{h % (1 << 64):#018x}")
+        require_same(desc, 4, "ZIPCCL_MODE", name, lambda m: switch.MODES[m])
+        require_same(desc, 5, "the reduce op", name)
+        nbytes = int(desc[:, 6].max())
+    chunk = switch.chunk_bytes(g.cuda)
+    chunks = max(1, -(-nbytes // chunk))
+    strategy = _strategy(g, name, dtype, nbytes, red_code, chunks)
+    return _Agreed(g, strategy, table, chunks), (desc[:, len(head):] if desc is not None else None)
+
+
+def _extra_fields(world: int) -> int:
+    """Op-specific descriptor fields: all-to-all's two split vectors and row size at most."""
+    return 2 * world + 1
+
+
+def _red_code(op: object) -> int:
+    """0..4 for the ops zipccl reduces locally, 99 for the rest (PREMUL_SUM, bitwise): native."""
+    try:
+        return _LOCAL_OPS.get(op, 99)  # type: ignore[call-overload]
+    except TypeError:  # an unhashable custom ReduceOp
+        return 99
+
+
+def _strategy(g: Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int,
+              chunks: int) -> str:
+    """The same answer on every rank: it depends only on agreed values and the agreed profile."""
+    reducing = name in ("reduce_scatter", "all_reduce")
+    if dtype not in CODEC_DTYPES or nbytes == 0 or red_code == 99:
+        return switch.NATIVE  # nothing to compress, or an op only the backend implements
+    mode = switch.mode()
+    if mode == "always":
+        return switch.COMPRESSED
+    if mode == "never":
+        return switch.NATIVE
+    call = switch.Call(name, nbytes, dtype, g.world, chunks)
+    choice = switch.choose(switch.profile_for(g), call)
+    if reducing and choice == switch.NATIVE and not _native_reduce_ok(g, dtype, red_code):
+        return switch.A2A_REDUCE
+    return choice
+
+
+def _native_reduce_ok(g: Group, dtype: torch.dtype, red_code: int) -> bool:
+    """Native reductions equal the fp32 rank-order one only for two ranks, and gloo lacks fp8."""
+    return g.world == 2 and not (dtype in _BYTE_VIEW and not g.cuda) and red_code != 99
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.view(-1)
+
+
+def _wire(t: torch.Tensor) -> torch.Tensor:
+    """The tensor as torch.distributed can move it on every backend (fp8 as bytes)."""
+    return t.view(torch.uint8) if t.dtype in _BYTE_VIEW else t
+
+
+def _pieces(numel: int, chunks: int) -> list[tuple[int, int]]:
+    """``chunks`` near-equal (start, length) pieces of ``numel``; both ends compute the same."""
+    bounds = [numel * k // chunks for k in range(chunks + 1)]
+    return [(bounds[k], bounds[k + 1] - bounds[k]) for k in range(chunks)]
+
+
+@dataclass
+class _Packed:
+    """One compressed piece, laid out as fixed part (padded to ``fixed``) + payload."""
+
+    store: torch.Tensor
+    fixed: int
+    nbytes: int
+
+    @property
+    def head(self) -> torch.Tensor:
+        return self.store[: self.fixed]
+
+    @property
+    def tail(self) -> torch.Tensor:
+        return self.store[self.fixed : max(self.fixed, self.nbytes)]
+
+
+def _pack(x: torch.Tensor, table: Codebook | None) -> _Packed:
+    fixed = codec.fixed_part_bytes(x.dtype, x.numel())
+    cap = max(fixed, codec.max_compressed_bytes(x.dtype, x.numel()))
+    store = torch.empty(cap, dtype=torch.uint8, device=x.device)
+    c = codec.compress_into(x, store, table)
+    return _Packed(store, fixed, c.nbytes)
+
+
+def _sizes_from_headers(heads: torch.Tensor) -> list[int]:
+    """Total buffer length of each received buffer, from its header rows (one D2H copy)."""
+    rows = heads[:, :HEADER_BYTES].cpu().numpy()
+    out = []
+    for row in rows:
+        try:
+            h = Header.unpack(row.tobytes())
+        except ValueError as exc:
+            raise ValueError(f"received a corrupt compressed header: {exc}") from None
+        out.append(raw_size(h.fmt, h.numel) if h.layout == LAYOUT_RAW
+                   else split_size(h.fmt, h.numel, h.block, h.payload_bytes))
+    return out
+
+
+def _unpack(fixed: torch.Tensor, payload: torch.Tensor, nbytes: int, out: torch.Tensor) -> None:
+    """Join a received fixed part and payload into one buffer and decode it into ``out``."""
+    buf = torch.empty(nbytes, dtype=torch.uint8, device=fixed.device)
+    head = min(nbytes, fixed.numel())
+    buf[:head].copy_(fixed[:head])
+    buf[head:].copy_(payload[: nbytes - head])
+    codec.decompress(codec.Compressed.from_buffer(buf), out=out)
+
+
+def _pipeline(chunks: int, start: Callable[[int], object],
+              finish: Callable[[object], None]) -> None:
+    """start(k+1) is issued before finish(k), so their GPU work overlaps on separate streams."""
+    pending = None
+    for k in range(chunks):
+        state = start(k)
+        if pending is not None:
+            finish(pending)
+        pending = state
+    if pending is not None:
+        finish(pending)
+
+
+def _done(work: object, async_op: bool) -> object:
+    return (work if work is not None else DoneWork()) if async_op else None
+
+
+# --------------------------------------------------------------------------- all-gather
+
+
+def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                           group: dist.ProcessGroup | None = None, async_op: bool = False, *,
+                           table: Codebook | None = None, verify: bool = True) -> object:
+    """torch.distributed.all_gather_into_tensor, compressed where it pays."""
+    if switch.mode() == "never":
+        return dist.all_gather_into_tensor(_wire(output_tensor), _wire(input_tensor), group,
+                                           async_op)
+    g = resolve(group, input_tensor)
+    err = _check_pair(g, input_tensor, output_tensor, output_tensor.numel(),
+                      input_tensor.numel() * g.world)
+    nbytes = input_tensor.numel() * input_tensor.element_size()
+    agreed, desc = _agree(g, "all_gather", input_tensor.dtype, nbytes, err,
+                          [input_tensor.numel()], table, verify)
+    if desc is not None:
+        require_same(desc, 0, "the input numel", "all_gather")
+    if agreed.strategy != switch.COMPRESSED:
+        return dist.all_gather_into_tensor(_wire(output_tensor), _wire(input_tensor), group,
+                                           async_op)
+    _gather_compressed(agreed, _flat(input_tensor), _flat(output_tensor))
+    return _done(None, async_op)
+
+
+def _check_pair(g: Group, inp: torch.Tensor, out: torch.Tensor, out_numel: int,
+                want: int) -> int:
+    """The local error code for an (input, output) pair (0 when fine)."""
+    if out_numel != want:
+        return 1
+    if inp.dtype != out.dtype:
+        return 2
+    if not (inp.is_contiguous() and out.is_contiguous()):
+        return 4
+    if any(t.device.type != g.device.type for t in (inp, out)):
+        return 5
+    return 0
+
+
+def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None:
+    g, n = a.g, inp.numel()
+    rows = out.view(g.world, n)
+    streams = streams_for(g)
+    keep: list[object] = []  # every temporary lives until the caller's stream is re-joined
+
+    def start(k: int) -> object:
+        s, m = pieces[k]
+        with streams.on(streams.compress):
+            p = _pack(inp[s : s + m], a.table)
+            fixed = torch.empty(g.world * p.fixed, dtype=torch.uint8, device=g.device)
+            work = dist.all_gather_into_tensor(fixed, p.head, group=g.pg, async_op=True)
+        keep.extend((p, fixed))
+        return s, m, p, fixed, work
+
+    def finish(state: object) -> None:
+        s, m, p, fixed, work = state
+        with streams.on(streams.decompress):
+            work.wait()
+            heads = fixed.view(g.world, p.fixed)
+            sizes = _sizes_from_headers(heads)
+            width = max(max(0, size - p.fixed) for size in sizes)
+            payload = torch.empty(g.world * width, dtype=torch.uint8, device=g.device)
+            send = torch.zeros(width, dtype=torch.uint8, device=g.device)
+            send[: p.tail.numel()].copy_(p.tail)
+            if width:
+                dist.all_gather_into_tensor(payload, send, group=g.pg, async_op=True).wait()
+            keep.extend((payload, send))
+            tails = payload.view(g.world, width)
+            for r in range(g.world):
+                if r == g.rank:
+                    rows[r, s : s + m].copy_(inp[s : s + m])
+                else:
+                    _unpack(heads[r], tails[r], sizes[r], rows[r, s : s + m])
+
+    pieces = _pieces(n, a.chunks)
+    with ordered(g, streams):
+        _pipeline(a.chunks, start, finish)
+
+
+def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
+               group: dist.ProcessGroup | None = None, async_op: bool = False, *,
+               table: Codebook | None = None, verify: bool = True) -> object:
+    """torch.distributed.all_gather (equal shapes), through all_gather_into_tensor."""
+    same = all(t.shape == tensor.shape and t.dtype == tensor.dtype for t in tensor_list)
+    if switch.mode() == "never" or not same:
+        return dist.all_gather([_wire(t) for t in tensor_list], _wire(tensor), group, async_op)
+    flat = torch.empty(len(tensor_list) * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+    all_gather_into_tensor(flat, tensor.contiguous(), group, table=table, verify=verify)
+    for t, part in zip(tensor_list, flat.view(len(tensor_list), -1), strict=True):
+        t.copy_(part.view(t.shape))
+    return _done(None, async_op)
+
+
+# --------------------------------------------------------------------------- all-to-all
+
+
+def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
+                      output_split_sizes: list[int] | None = None,
+                      input_split_sizes: list[int] | None = None,
+                      group: dist.ProcessGroup | None = None, async_op: bool = False, *,
+                      table: Codebook | None = None) -> object:
+    """torch.distributed.all_to_all_single (uneven splits included), compressed where it pays.
+
+    Always verifies: the split agreement is needed anyway, and ranks with uneven inputs could
+    otherwise pick different chunk counts.
+    """
+    if switch.mode() == "never":
+        return dist.all_to_all_single(_wire(output), _wire(input), output_split_sizes,
+                                      input_split_sizes, group, async_op)
+    g = resolve(group, input)
+    ins, outs, err = _splits(g, input, output, input_split_sizes, output_split_sizes)
+    nbytes = input.numel() * input.element_size()
+    agreed, desc = _agree(g, "all_to_all", input.dtype, nbytes, err, [*ins, *outs, _inner(input)],
+                          table, True)
+    _check_splits(desc, g.world)
+    if agreed.strategy != switch.COMPRESSED:
+        return dist.all_to_all_single(_wire(output), _wire(input), output_split_sizes,
+                                      input_split_sizes, group, async_op)
+    inner = _inner(input)
+    send = _segments(_flat(input), [s * inner for s in ins])
+    recv = _segments(_flat(output), [s * inner for s in outs])
+    _a2a_compressed(agreed, send, recv)
+    return _done(None, async_op)
+
+
+def _inner(t: torch.Tensor) -> int:
+    """Elements per row (split sizes count rows of dimension 0)."""
+    return math.prod(t.shape[1:]) if t.dim() else 1
+
+
+def _splits(g: Group, inp: torch.Tensor, out: torch.Tensor, ins: list[int] | None,
+            outs: list[int] | None) -> tuple[list[int], list[int], int]:
+    """Row splits (even when None) and the local error code."""
+    def rows(t: torch.Tensor, given: list[int] | None) -> tuple[list[int], bool]:
+        total = t.shape[0] if t.dim() else 1
+        if given is None or len(given) == 0:
+            return [total // g.world] * g.world, total % g.world == 0
+        ok = len(given) == g.world and sum(given) == total and min(given) >= 0
+        return (list(given) + [0] * g.world)[: g.world], ok
+
+    (i_rows, i_ok), (o_rows, o_ok) = rows(inp, ins), rows(out, outs)
+    err = _check_pair(g, inp, out, 0, 0)
+    if not (i_ok and o_ok):
+        err = 3
+    elif err == 0 and inp.dim() and out.dim() and _inner(inp) != _inner(out):
+        err = 1
+    return i_rows, o_rows, err
+
+
+def _check_splits(desc: torch.Tensor, world: int) -> None:
+    """Rank i's input split j must equal rank j's output split i, and row sizes must match."""
+    ins, outs = desc[:, :world], desc[:, world : 2 * world]
+    require_same(desc, 2 * world, "the row size (numel of input[0])", "all_to_all")
+    bad = [(i, j) for i in range(world) for j in range(world) if ins[i, j] != outs[j, i]]
+    if bad:
+        i, j = bad[0]
+        raise CollectiveMismatchError(
+            f"zipccl.all_to_all: rank {i} sends {int(ins[i, j])} rows to rank {j}, which expects "
+            f"{int(outs[j, i])} ({len(bad)} mismatched pairs)"
+        )
+
+
+def _segments(flat: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
+    out, at = [], 0
+    for size in sizes:
+        out.append(flat[at : at + size])
+        at += size
+    return out
+
+
+def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tensor]) -> None:
+    """Two-phase compressed all-to-all of flat segments: fixed parts, then exact payloads."""
+    g = a.g
+    streams = streams_for(g)
+    keep: list[object] = []
+    fixed_of = codec.fixed_part_bytes
+
+    def start(k: int) -> object:
+        with streams.on(streams.compress):
+            packs, heads = [], []
+            for j, seg in enumerate(send):
+                s, m = _pieces(seg.numel(), a.chunks)[k]
+                p = _pack(seg[s : s + m], a.table) if m and j != g.rank else None
+                packs.append(p)
+                heads.append(p.head if p is not None else seg.new_empty(0, dtype=torch.uint8))
+            in_sizes = [h.numel() for h in heads]
+            out_pieces = [_pieces(seg.numel(), a.chunks)[k] for seg in recv]
+            out_sizes = [fixed_of(seg.dtype, m) if m and i != g.rank else 0
+                         for i, ((_, m), seg) in enumerate(zip(out_pieces, recv, strict=True))]
+            fixed = torch.empty(sum(out_sizes), dtype=torch.uint8, device=g.device)
+            work = dist.all_to_all_single(fixed, torch.cat(heads), out_sizes, in_sizes,
+                                          group=g.pg, async_op=True)
+        keep.extend((packs, fixed))
+        return k, packs, fixed, out_sizes, out_pieces, work
+
+    def finish(state: object) -> None:
+        k, packs, fixed, out_sizes, out_pieces, work = state
+        with streams.on(streams.decompress):
+            work.wait()
+            got = _segments(fixed, out_sizes)
+            live = [i for i, size in enumerate(out_sizes) if size]
+            totals = dict(zip(live, _sizes_from_headers(torch.stack([got[i][:HEADER_BYTES]
+                                                                     for i in live]))
+                              if live else [], strict=True))
+            recv_tail = [max(0, totals[i] - out_sizes[i]) if i in totals else 0
+                         for i in range(g.world)]
+            tails = [p.tail if p is not None else fixed.new_empty(0) for p in packs]
+            payload = torch.empty(sum(recv_tail), dtype=torch.uint8, device=g.device)
+            dist.all_to_all_single(payload, torch.cat(tails), recv_tail,
+                                   [t.numel() for t in tails], group=g.pg, async_op=True).wait()
+            keep.append(payload)
+            for i, (tail, (s, m)) in enumerate(zip(_segments(payload, recv_tail), out_pieces,
+                                                   strict=True)):
+                if i == g.rank:
+                    ss, mm = _pieces(send[i].numel(), a.chunks)[k]
+                    recv[i][s : s + m].copy_(send[i][ss : ss + mm])
+                elif m:
+                    _unpack(got[i], tail, totals[i], recv[i][s : s + m])
+
+    with ordered(g, streams):
+        _pipeline(a.chunks, start, finish)
+
+
+# --------------------------------------------------------------------------- reductions
+
+
+def reference_reduce(parts: Sequence[torch.Tensor], op: ReduceOp = ReduceOp.SUM) -> torch.Tensor:
+    """The reduction every zipccl reduce op computes: fp32, rank order 0..W-1, rounded once."""
+    if op not in _LOCAL_OPS:
+        raise ValueError(f"zipccl reduces SUM, AVG, PRODUCT, MIN and MAX locally, not {op}")
+    acc = parts[0].float().clone()
+    for x in parts[1:]:
+        x = x.float()
+        if op in (ReduceOp.SUM, ReduceOp.AVG):
+            acc += x
+        elif op == ReduceOp.PRODUCT:
+            acc *= x
+        elif op == ReduceOp.MIN:
+            torch.minimum(acc, x, out=acc)
+        else:
+            torch.maximum(acc, x, out=acc)
+    if op == ReduceOp.AVG:
+        acc /= len(parts)
+    return acc.to(parts[0].dtype)
+
+
+def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
+                          op: ReduceOp = ReduceOp.SUM, group: dist.ProcessGroup | None = None,
+                          async_op: bool = False, *, table: Codebook | None = None,
+                          verify: bool = True) -> object:
+    """torch.distributed.reduce_scatter_tensor with the deterministic fp32 reduction."""
+    if switch.mode() == "never":
+        return dist.reduce_scatter_tensor(output, input, op, group, async_op)
+    g = resolve(group, input)
+    err = _check_pair(g, input, output, input.numel(), output.numel() * g.world)
+    nbytes = input.numel() * input.element_size()
+    agreed, desc = _agree(g, "reduce_scatter", input.dtype, nbytes, err, [input.numel()], table,
+                          verify, red=op)
+    if desc is not None:
+        require_same(desc, 0, "the input numel", "reduce_scatter")
+    if agreed.strategy == switch.NATIVE:
+        return dist.reduce_scatter_tensor(output, input, op, group, async_op)
+    _reduce_scatter(agreed, _flat(input), _flat(output), op)
+    return _done(None, async_op)
+
+
+def _reduce_scatter(a: _Agreed, inp: torch.Tensor, out: torch.Tensor, op: ReduceOp) -> None:
+    """All-to-all of the W row blocks (compressed or not), then the rank-order fp32 reduction."""
+    g = a.g
+    if a.strategy == switch.NATIVE:
+        dist.reduce_scatter_tensor(out, inp, op, g.pg)
+        return
+    staging = torch.empty_like(inp).view(g.world, -1)
+    if a.strategy == switch.COMPRESSED:
+        _a2a_compressed(a, list(inp.view(g.world, -1)), list(staging))
+    else:
+        dist.all_to_all_single(_wire(staging), _wire(inp), group=g.pg)
+    out.copy_(reference_reduce(list(staging), op))
+
+
+def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
+               group: dist.ProcessGroup | None = None, async_op: bool = False, *,
+               table: Codebook | None = None, verify: bool = True) -> object:
+    """torch.distributed.all_reduce as reduce-scatter + all-gather, each compressed where it pays.
+
+    Every rank ends with the same bits: the rank-order fp32 reduction of its shard, all-gathered
+    losslessly.
+    """
+    if switch.mode() == "never":
+        return dist.all_reduce(tensor, op, group, async_op)
+    g = resolve(group, tensor)
+    err = 4 if not tensor.is_contiguous() else 5 if tensor.device.type != g.device.type else 0
+    nbytes = tensor.numel() * tensor.element_size()
+    agreed, desc = _agree(g, "all_reduce", tensor.dtype, nbytes, err, [tensor.numel()], table,
+                          verify, red=op)
+    if desc is not None:
+        require_same(desc, 0, "the tensor numel", "all_reduce")
+    if agreed.strategy == switch.NATIVE:
+        return dist.all_reduce(tensor, op, group, async_op)
+    _all_reduce(agreed, tensor, op)
+    return _done(None, async_op)
+
+
+def _all_reduce(a: _Agreed, tensor: torch.Tensor, op: ReduceOp) -> None:
+    g, flat = a.g, _flat(tensor)
+    shard = -(-flat.numel() // g.world)
+    padded = flat if shard * g.world == flat.numel() else torch.zeros(
+        shard * g.world, dtype=flat.dtype, device=flat.device)
+    if padded is not flat:
+        padded[: flat.numel()].copy_(flat)
+    part = torch.empty(shard, dtype=flat.dtype, device=flat.device)
+    ag_chunks = max(1, a.chunks // g.world)
+    rs, ag = switch.A2A_REDUCE, switch.NATIVE
+    if a.strategy == switch.COMPRESSED:  # each half compressed only where that half pays
+        rs = _strategy(g, "reduce_scatter", flat.dtype, padded.numel() * flat.element_size(),
+                       _LOCAL_OPS[op], a.chunks)
+        ag = _strategy(g, "all_gather", flat.dtype, part.numel() * part.element_size(), -1,
+                       ag_chunks)
+    _reduce_scatter(_Agreed(g, rs, a.table, a.chunks), padded, part, op)
+    if ag == switch.COMPRESSED:
+        _gather_compressed(_Agreed(g, ag, a.table, ag_chunks), part, padded)
+    else:
+        dist.all_gather_into_tensor(_wire(padded), _wire(part), group=g.pg)
+    if padded is not flat:
+        flat.copy_(padded[: flat.numel()])
+
+
+# --------------------------------------------------------------------------- broadcast
+
+
+def broadcast(tensor: torch.Tensor, src: int | None = None,
+              group: dist.ProcessGroup | None = None, async_op: bool = False, *,
+              table: Codebook | None = None, verify: bool = True) -> object:
+    """torch.distributed.broadcast (``src`` a global rank), compressed where it pays."""
+    src = 0 if src is None else src
+    if switch.mode() == "never":
+        return dist.broadcast(_wire(tensor), src, group, async_op)
+    g = resolve(group, tensor)
+    group_src = dist.get_group_rank(group, src) if group is not None else src
+    err = 6 if not 0 <= group_src < g.world else _check_pair(g, tensor, tensor, 0, 0)
+    nbytes = tensor.numel() * tensor.element_size()
+    agreed, desc = _agree(g, "broadcast", tensor.dtype, nbytes, err, [tensor.numel(), src],
+                          table, verify)
+    if desc is not None:
+        require_same(desc, 1, "src", "broadcast")
+        require_same(desc, 0, "the tensor numel", "broadcast")
+    if agreed.strategy != switch.COMPRESSED:
+        return dist.broadcast(_wire(tensor), src, group, async_op)
+    _broadcast_compressed(agreed, _flat(tensor), src, group_src)
+    return _done(None, async_op)
+
+
+def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, src: int, group_src: int) -> None:
+    g = a.g
+    streams = streams_for(g)
+    keep: list[object] = []
+    sender = g.rank == group_src
+
+    def start(k: int) -> object:
+        s, m = pieces[k]
+        fixed = codec.fixed_part_bytes(flat.dtype, m)
+        with streams.on(streams.compress):
+            p = _pack(flat[s : s + m], a.table) if sender else None
+            head = p.head if p is not None else torch.empty(fixed, dtype=torch.uint8,
+                                                            device=g.device)
+            work = dist.broadcast(head, src, group=g.pg, async_op=True)
+        keep.extend((p, head))
+        return s, m, p, head, work
+
+    def finish(state: object) -> None:
+        s, m, p, head, work = state
+        if sender:
+            with streams.on(streams.decompress):
+                work.wait()
+                if p.tail.numel():
+                    dist.broadcast(p.tail, src, group=g.pg, async_op=True).wait()
+            return
+        with streams.on(streams.decompress):
+            work.wait()
+            total = _sizes_from_headers(head[None, :HEADER_BYTES])[0]
+            tail = torch.empty(max(0, total - head.numel()), dtype=torch.uint8, device=g.device)
+            if tail.numel():
+                dist.broadcast(tail, src, group=g.pg, async_op=True).wait()
+            keep.append(tail)
+            _unpack(head, tail, total, flat[s : s + m])
+
+    pieces = _pieces(flat.numel(), a.chunks)
+    with ordered(g, streams):
+        _pipeline(a.chunks, start, finish)
+
+
+__all__ = [
+    "CollectiveMismatchError",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_reduce",
+    "all_to_all_single",
+    "broadcast",
+    "reduce_scatter_tensor",
+    "reference_reduce",
+]

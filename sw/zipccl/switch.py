@@ -1,0 +1,306 @@
+"""The adaptive switch: when does compressing a collective pay?
+
+On first use per process group the switch profiles the native collectives (latency alpha and
+bandwidth beta per op, least squares over a few sizes), the codec (compress / decompress alpha and
+beta on BF16 N(0,1), and the ratio it reaches per dtype) and the fp32 local reduction. The ranks
+take the element-wise maximum of their measurements, so every rank holds the *same* profile and
+therefore makes the same choice for the same agreed (op, size, dtype) -- a divergent choice would
+deadlock. Rank 0 caches the profile as JSON (``$ZIPCCL_CACHE_DIR``, default ``~/.cache/zipccl``),
+keyed by backend, world size, device, torch version and the NCCL transport variables, and
+broadcasts it on later runs.
+
+Cost model for a message of ``n`` bytes per rank (``W`` ranks, ``r`` the dtype's ratio)::
+
+    native      a_op + n / b_op
+    compressed  three stages -- compress, wire (two phases: 2 a_op + r n / b_op), decompress --
+                pipelined over ``C`` chunks: max(stage) + (sum - max) / C + C * per-chunk latency
+
+``ZIPCCL_MODE=never`` is plain torch.distributed; ``always`` compresses every float collective;
+``auto`` (default) compresses only where the model predicts a win of at least ``MARGIN``, so a
+mispredicted small call costs at most noise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zipccl._comm import Group
+
+MODES = ("auto", "always", "never")
+MARGIN = 0.9  # compress only when predicted at <= 90 % of the native time
+OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce", "broadcast")
+NATIVE, A2A_REDUCE, COMPRESSED = "native", "a2a_reduce", "compressed"
+_PRIOR_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn,
+                 torch.float8_e5m2)
+_TRANSPORT_ENV = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_IB_DISABLE",
+                  "NCCL_PROTO", "NCCL_ALGO", "NCCL_SOCKET_IFNAME")
+
+
+def mode() -> str:
+    """``ZIPCCL_MODE``: auto (default), always or never."""
+    value = os.environ.get("ZIPCCL_MODE", "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"ZIPCCL_MODE must be one of {MODES}, got {value!r}")
+    return value
+
+
+def chunk_bytes(cuda: bool) -> int:
+    """Per-rank input bytes per pipeline chunk (``ZIPCCL_CHUNK_BYTES``; CPU: no chunking)."""
+    default = 32 << 20 if cuda else 1 << 62
+    value = int(os.environ.get("ZIPCCL_CHUNK_BYTES", default))
+    if value <= 0:
+        raise ValueError(f"ZIPCCL_CHUNK_BYTES must be positive, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Line:
+    """t(n) = alpha + n / beta, seconds and bytes."""
+
+    alpha: float
+    beta: float
+
+    def __call__(self, nbytes: float) -> float:
+        return self.alpha + nbytes / self.beta
+
+    @classmethod
+    def fit(cls, sizes: list[float], times: list[float]) -> Line:
+        """Least squares with alpha >= 0 and a positive bandwidth, from >= 2 points."""
+        mx, mt = statistics.fmean(sizes), statistics.fmean(times)
+        sxx = sum((x - mx) ** 2 for x in sizes)
+        slope = sum((x - mx) * (t - mt) for x, t in zip(sizes, times, strict=True)) / sxx
+        slope = max(slope, 1e-15)
+        alpha = max(mt - slope * mx, 0.0)
+        return cls(alpha, 1.0 / slope)
+
+
+@dataclass(frozen=True)
+class Profile:
+    native: dict[str, Line]
+    compress: Line
+    decompress: Line
+    reduce: Line  # fp32 local reduction, per input byte
+    ratio: dict[str, float]  # dtype name -> compressed / raw bytes
+
+    def vector(self) -> list[float]:
+        out: list[float] = []
+        for line in [*(self.native[o] for o in OPS), self.compress, self.decompress, self.reduce]:
+            out += [line.alpha, line.beta]
+        return out + [self.ratio[_name(d)] for d in _PRIOR_DTYPES]
+
+    @classmethod
+    def from_vector(cls, v: list[float]) -> Profile:
+        lines = [Line(v[i], v[i + 1]) for i in range(0, 2 * (len(OPS) + 3), 2)]
+        ratios = v[2 * (len(OPS) + 3) :]
+        return cls(
+            dict(zip(OPS, lines[: len(OPS)], strict=True)), *lines[len(OPS) :],
+            ratio={_name(d): r for d, r in zip(_PRIOR_DTYPES, ratios, strict=True)},
+        )
+
+    def to_json(self) -> str:
+        return json.dumps({"vector": self.vector()})
+
+    @classmethod
+    def from_json(cls, text: str) -> Profile:
+        return cls.from_vector(json.loads(text)["vector"])
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class Call:
+    """What the cost model needs to know about one collective (agreed by all ranks)."""
+
+    op: str
+    nbytes: int  # input bytes per rank (all-gather: the local shard; all-reduce: the tensor)
+    dtype: torch.dtype
+    world: int
+    chunks: int = 1
+
+
+def predict(p: Profile, call: Call) -> dict[str, float]:
+    """Predicted seconds of every strategy eligible for this call."""
+    n, w, op = float(call.nbytes), call.world, call.op
+    r = p.ratio.get(_name(call.dtype), 1.0)
+    recv = {"all_gather": w * n, "broadcast": n}.get(op, n)  # bytes each rank decompresses
+
+    def zipped(line: Line, reduce: float) -> float:
+        stages = [p.compress(n), 2 * line.alpha + r * n / line.beta, p.decompress(recv) + reduce]
+        c = max(call.chunks, 1)
+        per_chunk = p.compress.alpha + 2 * line.alpha + p.decompress.alpha
+        return max(stages) + (sum(stages) - max(stages)) / c + (c - 1) * per_chunk
+
+    if op in ("all_gather", "all_to_all", "broadcast"):
+        line = p.native[op]
+        return {NATIVE: line(n), COMPRESSED: zipped(line, 0.0)}
+    a2a, red = p.native["all_to_all"], p.reduce(n)
+    if op == "reduce_scatter":
+        out = {A2A_REDUCE: a2a(n) + red, COMPRESSED: zipped(a2a, red)}
+        if w == 2:  # two operands: every order is the one fp32-then-round result
+            out[NATIVE] = p.native["reduce_scatter"](n)
+        return out
+    if op == "all_reduce":
+        rs = predict(p, Call("reduce_scatter", call.nbytes, call.dtype, w, call.chunks))
+        ag = predict(p, Call("all_gather", call.nbytes // w, call.dtype, w, call.chunks))
+        out = {A2A_REDUCE: min(v for k, v in rs.items() if k != COMPRESSED) + ag[NATIVE],
+               COMPRESSED: min(rs.values()) + min(ag.values())}
+        if w == 2:
+            out[NATIVE] = p.native["all_reduce"](n)
+        return out
+    raise ValueError(f"unknown op {op!r}")
+
+
+def choose(p: Profile, call: Call) -> str:
+    """Auto mode's pick: the fastest uncompressed strategy unless compressing clearly wins."""
+    times = predict(p, call)
+    plain = min((k for k in times if k != COMPRESSED), key=times.__getitem__)
+    return COMPRESSED if times[COMPRESSED] <= MARGIN * times[plain] else plain
+
+
+# --------------------------------------------------------------------------- profiling
+
+_PROFILES: dict[object, Profile] = {}
+
+
+def set_profile(group: dist.ProcessGroup | None, profile: Profile | None) -> None:
+    """Install (or with None forget) the profile for a group, e.g. a synthetic one in tests."""
+    if profile is None:
+        _PROFILES.pop(_key(group), None)
+    else:
+        _PROFILES[_key(group)] = profile
+
+
+def _key(group: dist.ProcessGroup | None) -> object:
+    return group if group is not None else "default"
+
+
+def profile_for(g: Group) -> Profile:
+    """The group's agreed profile: memory, then rank 0's cache file, then a fresh measurement."""
+    key = _key(g.pg)
+    if key in _PROFILES:
+        return _PROFILES[key]
+    size = 2 * (len(OPS) + 3) + len(_PRIOR_DTYPES)
+    path = _cache_path(g)
+    shared = torch.zeros(size + 1, dtype=torch.float64, device=g.device)
+    if g.rank == 0 and path.exists():
+        try:
+            shared[1:] = torch.tensor(Profile.from_json(path.read_text()).vector(),
+                                      dtype=torch.float64)
+            shared[0] = 1
+        except (ValueError, KeyError, TypeError):
+            shared[0] = 0  # a stale or corrupt cache: measure again
+    dist.broadcast(shared, src=dist.get_global_rank(g.pg, 0) if g.pg else 0, group=g.pg)
+    if shared[0].item() == 1:
+        profile = Profile.from_vector(shared[1:].cpu().tolist())
+    else:
+        mine = torch.tensor(_measure(g).vector(), dtype=torch.float64, device=g.device)
+        # ratios: max is the pessimistic choice; alphas: max; betas: min (negate for MAX)
+        mine[1::2][: len(OPS) + 3] *= -1
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=g.pg)
+        mine[1::2][: len(OPS) + 3] *= -1
+        profile = Profile.from_vector(mine.cpu().tolist())
+        if g.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(profile.to_json())
+    _PROFILES[key] = profile
+    return profile
+
+
+def _cache_path(g: Group) -> Path:
+    device = torch.cuda.get_device_name(g.device) if g.cuda else "cpu"
+    env = {k: os.environ.get(k, "") for k in _TRANSPORT_ENV}
+    ident = json.dumps([g.backend, g.world, device, torch.__version__, env, _PROFILE_VERSION])
+    digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    root = Path(os.environ.get("ZIPCCL_CACHE_DIR", Path.home() / ".cache" / "zipccl"))
+    return root / f"profile-{digest}.json"
+
+
+_PROFILE_VERSION = 1
+
+
+def _timed(fn: Callable[[], object], cuda: bool, reps: int = 3) -> float:
+    """Median seconds of ``fn`` after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _sizes(g: Group) -> list[int]:
+    return [1 << 20, 8 << 20, 32 << 20] if g.cuda else [64 << 10, 512 << 10]
+
+
+def _measure(g: Group) -> Profile:
+    from zipccl import codec
+
+    sizes = _sizes(g)
+    native = {op: Line.fit([float(s) for s in sizes],
+                           [_timed(_native_op(g, op, s), g.cuda) for s in sizes])
+              for op in OPS}
+    gen = torch.Generator().manual_seed(0)
+    data = {s: torch.randn(s // 2, generator=gen).to(torch.bfloat16).to(g.device) for s in sizes}
+    packed = {s: codec.compress(x) for s, x in data.items()}
+    comp = Line.fit([float(s) for s in sizes],
+                    [_timed(lambda x=x: codec.compress(x), g.cuda) for x in data.values()])
+    dec = Line.fit([float(s) for s in sizes],
+                   [_timed(lambda c=c: codec.decompress(c), g.cuda) for c in packed.values()])
+    red = Line.fit([float(s) for s in sizes],
+                   [_timed(lambda x=x: _reduce_once(x, g.world), g.cuda) for x in data.values()])
+    ratio = {}
+    for dtype in _PRIOR_DTYPES:
+        x = torch.randn(1 << 16, generator=gen).to(dtype).to(g.device)
+        ratio[_name(dtype)] = float(codec.compress(x).ratio)
+    return Profile(native, comp, dec, red, ratio)
+
+
+def _reduce_once(x: torch.Tensor, world: int) -> torch.Tensor:
+    parts = x.view(world, -1) if x.numel() % world == 0 else x[: x.numel() // world * world]
+    return parts.view(world, -1).float().sum(0).to(x.dtype)
+
+
+def _native_op(g: Group, op: str, nbytes: int) -> Callable[[], object]:
+    """A closure running the native collective on ``nbytes`` per rank (BF16 data)."""
+    numel = nbytes // 2 // g.world * g.world
+    x = torch.zeros(numel, dtype=torch.bfloat16, device=g.device)
+    if op == "all_gather":
+        out = torch.empty(numel * g.world, dtype=x.dtype, device=g.device)
+        return lambda: dist.all_gather_into_tensor(out, x, group=g.pg)
+    if op == "all_to_all":
+        out = torch.empty_like(x)
+        return lambda: dist.all_to_all_single(out, x, group=g.pg)
+    if op == "reduce_scatter":
+        out = torch.empty(numel // g.world, dtype=x.dtype, device=g.device)
+        if g.cuda:
+            return lambda: dist.reduce_scatter_tensor(out, x, group=g.pg)
+        return _native_op(g, "all_reduce", nbytes)  # gloo: no fast native reduce-scatter
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(x, group=g.pg)
+    if op == "broadcast":
+        src = dist.get_global_rank(g.pg, 0) if g.pg else 0
+        return lambda: dist.broadcast(x, src=src, group=g.pg)
+    raise ValueError(f"unknown op {op!r}")
+
+
+__all__ = [
+    "A2A_REDUCE", "COMPRESSED", "MODES", "NATIVE", "Call", "Line", "Profile", "choose",
+    "chunk_bytes", "mode", "predict", "profile_for", "set_profile",
+]

@@ -1,0 +1,106 @@
+"""A small pool of gloo worker processes for the collectives tests.
+
+Spawning torch processes costs seconds on a 2-core machine, so a test module starts W workers once
+(``Cluster``) and sends each test's scenario (a module-level function name plus arguments) to all
+of them. Every wait has a timeout: a protocol bug fails the test instead of hanging CI, and the
+gloo process group itself times out after ``GLOO_TIMEOUT_S``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import queue
+import tempfile
+import traceback
+from datetime import timedelta
+
+import torch.multiprocessing as mp
+
+GLOO_TIMEOUT_S = 30
+RESULT_TIMEOUT_S = 90
+
+
+def _worker(rank: int, world: int, store_path: str, inbox: mp.Queue, outbox: mp.Queue) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank,
+                            world_size=world, timeout=timedelta(seconds=GLOO_TIMEOUT_S))
+    while True:
+        job = inbox.get()
+        if job is None:
+            break
+        module, name, args, env = job
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            fn = getattr(importlib.import_module(module), name)
+            outbox.put((rank, "ok", fn(rank, world, *args)))
+        except BaseException:
+            outbox.put((rank, "error", traceback.format_exc()))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    dist.destroy_process_group()
+
+
+class Cluster:
+    """W gloo workers; restarted on the next run after a hang killed them."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self._procs: list = []
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        world = self.world
+        self._dir = tempfile.TemporaryDirectory()
+        store = os.path.join(self._dir.name, "store")
+        self._inboxes = [ctx.Queue() for _ in range(world)]
+        self._outbox = ctx.Queue()
+        self._procs = [
+            ctx.Process(target=_worker, args=(r, world, store, self._inboxes[r], self._outbox),
+                        daemon=True)
+            for r in range(world)
+        ]
+        for p in self._procs:
+            p.start()
+
+    def run(self, fn, *args, env: dict[str, str] | None = None) -> list[object]:
+        """Run ``fn(rank, world, *args)`` on every rank; the per-rank results, rank order."""
+        if not self._procs:
+            self._start()
+        for box in self._inboxes:
+            box.put((fn.__module__, fn.__name__, args, dict(env or {})))
+        results: dict[int, tuple[str, object]] = {}
+        try:
+            for _ in range(self.world):
+                rank, status, value = self._outbox.get(timeout=RESULT_TIMEOUT_S)
+                results[rank] = (status, value)
+        except queue.Empty:
+            self.close()
+            missing = sorted(set(range(self.world)) - set(results))
+            raise TimeoutError(f"{fn.__name__}: ranks {missing} did not answer within "
+                               f"{RESULT_TIMEOUT_S} s (hang)") from None
+        errors = [f"rank {r}:\n{v}" for r, (s, v) in sorted(results.items()) if s == "error"]
+        if errors:
+            raise AssertionError("\n".join(errors))
+        return [results[r][1] for r in range(self.world)]
+
+    def close(self) -> None:
+        if not self._procs:
+            return
+        for box in self._inboxes:
+            box.put(None)
+        for p in self._procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+        self._dir.cleanup()
+        self._procs = []

@@ -1,0 +1,345 @@
+"""zipccl collectives on 2-3 gloo CPU processes: bit-exact against torch.distributed.
+
+Data-moving ops (all-gather, all-to-all, broadcast) must return exactly torch.distributed's bytes;
+reduce ops must return :func:`zipccl.reference_reduce` (fp32, rank order, rounded once) of every
+rank's input, which each worker recomputes from the shared seeds. Mismatched calls must raise
+CollectiveMismatchError on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import zipccl
+
+from golden.theory import zipccl_layout
+from tests._collectives_cluster import Cluster
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
+ALWAYS = {"ZIPCCL_MODE": "always"}
+SMALL_CHUNKS = {"ZIPCCL_MODE": "always", "ZIPCCL_CHUNK_BYTES": "3000"}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    c = Cluster(2)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def trio():
+    c = Cluster(3)
+    yield c
+    c.close()
+
+
+# --------------------------------------------------------------------------- data
+
+
+def data(seed: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """N(0, 1) values plus the awkward ones (zeros, +-inf, NaN, subnormals, huge)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(numel, generator=gen)
+    if numel >= 16:
+        x[:8] = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40,
+                              -3e38, 1e-8])
+    if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        x = x.clamp(-448, 448)
+    return x.to(dtype)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
+        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def same_reduction(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-equal except NaN payloads: no backend defines which NaN a reduction returns."""
+    nan_a, nan_b = a.float().isnan(), b.float().isnan()
+    return torch.equal(nan_a, nan_b) and same_bits(a[~nan_a], b[~nan_b])
+
+
+def wire(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
+
+
+# --------------------------------------------------------------------------- scenarios
+# Each runs on every rank as fn(rank, world, *args) and returns something small to compare.
+
+
+def sc_all_gather(rank: int, world: int, dtype: torch.dtype, numel: int) -> bool:
+    x = data(100 + rank, numel, dtype)
+    got = torch.empty(world * numel, dtype=dtype)
+    zipccl.all_gather_into_tensor(got, x)
+    want = torch.empty_like(got)
+    dist.all_gather_into_tensor(wire(want), wire(x))
+    listed = [torch.empty(numel, dtype=dtype) for _ in range(world)]
+    work = zipccl.all_gather(listed, x, async_op=True)
+    work.wait()
+    return same_bits(got, want) and same_bits(torch.cat(listed), want)
+
+
+def sc_all_to_all(rank: int, world: int, dtype: torch.dtype, row: int) -> bool:
+    # rank i sends (i + j) % 3 rows to rank j (some zero), each row of ``row`` elements
+    ins = [(rank + j) % 3 for j in range(world)]
+    outs = [(i + rank) % 3 for i in range(world)]
+    x = data(200 + rank, sum(ins) * row, dtype).view(sum(ins), row)
+    got = torch.empty(sum(outs), row, dtype=dtype)
+    zipccl.all_to_all_single(got, x, outs, ins)
+    want = torch.empty_like(got)
+    dist.all_to_all_single(wire(want), wire(x), outs, ins)
+    even = data(300 + rank, world * 700, dtype)
+    got2, want2 = torch.empty_like(even), torch.empty_like(even)
+    zipccl.all_to_all_single(got2, even)
+    dist.all_to_all_single(wire(want2), wire(even))
+    return same_bits(got, want) and same_bits(got2, want2)
+
+
+def sc_broadcast(rank: int, world: int, dtype: torch.dtype, numel: int) -> bool:
+    src = world - 1
+    x = data(400 + rank, numel, dtype).view(-1, 1) if numel else torch.empty(0, dtype=dtype)
+    want = x.clone()
+    zipccl.broadcast(x, src=src)
+    dist.broadcast(wire(want), src)
+    return same_bits(x, want)
+
+
+def sc_reduce_scatter(rank: int, world: int, dtype: torch.dtype, numel: int, op: str) -> bool:
+    red = getattr(dist.ReduceOp, op)
+    inputs = [data(500 + r, world * numel, dtype) for r in range(world)]
+    got = torch.empty(numel, dtype=dtype)
+    zipccl.reduce_scatter_tensor(got, inputs[rank].clone(), op=red)
+    parts = [x.view(world, numel)[rank] for x in inputs]
+    return same_reduction(got, zipccl.reference_reduce(parts, red))
+
+
+def sc_all_reduce(rank: int, world: int, dtype: torch.dtype, numel: int, op: str) -> bool:
+    red = getattr(dist.ReduceOp, op)
+    inputs = [data(600 + r, numel, dtype).view(-1, 1) for r in range(world)]
+    t = inputs[rank].clone()
+    zipccl.all_reduce(t, op=red)
+    return same_reduction(t, zipccl.reference_reduce(inputs, red))
+
+
+def sc_native_fallbacks(rank: int, world: int) -> bool:
+    """Integers and float64 are not coded: they go through torch unchanged."""
+    x = torch.arange(10, dtype=torch.int32) * (rank + 1)
+    zipccl.all_reduce(x)
+    g = torch.empty(world * 3, dtype=torch.float64)
+    zipccl.all_gather_into_tensor(g, torch.full((3,), float(rank), dtype=torch.float64))
+    return torch.equal(x, torch.arange(10, dtype=torch.int32) * sum(range(1, world + 1))) and \
+        torch.equal(g, torch.arange(world, dtype=torch.float64).repeat_interleave(3))
+
+
+def sc_explicit_table(rank: int, world: int, same: bool) -> str:
+    ranks = [127, 126, 125, 128, 124, 129, 123]
+    if not same and rank == 1:
+        ranks = ranks[::-1]
+    table = zipccl_layout(ranks, "test")
+    x = data(700 + rank, 5000, torch.bfloat16)
+    out = torch.empty(world * 5000, dtype=torch.bfloat16)
+    try:
+        zipccl.all_gather_into_tensor(out, x, table=table)
+    except zipccl.CollectiveMismatchError as exc:
+        return str(exc)
+    want = torch.empty_like(out)
+    dist.all_gather_into_tensor(want, x)
+    return "equal" if same_bits(out, want) else "different"
+
+
+def sc_mismatch(rank: int, world: int, case: str) -> str:
+    """One rank calls differently; every rank must raise (returns the message)."""
+    odd = rank == 1
+    try:
+        if case == "dtype":
+            x = torch.zeros(64, dtype=torch.float16 if odd else torch.bfloat16)
+            zipccl.all_gather_into_tensor(torch.empty(64 * world, dtype=x.dtype), x)
+        elif case == "numel":
+            x = torch.zeros(65 if odd else 64, dtype=torch.bfloat16)
+            zipccl.all_gather_into_tensor(torch.empty(x.numel() * world, dtype=x.dtype), x)
+        elif case == "output":
+            x = torch.zeros(64, dtype=torch.bfloat16)
+            zipccl.all_gather_into_tensor(torch.empty(64 * world + odd, dtype=x.dtype), x)
+        elif case == "splits":
+            ins = [2] * world
+            outs = [3 if odd else 2] + [2] * (world - 1)
+            x = torch.zeros(sum(ins), 4, dtype=torch.bfloat16)
+            zipccl.all_to_all_single(torch.empty(sum(outs), 4, dtype=x.dtype), x, outs, ins)
+        elif case == "src":
+            zipccl.broadcast(torch.zeros(8, dtype=torch.bfloat16), src=int(odd))
+        elif case == "op":
+            x = torch.zeros(64, dtype=torch.bfloat16)
+            if odd:
+                zipccl.broadcast(x, src=0)
+            else:
+                zipccl.all_reduce(x)
+        elif case == "reduce_op":
+            zipccl.all_reduce(torch.zeros(64), op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
+        elif case == "mode":
+            os.environ["ZIPCCL_MODE"] = "auto" if odd else "always"
+            zipccl.all_reduce(torch.zeros(64))
+        else:
+            raise ValueError(case)
+    except zipccl.CollectiveMismatchError as exc:
+        return str(exc)
+    return "no error"
+
+
+def sc_ddp(rank: int, world: int, hooked: bool) -> list[float]:
+    """Three DDP steps of a small bf16 MLP; returns the rank's final parameters' checksum bits."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 64)).to(torch.bfloat16)
+    ddp = DDP(model, bucket_cap_mb=0.05)
+    if hooked:
+        ddp.register_comm_hook(None, zipccl.ddp_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(10 + rank)
+    for _ in range(3):
+        x = torch.randn(16, 64, generator=gen).to(torch.bfloat16)
+        loss = ddp(x).float().pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [p.detach().float().sum().item() for p in model.parameters()]
+
+
+def sc_fsdp_comms(rank: int, world: int) -> bool:
+    from zipccl.hooks import ZipAllGather, ZipReduceScatter
+
+    x = data(800 + rank, 3000, torch.bfloat16)
+    out = ZipAllGather().allocate((world * 3000,), dtype=x.dtype, device=x.device)
+    ZipAllGather()(out, x, dist.group.WORLD)
+    want = torch.empty_like(out)
+    dist.all_gather_into_tensor(want, x)
+    inputs = [data(900 + r, world * 3000, torch.float32) for r in range(world)]
+    got = torch.empty(3000)
+    ZipReduceScatter()(got, inputs[rank], dist.group.WORLD, dist.ReduceOp.SUM)
+    ref = zipccl.reference_reduce([t.view(world, -1)[rank] for t in inputs])
+    return same_bits(out, want) and same_reduction(got, ref)
+
+
+def sc_auto_profile(rank: int, world: int, cache: str) -> list[float]:
+    """Auto mode profiles once (rank 0 caches it), later groups read the cache; same everywhere."""
+    from zipccl import switch
+
+    os.environ["ZIPCCL_CACHE_DIR"] = cache
+    switch.set_profile(None, None)
+    x = data(1000 + rank, 4096, torch.bfloat16)
+    out = torch.empty(world * 4096, dtype=x.dtype)
+    zipccl.all_gather_into_tensor(out, x)
+    first = switch.profile_for(zipccl._comm.resolve(None)).vector()
+    switch.set_profile(None, None)
+    zipccl.all_gather_into_tensor(out, x)
+    again = switch.profile_for(zipccl._comm.resolve(None)).vector()
+    want = torch.empty_like(out)
+    dist.all_gather_into_tensor(want, x)
+    assert first == again, (first, again)
+    assert same_bits(out, want)
+    return first
+
+
+# --------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_all_gather_bit_exact(pair, dtype):
+    assert all(pair.run(sc_all_gather, dtype, 4099, env=ALWAYS))
+    assert all(pair.run(sc_all_gather, dtype, 9000, env=SMALL_CHUNKS))
+
+
+@pytest.mark.parametrize("numel", [0, 1, 100])
+def test_all_gather_tiny_and_empty(pair, numel):
+    assert all(pair.run(sc_all_gather, torch.bfloat16, numel, env=ALWAYS))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_all_to_all_uneven(pair, dtype):
+    assert all(pair.run(sc_all_to_all, dtype, 1500, env=ALWAYS))
+
+
+def test_all_to_all_three_ranks_chunked(trio):
+    assert all(trio.run(sc_all_to_all, torch.bfloat16, 1500, env=SMALL_CHUNKS))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("numel", [0, 5000])
+def test_broadcast(pair, dtype, numel):
+    assert all(pair.run(sc_broadcast, dtype, numel, env=SMALL_CHUNKS))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_reduce_scatter_fp32_rank_order(pair, dtype):
+    assert all(pair.run(sc_reduce_scatter, dtype, 3001, "SUM", env=ALWAYS))
+
+
+@pytest.mark.parametrize("op", ["SUM", "AVG", "MAX", "MIN", "PRODUCT"])
+def test_reductions_three_ranks(trio, op):
+    assert all(trio.run(sc_reduce_scatter, torch.bfloat16, 2000, op, env=ALWAYS))
+    assert all(trio.run(sc_all_reduce, torch.bfloat16, 4001, op, env=SMALL_CHUNKS))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_all_reduce_uneven_length(pair, dtype):
+    assert all(pair.run(sc_all_reduce, dtype, 5001, "SUM", env=ALWAYS))
+
+
+@pytest.mark.parametrize("mode", ["auto", "never"])
+def test_native_paths_agree(pair, mode):
+    env = {"ZIPCCL_MODE": mode}
+    assert all(pair.run(sc_all_gather, torch.bfloat16, 1000, env=env))
+    assert all(pair.run(sc_all_to_all, torch.float16, 100, env=env))
+    assert all(pair.run(sc_all_reduce, torch.bfloat16, 999, "SUM", env=env))
+    assert all(pair.run(sc_native_fallbacks, env=env))
+
+
+def test_native_fallbacks_when_always(pair):
+    assert all(pair.run(sc_native_fallbacks, env=ALWAYS))
+
+
+def test_explicit_table(pair):
+    assert pair.run(sc_explicit_table, True, env=ALWAYS) == ["equal", "equal"]
+    msgs = pair.run(sc_explicit_table, False, env=ALWAYS)
+    assert all("disagree on the table" in m for m in msgs), msgs
+
+
+@pytest.mark.parametrize(("case", "needle"), [
+    ("dtype", "disagree on the dtype (rank 0: bfloat16, rank 1: float16)"),
+    ("numel", "disagree on the input numel"),
+    ("output", "rank 1: output tensor has the wrong number of elements"),
+    ("splits", "rank 0 sends 2 rows to rank 1, which expects 3"),
+    ("src", "disagree on src"),
+    ("op", "ranks called different collectives"),
+    ("reduce_op", "disagree on the reduce op"),
+    ("mode", "disagree on ZIPCCL_MODE"),
+])
+def test_mismatch_raises_on_every_rank(pair, case, needle):
+    msgs = pair.run(sc_mismatch, case, env=ALWAYS)
+    assert all(needle in m for m in msgs), msgs
+
+
+def test_mismatch_three_ranks(trio):
+    msgs = trio.run(sc_mismatch, "splits", env=ALWAYS)
+    assert all("mismatched pairs" in m for m in msgs), msgs
+
+
+def test_ddp_hook_matches_default_hook(pair):
+    native = pair.run(sc_ddp, False, env={"ZIPCCL_MODE": "never"})
+    hooked = pair.run(sc_ddp, True, env=ALWAYS)
+    assert native[0] == native[1] == hooked[0] == hooked[1]
+
+
+def test_fsdp2_comm_objects(pair):
+    assert all(pair.run(sc_fsdp_comms, env=ALWAYS))
+
+
+def test_auto_profile_cached_and_agreed(pair, tmp_path):
+    profiles = pair.run(sc_auto_profile, str(tmp_path), env={"ZIPCCL_MODE": "auto"})
+    assert profiles[0] == profiles[1]
+    assert len(list(tmp_path.glob("profile-*.json"))) == 1
