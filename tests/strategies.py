@@ -1,4 +1,4 @@
-"""Hypothesis strategies shared by the test files: random valid region codes."""
+"""Tables and hypothesis strategies shared by the test files."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ import numpy as np
 from hypothesis import strategies as st
 
 from golden.codebook import ALPHABET, MAX_WIDTH, NUM_REGIONS, Codebook
+
+# The QLC paper's static layout (code lengths 6/7/8/11) and the ZipCCL table for RMS 1.0.
+QLC = Codebook((3, 3, 3, 4, 4, 4, 5, 8), None, tuple(range(ALPHABET)), name="qlc")
+ZIPCCL = Codebook((8, 0, 0, 0, 0, 0, 0, 0), 0, (126, 127, 125, 124, 123, 128, 122), name="zipccl")
 
 
 @st.composite

@@ -19,10 +19,7 @@ from golden.codebook import (
     TableError,
 )
 from golden.streams import decode_serial, encode_serial
-from tests.strategies import codebooks
-
-QLC = Codebook((3, 3, 3, 4, 4, 4, 5, 8), None, tuple(range(ALPHABET)), name="qlc")
-ZIPCCL = Codebook((8, 0, 0, 0, 0, 0, 0, 0), 0, (126, 127, 125, 124, 123, 128, 122), name="zipccl")
+from tests.strategies import QLC, ZIPCCL, codebooks
 
 
 @pytest.mark.parametrize(

@@ -11,14 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from golden import container
-from golden.codebook import ALPHABET, Codebook
+from golden.codebook import Codebook
 from golden.container import HEADER_BYTES, LAYOUT_RAW, LAYOUT_SPLIT, Header, decode, encode
 from golden.formats import BF16, E4M3, E5M2, FORMATS, FP16, FP32, FloatFormat, get_format
 from golden.streams import StreamError
 from golden.theory import TensorStats, zipccl_table
-from tests.strategies import codebooks
+from tests.strategies import QLC, codebooks
 
-QLC = Codebook((3, 3, 3, 4, 4, 4, 5, 8), None, tuple(range(ALPHABET)), name="qlc")
 SEED = 20261129
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from golden.codebook import ALPHABET, Codebook
+from golden.codebook import Codebook
 from golden.streams import (
     SplitStream,
     StreamError,
@@ -21,10 +21,8 @@ from golden.streams import (
     parse_split,
     to_planes,
 )
-from tests.strategies import codebooks, symbol_arrays
+from tests.strategies import QLC, ZIPCCL, codebooks, symbol_arrays
 
-QLC = Codebook((3, 3, 3, 4, 4, 4, 5, 8), None, tuple(range(ALPHABET)), name="qlc")
-ZIPCCL = Codebook((8, 0, 0, 0, 0, 0, 0, 0), 0, (126, 127, 125, 124, 123, 128, 122), name="zipccl")
 # A table with holes: region 1 is partly empty (n=3 of capacity 1+4+...), region 7 wholly empty.
 HOLEY = Codebook((8, 2, 0, 0, 0, 0, 0, 3), 0, (10, 20, 30), name="holey")
 BLOCKS = st.sampled_from([64, 128, 256, 4096])
