@@ -116,7 +116,9 @@ def zipccl_row(x: torch.Tensor, runs: int, copy_bw: float) -> dict[str, object]:
     fmt = codec._fmt(x.dtype)
     n = x.numel() * x.element_size()
     t_table = wall_median(lambda: zipccl.default_table(x), 10)
-    table = zipccl.default_table(x)
+    default = zipccl.default_table(x)
+    # FP8: the preset fits absmax-scaled activations only; time the kernels with the fitted table
+    table = zipccl.histogram_table(x) if fmt.byte_coded else default
     out = torch.empty(zipccl.max_compressed_bytes(x.dtype, x.numel()), dtype=torch.uint8,
                       device="cuda")
     c = zipccl.compress_into(x, out, table)
@@ -126,6 +128,8 @@ def zipccl_row(x: torch.Tensor, runs: int, copy_bw: float) -> dict[str, object]:
     flag = torch.zeros(1, dtype=torch.int32, device="cuda")
     row: dict[str, object] = {
         "ratio": c.ratio,
+        "table": table.name,
+        "ratio_default_table": zipccl.compress(x, default).ratio,
         "layout": c.layout,
         "roundtrip_ok": ok,
         "theory_table_ms": t_table * 1e3,
@@ -204,7 +208,7 @@ def sanitize_case() -> None:
     print("sanitize case done")
 
 
-CASES = [(torch.bfloat16, "normal"), (torch.bfloat16, "bf16_minilm"),
+CASES = [(torch.bfloat16, "normal"), (torch.bfloat16, "bf16_weights"),
          (torch.float8_e4m3fn, "normal"), (torch.float8_e4m3fn, "fp8_activations")]
 
 

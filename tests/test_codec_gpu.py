@@ -10,7 +10,7 @@ import zipccl
 from golden import container
 from golden.codebook import Codebook
 from golden.formats import E4M3
-from tests.test_codec import DTYPES, UINT, bits_np, corrupted, gaussian, random_bits
+from tests.test_codec import DTYPES, UINT, bits_np, corrupted, fitted, gaussian, random_bits
 
 pytestmark = [
     pytest.mark.gpu,
@@ -45,13 +45,13 @@ def gpu_vs_cpu(x: torch.Tensor, table: Codebook | str | None = None, block: int 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 8, 63, 4095, 4096, 4097, 100003, (1 << 20) + 5])
 def test_gpu_bytes_equal_cpu(dtype: torch.dtype, n: int) -> None:
-    gpu_vs_cpu(gaussian(n, dtype, seed=n, scale=2.0))
+    gpu_vs_cpu(gaussian(n, dtype, seed=n, scale=2.0), fitted(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block", [64, 256, 8192, 16384])
 def test_gpu_blocks(dtype: torch.dtype, block: int) -> None:
-    gpu_vs_cpu(gaussian(7 * block + 5, dtype, seed=block), block=block)
+    gpu_vs_cpu(gaussian(7 * block + 5, dtype, seed=block), fitted(dtype), block=block)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -92,7 +92,8 @@ def test_gpu_unaligned_views() -> None:
 
 def test_gpu_rejects_corrupt_buffers() -> None:
     x = gaussian(60000, torch.float8_e4m3fn, seed=14, scale=20.0)
-    c = zipccl.compress(x.to(CUDA), block=1024)
+    c = zipccl.compress(x.to(CUDA), "histogram", block=1024)
+    assert c.layout == "split"
     sec = container.Sections.of(E4M3, x.numel(), 1024)
     buf = c.buffer
     bad = [

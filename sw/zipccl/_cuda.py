@@ -8,6 +8,7 @@ architecture under ``$ZIPCCL_CACHE`` (default ``~/.cache/zipccl``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -96,11 +97,10 @@ def _lib() -> ctypes.CDLL | None:
         detail = getattr(exc, "stderr", "") or exc
         warnings.warn(f"zipccl: CUDA kernels unavailable, using torch ops ({detail})", stacklevel=3)
         return None
-    ptr = ctypes.c_void_p
-    for name, last in (("zipccl_encode", ptr), ("zipccl_decode", ptr)):
-        fn = getattr(lib, name)
-        fn.argtypes = [ctypes.c_int, ptr, ptr, ctypes.POINTER(Layout), ptr, ptr, last]
-        fn.restype = ctypes.c_int
+    ptr, layout = ctypes.c_void_p, ctypes.POINTER(Layout)
+    lib.zipccl_encode.argtypes = [ctypes.c_int, ptr, ptr, layout, ptr, ptr, ptr]
+    lib.zipccl_decode.argtypes = [ctypes.c_int, ptr, ptr, layout, ptr, ptr, ctypes.c_int, ptr]
+    lib.zipccl_encode.restype = lib.zipccl_decode.restype = ctypes.c_int
     lib.zipccl_error_string.argtypes = [ctypes.c_int]
     lib.zipccl_error_string.restype = ctypes.c_char_p
     return lib
@@ -122,16 +122,24 @@ def _table_words(table: Codebook) -> tuple[int, ...]:
     return (*enc, *regions, *(int(s) for s in table.rank_lut()), table.num_ranked)
 
 
-_TABLES: dict[tuple[Codebook, torch.device], torch.Tensor] = {}
+_TABLES: dict[tuple[int, torch.device], tuple[Codebook, torch.Tensor]] = {}
 
 
 def _table_tensor(table: Codebook, device: torch.device) -> torch.Tensor:
-    """Device copy of the table image, cached per table and device (tables are few)."""
-    key = (table, device)
-    if key not in _TABLES:
-        words = torch.tensor(_table_words(table), dtype=torch.int32)
-        _TABLES[key] = words.to(device)
-    return _TABLES[key]
+    """Device copy of the table image, cached per table object and device (tables are few; the
+    entry keeps its table alive, so the id cannot be reused while cached)."""
+    hit = _TABLES.get((id(table), device))
+    if hit is None or hit[0] is not table:
+        words = torch.tensor(_table_words(table), dtype=torch.int32).to(device)
+        hit = _TABLES[(id(table), device)] = (table, words)
+    return hit[1]
+
+
+def _on(device: torch.device) -> contextlib.AbstractContextManager:
+    """The launchers run on the host thread's current device: switch only when it differs."""
+    if torch.cuda.current_device() == device.index:
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
 
 
 @functools.lru_cache(maxsize=256)
@@ -139,7 +147,7 @@ def _layout(fmt: FloatFormat, n: int, block: int, capacity: int, payload_bytes: 
     sec = Sections.of(fmt, n, block)
     nb = num_blocks(n, block)
     plane = (n + 7) // 8
-    lay = Layout(n=n, nb=nb, block=block, threads=min(MAX_THREADS, max(32, block // 8)))
+    lay = Layout(n=n, nb=nb, block=block, threads=min(MAX_THREADS, max(32, block // 32)))
     ends = [(at, n) for at in sec.raw_bytes] + [(at, plane) for at in sec.raw_bits + sec.prefix]
     ends.append((sec.offsets, 8 * nb))
     gaps = [(at + size, align(at + size)) for at, size in ends]
@@ -170,13 +178,13 @@ def launch_encode(
     n = x.numel()
     lay = _layout(fmt, n, block, out.numel(), 0)
     work = torch.empty(lay.nb + 2, dtype=torch.int64, device=x.device)
-    with torch.cuda.device(x.device):
-        stream = torch.cuda.current_stream().cuda_stream
-        lib = _lib()
-        assert lib is not None
+    lib = _lib()
+    assert lib is not None
+    with _on(x.device):
         _check(lib.zipccl_encode(
             KIND[fmt.name], x.data_ptr(), out.data_ptr(), ctypes.byref(lay),
-            _table_tensor(table, x.device).data_ptr(), work.data_ptr(), stream,
+            _table_tensor(table, x.device).data_ptr(), work.data_ptr(),
+            torch.cuda.current_stream().cuda_stream,
         ))
     return work
 
@@ -196,16 +204,18 @@ def launch_decode(
     payload_bytes: int,
     out: torch.Tensor,
     flag: torch.Tensor,
+    clear: bool = False,
 ) -> None:
-    """Queue the decode kernel; problems are OR-ed into ``flag`` (int32 on the device)."""
+    """Queue the decode kernel; problems are OR-ed into ``flag`` (int32 on the device), which
+    it zeroes first when ``clear``. Nothing syncs: read the flag later (raise_on_flag)."""
     lay = _layout(fmt, out.numel(), block, buf.numel(), payload_bytes)
-    with torch.cuda.device(buf.device):
-        stream = torch.cuda.current_stream().cuda_stream
-        lib = _lib()
-        assert lib is not None
+    lib = _lib()
+    assert lib is not None
+    with _on(buf.device):
         _check(lib.zipccl_decode(
             KIND[fmt.name], buf.data_ptr(), out.data_ptr(), ctypes.byref(lay),
-            _table_tensor(table, buf.device).data_ptr(), flag.data_ptr(), stream,
+            _table_tensor(table, buf.device).data_ptr(), flag.data_ptr(), int(clear),
+            torch.cuda.current_stream().cuda_stream,
         ))
 
 
@@ -224,6 +234,6 @@ def decode_into(
     out: torch.Tensor,
 ) -> None:
     """Same contract as ``_torch.decode_into``; one host sync to read the error flag."""
-    flag = torch.zeros(1, dtype=torch.int32, device=buf.device)
-    launch_decode(buf, fmt, table, block, payload_bytes, out, flag)
+    flag = torch.empty(1, dtype=torch.int32, device=buf.device)
+    launch_decode(buf, fmt, table, block, payload_bytes, out, flag, clear=True)
     raise_on_flag(int(flag.item()))

@@ -22,17 +22,21 @@ Allocation-free entry points for collectives:
 * ``decompress(buf_or_c, out=t)`` -- decodes into an existing tensor; a bare uint8 buffer is parsed.
 
 Tables: ``table=None`` (or ``"theory"``) takes :func:`default_table` -- golden.theory's ZipCCL table
-from the statistics of the deterministic sample (exponent formats), or the FP8 preset table.
+from the statistics of the deterministic sample (exponent formats), or golden.presets' QLC table
+(FP8).
 ``table="histogram"`` builds it from the full symbol histogram instead (golden.builders), an
-opt-in comparison mode that costs an extra pass over the tensor. Corrupt or truncated buffers raise
-ValueError; the CUDA decoder validates the header and section sizes on the host and per-block
-consistency on the device (an error flag read back before returning).
+opt-in mode that costs an extra pass over the tensor (and for FP8 an exhaustive table search).
+Corrupt or truncated buffers raise ValueError; the CUDA decoder validates the header and section
+sizes on the host and per-block consistency on the device (an error flag read back before
+returning).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import struct
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,10 +89,15 @@ def _check_block(block: int) -> None:
         raise ValueError(f"block must be a power of two in [{MIN_BLOCK}, {MAX_BLOCK}], got {block}")
 
 
+@functools.lru_cache(maxsize=1024)
+def _fixed(fmt: FloatFormat, numel: int, block: int) -> int:
+    return Sections.of(fmt, numel, block).payload
+
+
 def fixed_part_bytes(dtype: torch.dtype, numel: int, block: int = DEFAULT_BLOCK) -> int:
     """Bytes before the payload stream in the split layout (== golden Sections.payload)."""
     _check_block(block)
-    return Sections.of(_fmt(dtype), int(numel), block).payload
+    return _fixed(_fmt(dtype), int(numel), block)
 
 
 def max_compressed_bytes(dtype: torch.dtype, numel: int, block: int = DEFAULT_BLOCK) -> int:
@@ -119,39 +128,41 @@ def _symbols(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     return _torch.symbols_raw(_torch.bits_of(x.contiguous(), fmt), fmt)[0]
 
 
-def _fp8_table(hist: np.ndarray, fmt: FloatFormat) -> Codebook:
-    from golden import builders
+@functools.cache
+def _preset(fmt: FloatFormat) -> Codebook:
+    from golden import presets
 
-    if hist.sum() == 0:
-        hist = np.ones(256, np.int64)
-    return builders.qlc_heuristic(hist, name=f"qlc-{fmt.name}")
+    return presets.qlc_e4m3() if fmt.name == "float8_e4m3fn" else presets.qlc_e5m2()
 
 
 def default_table(tensor: torch.Tensor) -> Codebook:
-    """The table ``compress`` uses when given none: theory from the deterministic sample.
+    """The table ``compress`` uses when given none; no histogram on the hot path.
 
-    Exponent formats: golden.theory.zipccl_table from the sample's RMS (finite non-zero values, in
-    float64 on the host, exactly as golden computes it) and zero fraction. FP8: the QLC heuristic
-    table of the sample's byte histogram.
+    Exponent formats: golden.theory.zipccl_table from the deterministic sample's RMS (finite
+    non-zero values, in float64 on the host, exactly as golden computes it) and zero fraction.
+    FP8: golden.presets' QLC table for the format (fitted to absmax-scaled activations).
     """
     fmt = _fmt(tensor.dtype)
-    sample = _sample(tensor)
     if fmt.byte_coded:
-        return _fp8_table(_histogram(_symbols(sample, fmt)), fmt)
-    stats = theory.tensor_stats(sample.to(torch.float64).cpu().numpy())
+        return _preset(fmt)
+    stats = theory.tensor_stats(_sample(tensor).to(torch.float64).cpu().numpy())
     return _theory_table(fmt, stats)
 
 
 def histogram_table(tensor: torch.Tensor) -> Codebook:
-    """Opt-in: the table from the full symbol histogram (one extra pass over the tensor)."""
+    """Opt-in: a table from the full symbol histogram (one extra pass over the tensor).
+
+    Exponent formats: the ZipCCL layout with the measured top 7; FP8: the exhaustive search over
+    width vectors (golden.builders.best_table), the most compact table for this tensor.
+    """
     from golden import builders
 
     fmt = _fmt(tensor.dtype)
     hist = _histogram(_symbols(tensor, fmt))
-    if fmt.byte_coded:
-        return _fp8_table(hist, fmt)
     if hist.sum() == 0:
         hist[0] = 1
+    if fmt.byte_coded:
+        return builders.best_table(hist, name=f"best-{fmt.name}")
     return builders.zipccl_histogram_table(hist)
 
 
@@ -194,7 +205,7 @@ class Compressed:
             numel=numel,
             nbytes=nbytes,
             ratio=nbytes / max(1, numel * fmt.bits // 8),
-            table_hash=head.table.hash64 if head.table else 0,
+            table_hash=_hash64(head.table) if head.table else 0,
             layout="split" if head.layout == LAYOUT_SPLIT else "raw",
             block=head.block,
             payload_bytes=head.payload_bytes,
@@ -233,9 +244,60 @@ def _backend(device: torch.device, block: int):  # returns the backend module
     return _torch
 
 
+@functools.lru_cache(maxsize=64)
+def _hash64(table: Codebook) -> int:
+    return table.hash64
+
+
+_CRC_AT = HEADER_BYTES - 4
+
+
+def _payload_offset() -> int:
+    """Where golden's header keeps payload_bytes (uint64), found from golden itself."""
+    fmt = get_format("bfloat16")
+    a = Header(LAYOUT_RAW, fmt, (1,), DEFAULT_BLOCK, 0, None).pack()
+    b = Header(LAYOUT_RAW, fmt, (1,), DEFAULT_BLOCK, (1 << 64) - 1, None).pack()
+    diff = [i for i in range(_CRC_AT) if a[i] != b[i]]
+    assert diff and diff == list(range(diff[0], diff[0] + 8)), diff
+    return diff[0]
+
+
+_PAYLOAD_AT = _payload_offset()
+
+
+@functools.lru_cache(maxsize=256)
+def _header_template(layout: int, fmt: FloatFormat, shape: tuple, block: int,
+                     table: Codebook | None) -> bytes:
+    """golden's header with payload_bytes = 0; per call only that field and the CRC change."""
+    return Header(layout, fmt, shape, block, 0, table).pack()
+
+
+def _pack_header(head: Header) -> bytes:
+    """Header.pack() without re-hashing the table on every call (hot path)."""
+    data = bytearray(_header_template(head.layout, head.fmt, head.shape, head.block, head.table))
+    struct.pack_into("<Q", data, _PAYLOAD_AT, head.payload_bytes)
+    struct.pack_into("<I", data, _CRC_AT, zlib.crc32(data[:_CRC_AT]))
+    return bytes(data)
+
+
+_STAGING: dict[torch.device, tuple[torch.Tensor, torch.cuda.Event]] = {}
+
+
 def _write_header(out: torch.Tensor, head: Header) -> None:
-    data = torch.frombuffer(bytearray(head.pack()), dtype=torch.uint8)
-    out[:HEADER_BYTES].copy_(data, non_blocking=out.is_cuda)
+    """Copy the header in; on CUDA through one pinned staging buffer per device, reused once the
+    previous copy out of it has run (an event guards it), so the copy itself is asynchronous."""
+    data = torch.frombuffer(bytearray(_pack_header(head)), dtype=torch.uint8)
+    if not out.is_cuda:
+        out[:HEADER_BYTES].copy_(data)
+        return
+    if out.device not in _STAGING:
+        pinned = torch.empty(HEADER_BYTES, dtype=torch.uint8).pin_memory()
+        _STAGING[out.device] = (pinned, torch.cuda.Event())
+    stage, done = _STAGING[out.device]
+    done.synchronize()
+    stage.copy_(data)
+    out[:HEADER_BYTES].copy_(stage, non_blocking=True)
+    done.record()
 
 
 def _check_input(tensor: torch.Tensor) -> FloatFormat:
@@ -266,15 +328,15 @@ def compress_into(
     book = _resolve_table(x, table)
     shape = tuple(tensor.shape)
     payload = None
-    if Sections.of(fmt, numel, block).payload < cap:
+    if _fixed(fmt, numel, block) < cap:
         payload = _backend(x.device, block).encode_into(x, fmt, book, block, out)
-    if payload is None or split_size(fmt, numel, block, payload) >= cap:
+    if payload is None or _fixed(fmt, numel, block) + payload >= cap:
         head = Header(LAYOUT_RAW, fmt, shape, block, 0, None)
         out[HEADER_BYTES:cap].copy_(x.reshape(-1).view(torch.uint8))
         size = cap
     else:
         head = Header(LAYOUT_SPLIT, fmt, shape, block, payload, book)
-        size = split_size(fmt, numel, block, payload)
+        size = _fixed(fmt, numel, block) + payload
     _write_header(out, head)
     return Compressed._of(out[:size], head)
 

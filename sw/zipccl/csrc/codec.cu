@@ -1,9 +1,11 @@
 // zipccl split-layout codec kernels (golden/container.py bytes), built by zipccl/_cuda.py with nvcc.
 //
-// One CTA codes one block of `block` elements; each thread owns 8 consecutive elements, so one byte
-// of every bit plane (prefix planes, FP16's raw bit planes) is one thread's register and every raw
-// byte plane gets an 8-byte store. The payload bits of a block are placed by a CTA-wide exclusive
-// scan of the threads' bit counts into a shared-memory stream (MSB first, as golden packs them).
+// One CTA codes one block of `block` elements with T = max(32, block/32) threads; each thread owns
+// up to 4 groups of 8 consecutive elements (group g of thread t starts at element g*8*T + 8*t, so
+// warp accesses are contiguous), and issues all its loads before computing (more bytes in flight).
+// A group's 8 elements are one byte of every bit plane (prefix planes, FP16's raw bit planes) and
+// one 8-byte store per raw byte plane. The payload bits of a block are placed by one CTA-wide scan
+// of packed per-group bit counts into a shared-memory stream (MSB first, as golden packs them).
 //
 // Compress is one pass: CTAs take logical block ids from an atomic counter and find where their
 // payload goes by a decoupled look-back over the earlier blocks' published byte counts (the
@@ -27,6 +29,7 @@ struct Layout {
 namespace {
 
 constexpr int kMaxThreads = 512;
+constexpr int kGroups = 4;  // groups of 8 elements per thread: threads = max(32, block / 32)
 constexpr unsigned kFull = 0xffffffffu;
 constexpr unsigned long long kFlagAgg = 1ull << 62;
 constexpr unsigned long long kFlagInc = 2ull << 62;
@@ -133,31 +136,63 @@ __device__ inline unsigned long long load_bytes(const uint8_t* p, int cnt) {
   return w;
 }
 
-// CTA-wide exclusive scan (blockDim.x a multiple of 32); `total` gets the CTA sum.
-__device__ inline uint32_t block_scan(uint32_t v, uint32_t* sh, uint32_t& total) {
+// CTA-wide exclusive scan of a packed uint64 (4 16-bit group counters, each sum < 2^16;
+// blockDim.x a multiple of 32); `total` gets the CTA sum.
+__device__ inline unsigned long long block_scan(unsigned long long v, unsigned long long* sh,
+                                                unsigned long long& total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  uint32_t x = v;
+  unsigned long long x = v;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
-    uint32_t y = __shfl_up_sync(kFull, x, d);
+    unsigned long long y = __shfl_up_sync(kFull, x, d);
     if (lane >= d) x += y;
   }
   if (lane == 31) sh[warp] = x;
   __syncthreads();
   if (warp == 0) {
-    uint32_t s = lane < nw ? sh[lane] : 0u;
+    unsigned long long s = lane < nw ? sh[lane] : 0ull;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
-      uint32_t y = __shfl_up_sync(kFull, s, d);
+      unsigned long long y = __shfl_up_sync(kFull, s, d);
       if (lane >= d) s += y;
     }
     if (lane < nw) sh[lane] = s;
   }
   __syncthreads();
-  const uint32_t base = warp ? sh[warp - 1] : 0u;
+  const unsigned long long base = warp ? sh[warp - 1] : 0ull;
   total = sh[nw - 1];
   __syncthreads();
   return base + x - v;
+}
+
+// Bit position of each of a thread's groups: earlier groups of the whole CTA come first, then
+// the same group's earlier threads (group g of thread t holds elements g*8*T + 8*t ...).
+__device__ inline void group_positions(const uint32_t nbits[kGroups], unsigned long long* sh,
+                                       uint32_t pos[kGroups], uint32_t& total) {
+  unsigned long long packed = 0;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) packed |= static_cast<unsigned long long>(nbits[g]) << (16 * g);
+  unsigned long long sums;
+  const unsigned long long excl = block_scan(packed, sh, sums);
+  uint32_t before = 0;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    pos[g] = before + static_cast<uint32_t>((excl >> (16 * g)) & 0xffffu);
+    before += static_cast<uint32_t>((sums >> (16 * g)) & 0xffffu);
+  }
+  total = before;
+}
+
+// Write `n` (<= 64) bits of `acc`, MSB first, at bit `pos` of the shared payload stream.
+__device__ inline void emit_bits(uint32_t* s_pay, uint32_t pos, unsigned long long acc, uint32_t n) {
+  for (uint32_t rem = n; rem;) {
+    const uint32_t B = pos >> 3, off = pos & 7u, take = min(8u - off, rem);
+    const uint32_t byte = static_cast<uint32_t>((acc >> (rem - take)) & ((1u << take) - 1u))
+                          << (8u - off - take);
+    atomicOr(&s_pay[B >> 2], byte << (8u * (B & 3u)));
+    pos += take;
+    rem -= take;
+  }
 }
 
 // Exclusive prefix of block b's byte count over blocks 0..b-1 (decoupled look-back, warp 0).
@@ -190,12 +225,20 @@ __device__ inline unsigned long long look_back(volatile unsigned long long* stat
   return excl;
 }
 
+// Elements of group g of thread t: local index g*8*T + 8*t .. +7 (T = blockDim.x), so every warp
+// load and store is contiguous; up to kGroups groups (block <= 32*T) are loaded up front.
+__device__ inline int group_count(const Layout& L, long long start, int g, long long& e0) {
+  const long long local = 8ll * (static_cast<long long>(g) * blockDim.x + threadIdx.x);
+  e0 = start + local;
+  return (local < L.block && e0 < L.n) ? static_cast<int>(min(8ll, L.n - e0)) : 0;
+}
+
 template <class F>
 __global__ void __launch_bounds__(kMaxThreads)
 encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
               const int32_t* __restrict__ tab, unsigned long long* __restrict__ work) {
   __shared__ uint32_t s_code[256];
-  __shared__ uint32_t s_scan[32];
+  __shared__ unsigned long long s_scan[32];
   __shared__ long long s_bid;
   __shared__ unsigned long long s_excl;
   extern __shared__ uint32_t s_pay[];  // the block's payload bytes, little-endian words
@@ -209,23 +252,26 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
   const long long b = s_bid;
   const long long start = b * L.block;
 
-  uint32_t bitpos = 0;
-  for (long long local = 8ll * threadIdx.x; local - 8ll * threadIdx.x < L.block;
-       local += 8ll * T) {
-    const long long e0 = start + local;
-    const int cnt = (local < L.block && e0 < L.n) ? static_cast<int>(min(8ll, L.n - e0)) : 0;
-    uint32_t v[8];
-    load8(in + (cnt ? e0 : 0), cnt, v);
+  long long e0[kGroups];
+  int cnt[kGroups];
+  uint32_t v[kGroups][8];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {  // all loads first: more bytes in flight per thread
+    cnt[g] = group_count(L, start, g, e0[g]);
+    load8(in + (cnt[g] ? e0[g] : 0), cnt[g], v[g]);
+  }
+  uint32_t nbits[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
     uint32_t pbits[3] = {0u, 0u, 0u}, tbits[F::RAWb > 0 ? F::RAWb : 1] = {0u};
     unsigned long long rbytes[F::RAWB > 0 ? F::RAWB : 1] = {0ull};
-    unsigned long long acc = 0;
-    uint32_t nbits = 0;
+    nbits[g] = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      if (k < cnt) {
-        const uint32_t r = F::raw(v[k]);
-        const uint32_t code = s_code[F::sym(v[k])];
-        const uint32_t p = (code >> 8) & 7u, w = code >> 12;
+      if (k < cnt[g]) {
+        const uint32_t r = F::raw(v[g][k]);
+        const uint32_t code = s_code[F::sym(v[g][k])];
+        const uint32_t p = (code >> 8) & 7u;
 #pragma unroll
         for (int j = 0; j < 3; ++j) pbits[j] |= ((p >> j) & 1u) << k;
 #pragma unroll
@@ -233,32 +279,37 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
           rbytes[j] |= static_cast<unsigned long long>((r >> (8 * j)) & 0xffu) << (8 * k);
 #pragma unroll
         for (int j = 0; j < F::RAWb; ++j) tbits[j] |= ((r >> (8 * F::RAWB + j)) & 1u) << k;
-        acc = (acc << w) | (code & 0xffu);
-        nbits += w;
+        nbits[g] += code >> 12;
       }
     }
-    if (cnt) {
+    if (cnt[g]) {
+      const long long e = e0[g];
 #pragma unroll
-      for (int j = 0; j < F::RAWB; ++j) store_bytes(out + L.raw_byte_at[j] + e0, cnt, rbytes[j]);
+      for (int j = 0; j < F::RAWB; ++j) store_bytes(out + L.raw_byte_at[j] + e, cnt[g], rbytes[j]);
 #pragma unroll
-      for (int j = 0; j < F::RAWb; ++j) out[L.raw_bit_at[j] + e0 / 8] = tbits[j];
+      for (int j = 0; j < F::RAWb; ++j) out[L.raw_bit_at[j] + e / 8] = tbits[j];
 #pragma unroll
-      for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e0 / 8] = pbits[j];
+      for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e / 8] = pbits[j];
     }
-    uint32_t total;
-    uint32_t pos = bitpos + block_scan(nbits, s_scan, total);
-    for (uint32_t rem = nbits; rem;) {  // place `acc` (nbits, MSB first) at bit `pos`
-      const uint32_t B = pos >> 3, off = pos & 7u, take = min(8u - off, rem);
-      const uint32_t byte = static_cast<uint32_t>((acc >> (rem - take)) & ((1u << take) - 1u))
-                            << (8u - off - take);
-      atomicOr(&s_pay[B >> 2], byte << (8u * (B & 3u)));
-      pos += take;
-      rem -= take;
+  }
+  uint32_t pos[kGroups], total;
+  group_positions(nbits, s_scan, pos, total);
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {  // second pass: the codewords, MSB first
+    unsigned long long acc = 0;
+    uint32_t n = 0, at = pos[g];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if (k < cnt[g]) {
+        const uint32_t code = s_code[F::sym(v[g][k])], w = code >> 12;
+        acc = (acc << w) | (code & 0xffu);
+        n += w;
+      }
     }
-    bitpos += total;
+    if (n) emit_bits(s_pay, at, acc, n);
   }
   __syncthreads();
-  const uint32_t nbytes = (bitpos + 7u) >> 3;
+  const uint32_t nbytes = (total + 7u) >> 3;
   if (threadIdx.x < 32) {
     const unsigned long long excl = look_back(work + 2, b, nbytes);
     if (threadIdx.x == 0) s_excl = excl;
@@ -286,18 +337,34 @@ decode_kernel(const uint8_t* __restrict__ buf, typename F::T* __restrict__ out, 
               const int32_t* __restrict__ tab, int* __restrict__ flag) {
   __shared__ uint32_t s_region[8];
   __shared__ uint8_t s_rank[256];
-  __shared__ uint32_t s_scan[32];
+  __shared__ unsigned long long s_scan[32];
   extern __shared__ uint8_t s_bytes[];  // the block's payload stream (+2 bytes of slack)
 
   const int T = blockDim.x;
   const long long b = blockIdx.x;
   const long long start = b * L.block;
-  if (threadIdx.x < 8) s_region[threadIdx.x] = tab[kRegionAt + threadIdx.x];
-  for (int i = threadIdx.x; i < 256; i += T) s_rank[i] = static_cast<uint8_t>(tab[kRankAt + i]);
-  const uint32_t nranked = tab[kCountAt];
+  // Every load that does not depend on the payload offsets goes out first.
   const unsigned long long lo = load_bytes(buf + L.offsets_at + 8 * b, 8);
   const unsigned long long hi = b + 1 < L.nb ? load_bytes(buf + L.offsets_at + 8 * (b + 1), 8)
                                              : static_cast<unsigned long long>(L.payload_bytes);
+  long long e0[kGroups];
+  int cnt[kGroups];
+  uint32_t pb[kGroups][3], tb[kGroups][F::RAWb > 0 ? F::RAWb : 1];
+  unsigned long long rb[kGroups][F::RAWB > 0 ? F::RAWB : 1];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    cnt[g] = group_count(L, start, g, e0[g]);
+    const long long e = cnt[g] ? e0[g] : 0;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) pb[g][j] = cnt[g] ? buf[L.prefix_at[j] + e / 8] : 0u;
+#pragma unroll
+    for (int j = 0; j < F::RAWb; ++j) tb[g][j] = cnt[g] ? buf[L.raw_bit_at[j] + e / 8] : 0u;
+#pragma unroll
+    for (int j = 0; j < F::RAWB; ++j) rb[g][j] = load_bytes(buf + L.raw_byte_at[j] + e, cnt[g]);
+  }
+  if (threadIdx.x < 8) s_region[threadIdx.x] = tab[kRegionAt + threadIdx.x];
+  for (int i = threadIdx.x; i < 256; i += T) s_rank[i] = static_cast<uint8_t>(tab[kRankAt + i]);
+  const uint32_t nranked = tab[kCountAt];
   if (!(lo <= hi && hi <= static_cast<unsigned long long>(L.payload_bytes) &&
         hi - lo <= static_cast<unsigned long long>(L.block))) {
     if (threadIdx.x == 0) atomicOr(flag, kErrOffsets);
@@ -308,59 +375,49 @@ decode_kernel(const uint8_t* __restrict__ buf, typename F::T* __restrict__ out, 
     s_bytes[i] = i < len ? buf[L.payload_at + lo + i] : 0;
   __syncthreads();
 
+  uint32_t nbits[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    nbits[g] = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t p = ((pb[g][0] >> k) & 1u) | ((pb[g][1] >> k) & 1u) << 1 |
+                         ((pb[g][2] >> k) & 1u) << 2;
+      if (k < cnt[g]) nbits[g] += s_region[p] & 15u;
+    }
+  }
+  uint32_t pos[kGroups], total;
+  group_positions(nbits, s_scan, pos, total);
   int err = 0;
-  uint32_t bitpos = 0;
-  for (long long local = 8ll * threadIdx.x; local - 8ll * threadIdx.x < L.block;
-       local += 8ll * T) {
-    const long long e0 = start + local;
-    const int cnt = (local < L.block && e0 < L.n) ? static_cast<int>(min(8ll, L.n - e0)) : 0;
-    uint32_t pb[3] = {0u, 0u, 0u}, region[8];
-    if (cnt) {
 #pragma unroll
-      for (int j = 0; j < 3; ++j) pb[j] = buf[L.prefix_at[j] + e0 / 8];
-    }
-    uint32_t nbits = 0;
+  for (int g = 0; g < kGroups; ++g) {
+    if (!cnt[g]) continue;
+    uint32_t v[8], at = pos[g];
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const uint32_t p = ((pb[0] >> k) & 1u) | ((pb[1] >> k) & 1u) << 1 | ((pb[2] >> k) & 1u) << 2;
-      region[k] = s_region[p];
-      if (k < cnt) nbits += region[k] & 15u;
-    }
-    uint32_t total;
-    uint32_t pos = bitpos + block_scan(nbits, s_scan, total);
-    bitpos += total;
-    if (!cnt) continue;
-    uint32_t v[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint32_t w = region[k] & 15u, B = min(pos >> 3, static_cast<uint32_t>(len));
+      const uint32_t p = ((pb[g][0] >> k) & 1u) | ((pb[g][1] >> k) & 1u) << 1 |
+                         ((pb[g][2] >> k) & 1u) << 2;
+      const uint32_t region = s_region[p];
+      const uint32_t w = k < cnt[g] ? region & 15u : 0u;
+      const uint32_t B = min(at >> 3, static_cast<uint32_t>(len));
       const uint32_t window = static_cast<uint32_t>(s_bytes[B]) << 8 | s_bytes[B + 1];
-      const uint32_t val = (window >> (16u - (pos & 7u) - w)) & ((1u << w) - 1u);
-      const bool lit = region[k] >> 15;
-      const uint32_t rank = ((region[k] >> 4) & 0x3ffu) + val;
-      if (k < cnt && !lit && rank >= nranked) err |= kErrRank;
-      v[k] = lit ? val : s_rank[min(rank, 255u)];
-      pos += k < cnt ? w : 0u;
-    }
-    unsigned long long rb[F::RAWB > 0 ? F::RAWB : 1] = {0ull};
-    uint32_t tb[F::RAWb > 0 ? F::RAWb : 1] = {0u};
-#pragma unroll
-    for (int j = 0; j < F::RAWB; ++j) rb[j] = load_bytes(buf + L.raw_byte_at[j] + e0, cnt);
-#pragma unroll
-    for (int j = 0; j < F::RAWb; ++j) tb[j] = buf[L.raw_bit_at[j] + e0 / 8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
+      const uint32_t val = (window >> (16u - (at & 7u) - w)) & ((1u << w) - 1u);
+      const bool lit = region >> 15;
+      const uint32_t rank = ((region >> 4) & 0x3ffu) + val;
+      if (k < cnt[g] && !lit && rank >= nranked) err |= kErrRank;
       uint32_t r = 0;
 #pragma unroll
-      for (int j = 0; j < F::RAWB; ++j) r |= static_cast<uint32_t>((rb[j] >> (8 * k)) & 0xffu) << (8 * j);
+      for (int j = 0; j < F::RAWB; ++j)
+        r |= static_cast<uint32_t>((rb[g][j] >> (8 * k)) & 0xffu) << (8 * j);
 #pragma unroll
-      for (int j = 0; j < F::RAWb; ++j) r |= ((tb[j] >> k) & 1u) << (8 * F::RAWB + j);
-      v[k] = F::join(v[k], r);
+      for (int j = 0; j < F::RAWb; ++j) r |= ((tb[g][j] >> k) & 1u) << (8 * F::RAWB + j);
+      v[k] = F::join(lit ? val : s_rank[min(rank, 255u)], r);
+      at += w;
     }
-    store8(out + e0, cnt, v);
+    store8(out + e0[g], cnt[g], v);
   }
   if (threadIdx.x == 0) {
-    const uint32_t nbytes = (bitpos + 7u) >> 3, tail = bitpos & 7u;
+    const uint32_t nbytes = (total + 7u) >> 3, tail = total & 7u;
     if (nbytes != static_cast<uint32_t>(len)) err |= kErrSize;
     else if (tail && (s_bytes[nbytes - 1] & ((1u << (8u - tail)) - 1u))) err |= kErrPadding;
     const int used = static_cast<int>(L.n & 7);
@@ -411,9 +468,14 @@ extern "C" int zipccl_encode(int kind, const void* in, void* out, const Layout* 
   }
 }
 
+// clear != 0 zeroes the flag first; else problems are OR-ed into what it holds.
 extern "C" int zipccl_decode(int kind, const void* buf, void* out, const Layout* L,
-                             const int32_t* tab, int* flag, void* stream) {
+                             const int32_t* tab, int* flag, int clear, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (clear) {
+    cudaError_t e = cudaMemsetAsync(flag, 0, sizeof(int), s);
+    if (e != cudaSuccess) return e;
+  }
   switch (kind) {
     case 0: return launch_decode<BF16>(buf, out, L, tab, flag, s);
     case 1: return launch_decode<FP16>(buf, out, L, tab, flag, s);
