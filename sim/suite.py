@@ -8,9 +8,10 @@ Per block (``encoder``, ``decoder``, ``loopback``), in order:
 3. **back-pressure + reload** -- random valid/ready on every stream, a new table loaded through
    the port before each table's packets: builder tables and random codebooks, all 256 symbols,
    real data, 1..3-symbol packets;
-4. **reset mid-packet** -- a packet cut by reset, then the next one decoded/encoded with the
+4. **tiny packets** -- 1..4-symbol packets back to back from a slow source;
+5. **reset mid-packet** -- a packet cut by reset, then the next one decoded/encoded with the
    table that survived the reset;
-5. **illegal streams** (decoder) -- error raised, only the symbols before the bad codeword out,
+6. **illegal streams** (decoder) -- error raised, only the symbols before the bad codeword out,
    and the decoder recovers after reset.
 
 Every output beat is compared with golden/ (sim/bench.py); any mismatch raises.
@@ -61,11 +62,12 @@ class Level:
     mix_symbols: int  # real symbols per table in the back-pressure stage
     random_books: int
     illegal_books: int
+    tiny_packets: int  # 1..4 symbols each, from a slow source
 
 
 LEVELS = {
-    "quick": Level(1024, 4096, 128, 3, 2),
-    "full": Level(4096, 1 << 20, 512, 12, 6),
+    "quick": Level(1024, 4096, 128, 3, 2, 40),
+    "full": Level(4096, 1 << 20, 512, 12, 6, 200),
 }
 
 
@@ -122,6 +124,10 @@ async def run_suite(top: str, port: Port, level: str = "quick", seed: int = 1) -
     for book in books:
         small = [rng.integers(0, 256, k).astype(np.uint8) for k in (1, 2, 3)]
         total.add(await run(bench, book, [symbol_mix(rng, real, lv.mix_symbols), *small]))
+
+    bench = Bench.make(port, inputs, seed + 2, 0.3, 0.9)  # a slow source: packet ends run dry
+    tiny = [rng.choice(data["fp8_ffn2"], int(rng.integers(1, 5))) for _ in range(lv.tiny_packets)]
+    total.add(await run(bench, sets[4].book, tiny))
 
     total.add(await reset_mid_packet(bench, run, sets[0].book, real[:600], after=200))
     if top == "decoder":

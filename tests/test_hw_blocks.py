@@ -37,8 +37,9 @@ def _run(top: str, seed: int, rate: float, body):
 @pytest.mark.parametrize("top", sorted(BLOCKS))
 @pytest.mark.parametrize("length", CODE_LENGTHS)
 def test_one_symbol_per_clock_at_every_code_length(top: str, length: int) -> None:
-    """No back-pressure: a 1024-symbol packet takes at most 1.01 cycles per symbol (fill included);
-    the loopback's figure also holds the encoder's word buffering, so it gets 1.02."""
+    """No back-pressure: a 1024-symbol packet takes at most 1.01 cycles per symbol (fill included).
+    In the loopback the decoder's source is the encoder, which completes a word only after its
+    last code: the decoder then waits near word ends, so that figure gets 1.03."""
     ds = length_set(length, 1024)
 
     async def body(bench, scenario):
@@ -46,7 +47,7 @@ def test_one_symbol_per_clock_at_every_code_length(top: str, length: int) -> Non
 
     st_ = _run(top, 0, 1.0, body)
     assert st_.symbols == 1024
-    assert st_.cycles / st_.symbols <= (1.02 if top == "loopback" else 1.01), st_
+    assert st_.cycles / st_.symbols <= (1.03 if top == "loopback" else 1.01), st_
 
 
 @pytest.mark.parametrize("top", sorted(BLOCKS))
@@ -170,3 +171,22 @@ def test_decoder_rejects_stream_of_wrong_table() -> None:
 
     got = _run("decoder", 0, 1.0, body)
     assert got != list(range(256))
+
+
+@pytest.mark.parametrize("top", sorted(BLOCKS))
+@pytest.mark.parametrize(("in_rate", "out_rate"), [(0.25, 1.0), (1.0, 0.25), (0.4, 0.4)])
+def test_many_tiny_packets(top: str, in_rate: float, out_rate: float) -> None:
+    """1..4-symbol packets back to back, a slow source or a slow sink: packet ends (padding
+    skipped, the next packet's word prefetched or not) in every pipeline state."""
+    seed = 21
+    rng = np.random.default_rng(seed)
+    book = SETS[4].book  # qlc_dynamic: 4-bit codes next to 11-bit escapes
+    packets = [rng.choice(DATA["fp8_ffn2"], int(rng.integers(1, 5))) for _ in range(60)]
+    scenario, inputs = TOPS[top]
+
+    async def body(port):
+        rng_bench = Bench.make(port, inputs, seed, in_rate, out_rate)
+        return await scenario(rng_bench, book, packets)
+
+    st_ = run_amaranth(BLOCKS[top](), body)
+    assert st_.symbols == sum(len(p) for p in packets), f"seed {seed}"
