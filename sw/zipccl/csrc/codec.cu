@@ -1,4 +1,4 @@
-// zipccl split-layout codec kernels (golden/container.py bytes), built by zipccl/_cuda.py with nvcc.
+// zipccl split-layout codec kernels (golden/container.py bytes), built by zipccl/_cuda.py (nvcc).
 //
 // One CTA codes one block of `block` elements with T = max(32, block/32) threads; each thread owns
 // up to 4 groups of 8 consecutive elements (group g of thread t starts at element g*8*T + 8*t, so
@@ -136,6 +136,40 @@ __device__ inline unsigned long long load_bytes(const uint8_t* p, int cnt) {
   return w;
 }
 
+// 8 elements packed in 2*sizeof(T) little-endian words (fewer registers for prefetching).
+template <typename T>
+__device__ inline void load_packed(const T* p, int cnt, uint32_t w[2 * sizeof(T)]) {
+  constexpr int kWords = 2 * sizeof(T), kPer = 4 / sizeof(T);
+  if (cnt == 8 && aligned(p, sizeof(T) == 1 ? 8 : 16)) {
+    if constexpr (sizeof(T) == 1) {
+      const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
+      w[0] = v.x, w[1] = v.y;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kWords / 4; ++i) {
+        const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + i);
+        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) w[i] = 0u;
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    if (k < cnt) w[k / kPer] |= static_cast<uint32_t>(p[k]) << (8 * sizeof(T) * (k % kPer));
+}
+
+template <typename T>
+__device__ inline uint32_t elem(const uint32_t w[2 * sizeof(T)], int k) {
+  constexpr int kPer = 4 / sizeof(T);
+  if constexpr (sizeof(T) == 4) {
+    return w[k];
+  } else {
+    return (w[k / kPer] >> (8 * sizeof(T) * (k % kPer))) & ((1u << (8 * sizeof(T))) - 1u);
+  }
+}
+
 // CTA-wide exclusive scan of a packed uint64 (4 16-bit group counters, each sum < 2^16;
 // blockDim.x a multiple of 32); `total` gets the CTA sum.
 __device__ inline unsigned long long block_scan(unsigned long long v, unsigned long long* sh,
@@ -233,44 +267,46 @@ __device__ inline int group_count(const Layout& L, long long start, int g, long 
   return (local < L.block && e0 < L.n) ? static_cast<int>(min(8ll, L.n - e0)) : 0;
 }
 
+// What one thread loads for one block before coding it (prefetched a block ahead).
 template <class F>
-__global__ void __launch_bounds__(kMaxThreads)
-encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
-              const int32_t* __restrict__ tab, unsigned long long* __restrict__ work) {
-  __shared__ uint32_t s_code[256];
-  __shared__ unsigned long long s_scan[32];
-  __shared__ long long s_bid;
-  __shared__ unsigned long long s_excl;
-  extern __shared__ uint32_t s_pay[];  // the block's payload bytes, little-endian words
+struct EncIn {
+  uint32_t w[kGroups][2 * sizeof(typename F::T)];
+};
 
-  const int T = blockDim.x;
-  const int words = static_cast<int>(L.block / 4) + 1;
-  for (int i = threadIdx.x; i < 256; i += T) s_code[i] = tab[i];
-  for (int i = threadIdx.x; i < words; i += T) s_pay[i] = 0u;
-  if (threadIdx.x == 0) s_bid = static_cast<long long>(atomicAdd(work, 1ull));
-  __syncthreads();
-  const long long b = s_bid;
-  const long long start = b * L.block;
+template <class F>
+__device__ inline void enc_load(const typename F::T* in, const Layout& L, long long b,
+                                EncIn<F>& x) {
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    long long e0;
+    const int cnt = group_count(L, b * L.block, g, e0);
+    load_packed(in + (cnt ? e0 : 0), cnt, x.w[g]);
+  }
+}
 
+// Code block b (input in registers) into the container; the CTA's shared payload stream must be
+// zero on entry. Returns after the payload and the block offset are written.
+template <class F>
+__device__ inline void enc_block(const EncIn<F>& x, long long b, uint8_t* out, const Layout& L,
+                                 const uint32_t* s_code, unsigned long long* s_scan,
+                                 uint32_t* s_pay, unsigned long long* s_excl,
+                                 unsigned long long* work) {
+  using T = typename F::T;
   long long e0[kGroups];
   int cnt[kGroups];
-  uint32_t v[kGroups][8];
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {  // all loads first: more bytes in flight per thread
-    cnt[g] = group_count(L, start, g, e0[g]);
-    load8(in + (cnt[g] ? e0[g] : 0), cnt[g], v[g]);
-  }
   uint32_t nbits[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
+    cnt[g] = group_count(L, b * L.block, g, e0[g]);
     uint32_t pbits[3] = {0u, 0u, 0u}, tbits[F::RAWb > 0 ? F::RAWb : 1] = {0u};
     unsigned long long rbytes[F::RAWB > 0 ? F::RAWB : 1] = {0ull};
     nbits[g] = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       if (k < cnt[g]) {
-        const uint32_t r = F::raw(v[g][k]);
-        const uint32_t code = s_code[F::sym(v[g][k])];
+        const uint32_t v = elem<T>(x.w[g], k);
+        const uint32_t r = F::raw(v);
+        const uint32_t code = s_code[F::sym(v)];
         const uint32_t p = (code >> 8) & 7u;
 #pragma unroll
         for (int j = 0; j < 3; ++j) pbits[j] |= ((p >> j) & 1u) << k;
@@ -297,25 +333,25 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {  // second pass: the codewords, MSB first
     unsigned long long acc = 0;
-    uint32_t n = 0, at = pos[g];
+    uint32_t n = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       if (k < cnt[g]) {
-        const uint32_t code = s_code[F::sym(v[g][k])], w = code >> 12;
+        const uint32_t code = s_code[F::sym(elem<T>(x.w[g], k))], w = code >> 12;
         acc = (acc << w) | (code & 0xffu);
         n += w;
       }
     }
-    if (n) emit_bits(s_pay, at, acc, n);
+    if (n) emit_bits(s_pay, pos[g], acc, n);
   }
   __syncthreads();
   const uint32_t nbytes = (total + 7u) >> 3;
   if (threadIdx.x < 32) {
     const unsigned long long excl = look_back(work + 2, b, nbytes);
-    if (threadIdx.x == 0) s_excl = excl;
+    if (threadIdx.x == 0) *s_excl = excl;
   }
   __syncthreads();
-  const unsigned long long excl = s_excl;
+  const unsigned long long excl = *s_excl;
   if (threadIdx.x == 0) {
     store_bytes(out + L.offsets_at + 8 * b, 8, excl);
     if (b == L.nb - 1) work[1] = excl + nbytes;
@@ -323,68 +359,108 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
   const long long dst = L.payload_at + static_cast<long long>(excl);
   if (dst + nbytes <= L.capacity) {
     const uint8_t* src = reinterpret_cast<const uint8_t*>(s_pay);
-    for (uint32_t i = threadIdx.x; i < nbytes; i += T) out[dst + i] = src[i];
-  }
-  if (b == 0) {  // the alignment gaps between sections are zero in golden's buffers
-    for (int g = 0; g < L.ngaps; ++g)
-      for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += T) out[i] = 0;
+    for (uint32_t i = threadIdx.x; i < nbytes; i += blockDim.x) out[dst + i] = src[i];
   }
 }
 
+// Persistent CTAs take block ids from an atomic counter (so every earlier id belongs to a running
+// CTA and the look-back cannot deadlock) and load the next block while coding the current one.
 template <class F>
 __global__ void __launch_bounds__(kMaxThreads)
-decode_kernel(const uint8_t* __restrict__ buf, typename F::T* __restrict__ out, const Layout L,
-              const int32_t* __restrict__ tab, int* __restrict__ flag) {
-  __shared__ uint32_t s_region[8];
-  __shared__ uint8_t s_rank[256];
+encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
+              const int32_t* __restrict__ tab, unsigned long long* __restrict__ work) {
+  __shared__ uint32_t s_code[256];
   __shared__ unsigned long long s_scan[32];
-  extern __shared__ uint8_t s_bytes[];  // the block's payload stream (+2 bytes of slack)
+  __shared__ long long s_bid[2];
+  __shared__ unsigned long long s_excl;
+  extern __shared__ uint32_t s_pay[];  // the block's payload bytes, little-endian words
 
   const int T = blockDim.x;
-  const long long b = blockIdx.x;
-  const long long start = b * L.block;
-  // Every load that does not depend on the payload offsets goes out first.
-  const unsigned long long lo = load_bytes(buf + L.offsets_at + 8 * b, 8);
-  const unsigned long long hi = b + 1 < L.nb ? load_bytes(buf + L.offsets_at + 8 * (b + 1), 8)
-                                             : static_cast<unsigned long long>(L.payload_bytes);
-  long long e0[kGroups];
-  int cnt[kGroups];
-  uint32_t pb[kGroups][3], tb[kGroups][F::RAWb > 0 ? F::RAWb : 1];
+  const int words = static_cast<int>(L.block / 4) + 1;
+  for (int i = threadIdx.x; i < 256; i += T) s_code[i] = tab[i];
+  if (threadIdx.x == 0) s_bid[0] = static_cast<long long>(atomicAdd(work, 1ull));
+  if (blockIdx.x == 0) {  // the alignment gaps between sections are zero in golden's buffers
+    for (int g = 0; g < L.ngaps; ++g)
+      for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += T) out[i] = 0;
+  }
+  __syncthreads();
+  long long b = s_bid[0];
+  EncIn<F> cur, nxt;
+  if (b < L.nb) enc_load<F>(in, L, b, cur);
+  while (b < L.nb) {
+    if (threadIdx.x == 0) s_bid[1] = static_cast<long long>(atomicAdd(work, 1ull));
+    for (int i = threadIdx.x; i < words; i += T) s_pay[i] = 0u;
+    __syncthreads();
+    const long long next = s_bid[1];
+    if (next < L.nb) enc_load<F>(in, L, next, nxt);
+    enc_block<F>(cur, b, out, L, s_code, s_scan, s_pay, &s_excl, work);
+    cur = nxt;
+    b = next;
+    __syncthreads();  // the payload copy-out has read s_pay before it is cleared again
+  }
+}
+
+// What one thread loads for one block before decoding it (prefetched a block ahead).
+template <class F>
+struct DecIn {
+  unsigned long long lo, hi;
+  uint32_t planes[kGroups];  // prefix plane byte j at bits 8j..8j+7
+  uint32_t tb[kGroups];      // raw bit plane byte j at bits 8j..8j+7 (FP16)
   unsigned long long rb[kGroups][F::RAWB > 0 ? F::RAWB : 1];
+};
+
+template <class F>
+__device__ inline void dec_load(const uint8_t* buf, const Layout& L, long long b, DecIn<F>& x) {
+  x.lo = load_bytes(buf + L.offsets_at + 8 * b, 8);
+  x.hi = b + 1 < L.nb ? load_bytes(buf + L.offsets_at + 8 * (b + 1), 8)
+                      : static_cast<unsigned long long>(L.payload_bytes);
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    cnt[g] = group_count(L, start, g, e0[g]);
-    const long long e = cnt[g] ? e0[g] : 0;
+    long long e0;
+    const int cnt = group_count(L, b * L.block, g, e0);
+    const long long e = cnt ? e0 : 0;
+    uint32_t pl = 0, tb = 0;
+    if (cnt) {
 #pragma unroll
-    for (int j = 0; j < 3; ++j) pb[g][j] = cnt[g] ? buf[L.prefix_at[j] + e / 8] : 0u;
+      for (int j = 0; j < 3; ++j) pl |= static_cast<uint32_t>(buf[L.prefix_at[j] + e / 8]) << (8 * j);
 #pragma unroll
-    for (int j = 0; j < F::RAWb; ++j) tb[g][j] = cnt[g] ? buf[L.raw_bit_at[j] + e / 8] : 0u;
+      for (int j = 0; j < F::RAWb; ++j)
+        tb |= static_cast<uint32_t>(buf[L.raw_bit_at[j] + e / 8]) << (8 * j);
+    }
+    x.planes[g] = pl;
+    x.tb[g] = tb;
 #pragma unroll
-    for (int j = 0; j < F::RAWB; ++j) rb[g][j] = load_bytes(buf + L.raw_byte_at[j] + e, cnt[g]);
+    for (int j = 0; j < F::RAWB; ++j) x.rb[g][j] = load_bytes(buf + L.raw_byte_at[j] + e, cnt);
   }
-  if (threadIdx.x < 8) s_region[threadIdx.x] = tab[kRegionAt + threadIdx.x];
-  for (int i = threadIdx.x; i < 256; i += T) s_rank[i] = static_cast<uint8_t>(tab[kRankAt + i]);
-  const uint32_t nranked = tab[kCountAt];
-  if (!(lo <= hi && hi <= static_cast<unsigned long long>(L.payload_bytes) &&
-        hi - lo <= static_cast<unsigned long long>(L.block))) {
-    if (threadIdx.x == 0) atomicOr(flag, kErrOffsets);
-    return;  // uniform across the CTA: nothing below is read
-  }
-  const int len = static_cast<int>(hi - lo);
-  for (int i = threadIdx.x; i < len + 2; i += T)
-    s_bytes[i] = i < len ? buf[L.payload_at + lo + i] : 0;
-  __syncthreads();
+}
 
+__device__ inline uint32_t prefix_of(uint32_t planes, int k) {
+  return ((planes >> k) & 1u) | ((planes >> (8 + k)) & 1u) << 1 | ((planes >> (16 + k)) & 1u) << 2;
+}
+
+// Decode block b; returns the error bits found (the caller ORs them into the flag).
+template <class F>
+__device__ inline int dec_block(const DecIn<F>& x, long long b, const uint8_t* buf,
+                                typename F::T* out, const Layout& L, const uint32_t* s_region,
+                                const uint8_t* s_rank, uint32_t nranked,
+                                unsigned long long* s_scan, uint8_t* s_bytes) {
+  if (!(x.lo <= x.hi && x.hi <= static_cast<unsigned long long>(L.payload_bytes) &&
+        x.hi - x.lo <= static_cast<unsigned long long>(L.block)))
+    return kErrOffsets;  // uniform across the CTA: nothing below is read
+  const int len = static_cast<int>(x.hi - x.lo);
+  for (int i = threadIdx.x; i < len + 2; i += blockDim.x)
+    s_bytes[i] = i < len ? buf[L.payload_at + x.lo + i] : 0;
+  __syncthreads();
+  long long e0[kGroups];
+  int cnt[kGroups];
   uint32_t nbits[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
+    cnt[g] = group_count(L, b * L.block, g, e0[g]);
     nbits[g] = 0;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint32_t p = ((pb[g][0] >> k) & 1u) | ((pb[g][1] >> k) & 1u) << 1 |
-                         ((pb[g][2] >> k) & 1u) << 2;
-      if (k < cnt[g]) nbits[g] += s_region[p] & 15u;
-    }
+    for (int k = 0; k < 8; ++k)
+      if (k < cnt[g]) nbits[g] += s_region[prefix_of(x.planes[g], k)] & 15u;
   }
   uint32_t pos[kGroups], total;
   group_positions(nbits, s_scan, pos, total);
@@ -395,9 +471,7 @@ decode_kernel(const uint8_t* __restrict__ buf, typename F::T* __restrict__ out, 
     uint32_t v[8], at = pos[g];
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const uint32_t p = ((pb[g][0] >> k) & 1u) | ((pb[g][1] >> k) & 1u) << 1 |
-                         ((pb[g][2] >> k) & 1u) << 2;
-      const uint32_t region = s_region[p];
+      const uint32_t region = s_region[prefix_of(x.planes[g], k)];
       const uint32_t w = k < cnt[g] ? region & 15u : 0u;
       const uint32_t B = min(at >> 3, static_cast<uint32_t>(len));
       const uint32_t window = static_cast<uint32_t>(s_bytes[B]) << 8 | s_bytes[B + 1];
@@ -408,9 +482,9 @@ decode_kernel(const uint8_t* __restrict__ buf, typename F::T* __restrict__ out, 
       uint32_t r = 0;
 #pragma unroll
       for (int j = 0; j < F::RAWB; ++j)
-        r |= static_cast<uint32_t>((rb[g][j] >> (8 * k)) & 0xffu) << (8 * j);
+        r |= static_cast<uint32_t>((x.rb[g][j] >> (8 * k)) & 0xffu) << (8 * j);
 #pragma unroll
-      for (int j = 0; j < F::RAWb; ++j) r |= ((tb[g][j] >> k) & 1u) << (8 * F::RAWB + j);
+      for (int j = 0; j < F::RAWb; ++j) r |= ((x.tb[g] >> (8 * j + k)) & 1u) << (8 * F::RAWB + j);
       v[k] = F::join(lit ? val : s_rank[min(rank, 255u)], r);
       at += w;
     }
@@ -429,7 +503,46 @@ decode_kernel(const uint8_t* __restrict__ buf, typename F::T* __restrict__ out, 
         if (buf[L.raw_bit_at[j] + last] >> used) err |= kErrPlanePad;
     }
   }
+  return err;
+}
+
+// Persistent CTAs stride over the blocks, loading the next block while decoding the current one.
+template <class F>
+__global__ void __launch_bounds__(kMaxThreads)
+decode_kernel(const uint8_t* __restrict__ buf, typename F::T* __restrict__ out, const Layout L,
+              const int32_t* __restrict__ tab, int* __restrict__ flag) {
+  __shared__ uint32_t s_region[8];
+  __shared__ uint8_t s_rank[256];
+  __shared__ unsigned long long s_scan[32];
+  extern __shared__ uint8_t s_bytes[];  // the block's payload stream (+2 bytes of slack)
+
+  const int T = blockDim.x;
+  if (threadIdx.x < 8) s_region[threadIdx.x] = tab[kRegionAt + threadIdx.x];
+  for (int i = threadIdx.x; i < 256; i += T) s_rank[i] = static_cast<uint8_t>(tab[kRankAt + i]);
+  const uint32_t nranked = tab[kCountAt];
+  int err = 0;
+  DecIn<F> cur, nxt;
+  long long b = blockIdx.x;
+  if (b < L.nb) dec_load<F>(buf, L, b, cur);
+  __syncthreads();
+  for (; b < L.nb; b += gridDim.x) {
+    if (b + gridDim.x < L.nb) dec_load<F>(buf, L, b + gridDim.x, nxt);
+    err |= dec_block<F>(cur, b, buf, out, L, s_region, s_rank, nranked, s_scan, s_bytes);
+    cur = nxt;
+    __syncthreads();  // s_bytes is restaged for the next block
+  }
   if (err) atomicOr(flag, err);
+}
+
+// Persistent grids: as many CTAs as can be resident at once (never more than there are blocks).
+template <typename K>
+unsigned resident_grid(K kernel, int threads, size_t smem, long long nb) {
+  int per_sm = 1, dev = 0, sms = 1;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const long long grid = static_cast<long long>(per_sm > 0 ? per_sm : 1) * sms;
+  return static_cast<unsigned>(grid < nb ? grid : nb);
 }
 
 template <class F>
@@ -438,7 +551,9 @@ int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab
   cudaError_t e = cudaMemsetAsync(work, 0, (L->nb + 2) * sizeof(unsigned long long), s);
   if (e != cudaSuccess) return e;
   const size_t smem = (L->block / 4 + 1) * sizeof(uint32_t);
-  encode_kernel<F><<<static_cast<unsigned>(L->nb), static_cast<unsigned>(L->threads), smem, s>>>(
+  const int threads = static_cast<int>(L->threads);
+  const unsigned grid = resident_grid(encode_kernel<F>, threads, smem, L->nb);
+  encode_kernel<F><<<grid, threads, smem, s>>>(
       static_cast<const typename F::T*>(in), static_cast<uint8_t*>(out), *L, tab,
       static_cast<unsigned long long*>(work));
   return cudaGetLastError();
@@ -448,7 +563,9 @@ template <class F>
 int launch_decode(const void* buf, void* out, const Layout* L, const int32_t* tab, int* flag,
                   cudaStream_t s) {
   const size_t smem = L->block + 2;
-  decode_kernel<F><<<static_cast<unsigned>(L->nb), static_cast<unsigned>(L->threads), smem, s>>>(
+  const int threads = static_cast<int>(L->threads);
+  const unsigned grid = resident_grid(decode_kernel<F>, threads, smem, L->nb);
+  decode_kernel<F><<<grid, threads, smem, s>>>(
       static_cast<const uint8_t*>(buf), static_cast<typename F::T*>(out), *L, tab, flag);
   return cudaGetLastError();
 }
