@@ -62,6 +62,23 @@ _LOCAL_OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 1, ReduceOp.PRODUCT: 2, ReduceOp.MI
 _BYTE_VIEW = {torch.float8_e4m3fn, torch.float8_e5m2}  # gloo cannot move fp8: send the bytes
 
 
+# --------------------------------------------------------------------------- accounting
+
+
+@dataclass
+class WireStats:
+    """Bytes this rank handed to the transport for other ranks inside zipccl (benchmarks)."""
+
+    sent: int = 0
+    strategy: str = ""  # the last top-level call's strategy
+
+    def reset(self) -> None:
+        self.sent, self.strategy = 0, ""
+
+
+STATS = WireStats()
+
+
 # --------------------------------------------------------------------------- agreement
 
 
@@ -102,6 +119,7 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
     chunk = switch.chunk_bytes(g.cuda)
     chunks = max(1, -(-nbytes // chunk))
     strategy = _strategy(g, name, dtype, nbytes, red_code, chunks)
+    STATS.strategy = strategy
     return _Agreed(g, strategy, table, chunks), (desc[:, len(head):] if desc is not None else None)
 
 
@@ -276,6 +294,7 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
             fixed = torch.empty(g.world * p.fixed, dtype=torch.uint8, device=g.device)
             work = dist.all_gather_into_tensor(fixed, p.head, group=g.pg, async_op=True)
         keep.extend((p, fixed))
+        STATS.sent += p.fixed
         return s, m, p, fixed, work
 
     def finish(state: object) -> None:
@@ -290,6 +309,7 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
             send[: p.tail.numel()].copy_(p.tail)
             if width:
                 dist.all_gather_into_tensor(payload, send, group=g.pg, async_op=True).wait()
+            STATS.sent += width
             keep.extend((payload, send))
             tails = payload.view(g.world, width)
             for r in range(g.world):
@@ -416,6 +436,7 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
             fixed = torch.empty(sum(out_sizes), dtype=torch.uint8, device=g.device)
             work = dist.all_to_all_single(fixed, torch.cat(heads), out_sizes, in_sizes,
                                           group=g.pg, async_op=True)
+            STATS.sent += sum(in_sizes)
         keep.extend((packs, fixed))
         return k, packs, fixed, out_sizes, out_pieces, work
 
@@ -434,6 +455,7 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
             payload = torch.empty(sum(recv_tail), dtype=torch.uint8, device=g.device)
             dist.all_to_all_single(payload, torch.cat(tails), recv_tail,
                                    [t.numel() for t in tails], group=g.pg, async_op=True).wait()
+            STATS.sent += sum(t.numel() for t in tails)
             keep.append(payload)
             for i, (tail, (s, m)) in enumerate(zip(_segments(payload, recv_tail), out_pieces,
                                                    strict=True)):
@@ -493,6 +515,8 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
 def _reduce_scatter(a: _Agreed, inp: torch.Tensor, out: torch.Tensor, op: ReduceOp) -> None:
     """All-to-all of the W row blocks (compressed or not), then the rank-order fp32 reduction."""
     g = a.g
+    if a.strategy != switch.COMPRESSED:
+        STATS.sent += inp.numel() * inp.element_size() * (g.world - 1) // g.world
     if a.strategy == switch.NATIVE:
         dist.reduce_scatter_tensor(out, inp, op, g.pg)
         return
@@ -547,6 +571,7 @@ def _all_reduce(a: _Agreed, tensor: torch.Tensor, op: ReduceOp) -> None:
         _gather_compressed(_Agreed(g, ag, a.table, ag_chunks), part, padded)
     else:
         dist.all_gather_into_tensor(_wire(padded), _wire(part), group=g.pg)
+        STATS.sent += part.numel() * part.element_size()
     if padded is not flat:
         flat.copy_(padded[: flat.numel()])
 
@@ -591,6 +616,7 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, src: int, group_src: i
                                                             device=g.device)
             work = dist.broadcast(head, src, group=g.pg, async_op=True)
         keep.extend((p, head))
+        STATS.sent += head.numel() if sender else 0
         return s, m, p, head, work
 
     def finish(state: object) -> None:
@@ -600,6 +626,7 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, src: int, group_src: i
                 work.wait()
                 if p.tail.numel():
                     dist.broadcast(p.tail, src, group=g.pg, async_op=True).wait()
+                STATS.sent += p.tail.numel()
             return
         with streams.on(streams.decompress):
             work.wait()
