@@ -1,0 +1,100 @@
+"""The switch's cost model without processes: fits, predictions, choices, the cache form."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from zipccl import switch
+from zipccl.switch import COMPRESSED, NATIVE, Call, Line, Profile
+
+GB = 1e9
+
+
+def profile(link_gbps: float, codec_gbps: float = 300.0, alpha: float = 20e-6) -> Profile:
+    """A synthetic profile: native ops on one link (all-reduce moves twice the bytes)."""
+    link = Line(alpha, link_gbps * GB)
+    native = {op: link for op in switch.OPS}
+    native["all_reduce"] = Line(alpha, link_gbps * GB / 2)
+    return Profile(
+        native=native,
+        compress=Line(30e-6, codec_gbps * GB),
+        decompress=Line(30e-6, codec_gbps * GB),
+        reduce=Line(10e-6, 1000 * GB),
+        ratio={"bfloat16": 0.7, "float16": 0.8, "float32": 0.88, "float8_e4m3fn": 0.85,
+               "float8_e5m2": 0.77},
+    )
+
+
+@given(st.floats(1e-7, 1e-2), st.floats(1e6, 1e12))
+def test_line_fit_recovers_exact_lines(alpha, beta):
+    sizes = [1e6, 8e6, 32e6]
+    fit = Line.fit(sizes, [alpha + s / beta for s in sizes])
+    assert fit.alpha == pytest.approx(alpha, rel=1e-6, abs=1e-12)
+    assert fit.beta == pytest.approx(beta, rel=1e-6)
+
+
+def test_line_fit_flat_times_gives_pure_latency():
+    fit = Line.fit([1.0, 2.0], [5.0, 5.0])
+    assert fit.alpha == pytest.approx(5.0) and fit.beta > 1e12
+
+
+@pytest.mark.parametrize("op", ["all_gather", "all_to_all", "broadcast", "reduce_scatter",
+                                "all_reduce"])
+def test_small_messages_stay_native(op):
+    call = Call(op, 64 << 10, torch.bfloat16, 2)
+    assert switch.choose(profile(3.3), call) != COMPRESSED
+
+
+@pytest.mark.parametrize("op", ["all_gather", "all_to_all", "broadcast", "reduce_scatter",
+                                "all_reduce"])
+def test_large_messages_on_slow_links_compress(op):
+    call = Call(op, 256 << 20, torch.bfloat16, 2, chunks=8)
+    assert switch.choose(profile(3.3), call) == COMPRESSED
+
+
+def test_fast_links_stay_native():
+    call = Call("all_gather", 256 << 20, torch.bfloat16, 2, chunks=8)
+    assert switch.choose(profile(250.0, codec_gbps=300.0), call) == NATIVE
+
+
+def test_incompressible_dtype_stays_native():
+    p = profile(20.0)
+    p.ratio["float32"] = 0.99
+    assert switch.choose(p, Call("all_gather", 256 << 20, torch.float32, 2, 8)) == NATIVE
+
+
+def test_native_reduction_only_offered_for_two_ranks():
+    p = profile(20.0)
+    assert NATIVE in switch.predict(p, Call("reduce_scatter", 1 << 20, torch.bfloat16, 2))
+    for world in (3, 8):
+        times = switch.predict(p, Call("reduce_scatter", 1 << 20, torch.bfloat16, world))
+        assert NATIVE not in times
+        assert switch.choose(p, Call("all_reduce", 1 << 10, torch.bfloat16, world)) != NATIVE
+
+
+def test_choice_needs_margin():
+    """A predicted win under 10 % is not taken: auto must not lose to native on noise."""
+    p = profile(20.0)
+    call = Call("all_gather", 64 << 20, torch.bfloat16, 2, 2)
+    times = switch.predict(p, call)
+    expect = COMPRESSED if times[COMPRESSED] <= switch.MARGIN * times[NATIVE] else NATIVE
+    assert switch.choose(p, call) == expect
+
+
+def test_profile_round_trips_through_json():
+    p = profile(25.0)
+    assert Profile.from_json(p.to_json()) == p
+    assert Profile.from_vector(p.vector()) == p
+
+
+def test_mode_env(monkeypatch):
+    monkeypatch.setenv("ZIPCCL_MODE", "Always")
+    assert switch.mode() == "always"
+    monkeypatch.setenv("ZIPCCL_MODE", "sometimes")
+    with pytest.raises(ValueError, match="ZIPCCL_MODE must be one of"):
+        switch.mode()
+    monkeypatch.setenv("ZIPCCL_CHUNK_BYTES", "0")
+    with pytest.raises(ValueError, match="ZIPCCL_CHUNK_BYTES"):
+        switch.chunk_bytes(True)
