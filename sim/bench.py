@@ -85,6 +85,56 @@ class Sink:
             self.got.append(port.get(f"{self.name}__payload"))
 
 
+@dataclass(frozen=True)
+class Shape:
+    """Beat layouts of a block: ``lanes`` symbols and ``words`` 32-bit words per beat;
+    ``counted`` symbol beats carry a lane count (the multi-lane blocks of hw/multilane.py)."""
+
+    lanes: int = 1
+    words: int = 1
+    counted: bool = False
+
+    @property
+    def beat_bits(self) -> int:
+        return WORD_BITS * self.words
+
+    def symbol_beats(self, packet: np.ndarray) -> list[int]:
+        if not self.counted:
+            return [int(s) | (i == len(packet) - 1) << 8 for i, s in enumerate(packet)]
+        n, out = self.lanes, []
+        for start in range(0, len(packet), n):
+            chunk = packet[start : start + n]
+            data = sum(int(s) << 8 * j for j, s in enumerate(chunk))
+            last = start + n >= len(packet)
+            out.append(data | len(chunk) << 8 * n | last << (8 * n + n.bit_length()))
+        return out
+
+    def symbols_of(self, beats: Sequence[int]) -> list[int]:
+        """Output beats -> one ``symbol | last << 8`` per symbol (last on the packet's last)."""
+        if not self.counted:
+            return list(beats)
+        n, out = self.lanes, []
+        for b in beats:
+            count = b >> 8 * n & ((1 << n.bit_length()) - 1)
+            last = b >> (8 * n + n.bit_length()) & 1
+            out += [(b >> 8 * j & 0xFF) | (last and j == count - 1) << 8 for j in range(count)]
+        return out
+
+    def word_beats(self, data: bytes) -> list[int]:
+        """Serial bytes -> beats of ``words`` big-endian words, zero padded to a whole beat."""
+        size = 4 * self.words
+        data = data + bytes(-len(data) % size)
+        return [int.from_bytes(data[k : k + size], "big") for k in range(0, len(data), size)]
+
+    def enc_fields(self, beat: int) -> tuple[int, int, int]:
+        """Encoder output beat -> (data, last, bits)."""
+        bits = self.beat_bits
+        return beat & ((1 << bits) - 1), beat >> bits & 1, beat >> (bits + 1)
+
+
+SINGLE = Shape()
+
+
 @dataclass
 class Bench:
     """Runs a block's streams cycle by cycle: ``sources`` feed it, ``sink`` drains it."""
@@ -92,6 +142,7 @@ class Bench:
     port: Port
     sources: dict[str, Source]
     sink: Sink
+    shape: Shape = SINGLE
     cycles: int = 0
     watch_error: bool = False  # stop early when the ``error`` output rises
     abort_at: int | None = None  # raise Aborted at this cycle
@@ -99,11 +150,11 @@ class Bench:
     @classmethod
     def make(
         cls, port: Port, inputs: Sequence[str], seed: int, in_rate: float, out_rate: float,
-        watch_error: bool = False,
+        shape: Shape = SINGLE,
     ) -> Bench:
         rng = random.Random(seed)
         sources = {n: Source(n, 1.0 if n == "tw" else in_rate, rng) for n in inputs}
-        return cls(port, sources, Sink("o", out_rate, rng), watch_error=watch_error)
+        return cls(port, sources, Sink("o", out_rate, rng), shape)
 
     def error(self) -> bool:
         return self.watch_error and bool(self.port.get("error"))
@@ -157,17 +208,7 @@ class Bench:
 # ---------------------------------------------------------------------------- golden side
 def serial_words(data: bytes) -> list[int]:
     """Serial bytes -> 32-bit words, big-endian (bit 31 is the first stream bit), zero padded."""
-    pad = -len(data) % 4
-    return [int(w) for w in np.frombuffer(data + bytes(pad), ">u4")]
-
-
-def symbol_beats(packet: np.ndarray) -> list[int]:
-    return [int(s) | (i == len(packet) - 1) << 8 for i, s in enumerate(packet)]
-
-
-def enc_word_fields(beat: int) -> tuple[int, int, int]:
-    """Encoder output beat -> (data, last, bits)."""
-    return beat & 0xFFFFFFFF, beat >> WORD_BITS & 1, beat >> (WORD_BITS + 1)
+    return SINGLE.word_beats(data)
 
 
 def table_beats(book: Codebook, mems: tuple[Mem, ...] = tuple(Mem)) -> list[int]:
@@ -201,6 +242,13 @@ def _check_equal(what: str, got: Sequence[int], want: Sequence[int]) -> None:
         )
 
 
+def _check_beats(what: str, shape: Shape, got: Sequence[int], want: Sequence[int]) -> None:
+    """Same symbols, and the same beats: lanes past a beat's count are don't-care."""
+    _check_equal(what, shape.symbols_of(got), shape.symbols_of(want))
+    if len(got) != len(want):
+        raise AssertionError(f"{what}: {len(got)} beats, want {len(want)}")
+
+
 # ---------------------------------------------------------------------------- scenarios
 async def encode_packets(
     bench: Bench, book: Codebook, packets: Sequence[np.ndarray], load: bool = True
@@ -212,15 +260,16 @@ async def encode_packets(
     want: list[tuple[int, int]] = []
     lasts: dict[int, int] = {}
     bits = 0
+    shape = bench.shape
     for p in packets:
         cw = encode_codewords(p, book)
-        words = serial_words(pack_serial(cw))
+        words = shape.word_beats(pack_serial(cw))
         want += [(w, int(k == len(words) - 1)) for k, w in enumerate(words)]
         lasts[len(want) - 1] = cw.total_bits
         bits += cw.total_bits
-    await bench.feed({"i": [b for p in packets for b in symbol_beats(p)]})
+    await bench.feed({"i": [b for p in packets for b in shape.symbol_beats(p)]})
     await bench.drain(first + len(want))
-    got = [enc_word_fields(b) for b in bench.sink.got[first:]]
+    got = [shape.enc_fields(b) for b in bench.sink.got[first:]]
     _check_equal(f"encoder words ({book.describe()})", [g[:2] for g in got], want)
     _check_equal(
         "encoder packet bit counts", [got[k][2] for k in sorted(lasts)], list(lasts.values())
@@ -235,17 +284,18 @@ async def decode_packets(
     if load:
         await bench.feed({"tw": table_beats(book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
     start, first = bench.cycles, len(bench.sink.got)
+    shape = bench.shape
     words: list[int] = []
     bits = 0
     for p in packets:
         cw = encode_codewords(p, book)
-        words += serial_words(pack_serial(cw))
+        words += shape.word_beats(pack_serial(cw))
         bits += cw.total_bits
-    want = [b for p in packets for b in symbol_beats(p)]
+    want_beats = [b for p in packets for b in shape.symbol_beats(p)]
     await bench.feed({"n": [len(p) for p in packets], "i": words})
-    await bench.drain(first + len(want))
-    _check_equal(f"decoder symbols ({book.describe()})", bench.sink.got[first:], want)
-    return Stats(len(want), bits, bench.cycles - start)
+    await bench.drain(first + len(want_beats))
+    _check_beats(f"decoder symbols ({book.describe()})", shape, bench.sink.got[first:], want_beats)
+    return Stats(sum(len(p) for p in packets), bits, bench.cycles - start)
 
 
 async def loopback_packets(
@@ -255,16 +305,16 @@ async def loopback_packets(
     if load:
         await bench.feed({"tw": table_beats(book)})
     start, first = bench.cycles, len(bench.sink.got)
-    want = [b for p in packets for b in symbol_beats(p)]
+    want = [b for p in packets for b in bench.shape.symbol_beats(p)]
     await bench.feed({"n": [len(p) for p in packets], "i": want})
     await bench.drain(first + len(want))
-    _check_equal(f"loopback symbols ({book.describe()})", bench.sink.got[first:], want)
+    _check_beats(f"loopback symbols ({book.describe()})", bench.shape, bench.sink.got[first:], want)
     bits = sum(encode_codewords(p, book).total_bits for p in packets)
-    return Stats(len(want), bits, bench.cycles - start)
+    return Stats(sum(len(p) for p in packets), bits, bench.cycles - start)
 
 
 def illegal_stream(
-    book: Codebook, symbols: np.ndarray, at: int, rng: np.random.Generator
+    book: Codebook, symbols: np.ndarray, at: int, rng: np.random.Generator, shape: Shape = SINGLE
 ) -> list[int]:
     """Golden words of ``symbols`` with an illegal codeword (golden's resolve() rejects it)
     inserted at index ``at``: the decoder must emit exactly the ``at`` symbols before it."""
@@ -288,7 +338,7 @@ def illegal_stream(
             raise AssertionError(f"golden rejects a different codeword: {exc}") from None
     else:
         raise AssertionError("golden accepted the illegal codeword")
-    return serial_words(pack_serial(bad))
+    return shape.word_beats(pack_serial(bad))
 
 
 async def decode_illegal(
@@ -296,7 +346,7 @@ async def decode_illegal(
 ) -> Stats:
     """The decoder emits the symbols before the illegal codeword, raises ``error`` and stops."""
     await bench.feed({"tw": table_beats(book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
-    words = illegal_stream(book, symbols, at, rng)
+    words = illegal_stream(book, symbols, at, rng, bench.shape)
     first = len(bench.sink.got)
     bench.watch_error = True
     bench.sources["n"].queue.append(len(symbols) + 1)
@@ -306,6 +356,6 @@ async def decode_illegal(
     if not bench.port.get("error"):
         raise AssertionError("decoder did not raise error on an illegal codeword")
     want = [int(s) for s in symbols[:at]]
-    got = [g & 0xFF for g in bench.sink.got[first:]]
+    got = [g & 0xFF for g in bench.shape.symbols_of(bench.sink.got[first:])]
     _check_equal("symbols before the illegal codeword", got, want)
     return Stats(at, 0, 0, [f"illegal codeword at symbol {at} flagged"])
