@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -144,6 +145,16 @@ def zipccl_row(x: torch.Tensor, runs: int, copy_bw: float) -> dict[str, object]:
             lambda: _cuda.launch_decode(c.buffer, fmt, table, c.block, c.payload_bytes, y, flag),
             runs) / 1e9
         assert int(flag.item()) == 0
+        if _cuda._kind(fmt, table) == _cuda.FAST_BF16:  # the generic kernels on the same data
+            os.environ["ZIPCCL_FAST"] = "0"
+            try:
+                row["generic_compress_kernel_GBps"] = n / event_median(
+                    lambda: _cuda.launch_encode(x, fmt, table, c.block, out), runs) / 1e9
+                row["generic_decompress_kernel_GBps"] = n / event_median(
+                    lambda: _cuda.launch_decode(c.buffer, fmt, table, c.block, c.payload_bytes,
+                                                y, flag), runs) / 1e9
+            finally:
+                del os.environ["ZIPCCL_FAST"]
     # Memory-bound floor: input read + container written (compress), the reverse (decompress).
     floor = (n + c.nbytes) / copy_bw
     row["compress_of_floor"] = n / float(row["compress_kernel_GBps"]) / 1e9 / floor
@@ -175,8 +186,6 @@ def table_costs(x: torch.Tensor) -> dict[str, float]:
 
 def torch_backend_row(x: torch.Tensor) -> dict[str, float]:
     """The vectorised torch fallback on the GPU (ZIPCCL_BACKEND=torch) for comparison."""
-    import os
-
     os.environ["ZIPCCL_BACKEND"] = "torch"
     try:
         n = x.numel() * x.element_size()

@@ -9,7 +9,7 @@ import zipccl
 
 from golden import container
 from golden.codebook import Codebook
-from golden.formats import E4M3
+from golden.formats import BF16, E4M3
 from tests.test_codec import DTYPES, UINT, bits_np, corrupted, fitted, gaussian, random_bits
 
 pytestmark = [
@@ -127,3 +127,28 @@ def test_gpu_more_than_2_gib() -> None:
     assert c.layout == "split" and c.nbytes < x.numel() * 2
     y = zipccl.decompress(c)
     assert torch.equal(y.view(torch.int16), x.view(torch.int16))
+
+
+@pytest.mark.parametrize("fast", ["1", "0"])
+@pytest.mark.parametrize("literal", [0, 5])
+def test_gpu_byte_escape_tables(fast: str, literal: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """BF16 fast path and generic kernels on ZipCCL-layout tables, with a literal region that is
+    not prefix 0 and with prefixes that have no symbol (illegal in a stream)."""
+    monkeypatch.setenv("ZIPCCL_FAST", fast)
+    widths = [0] * 8
+    widths[literal] = 8
+    book = Codebook(tuple(widths), literal, (127, 126, 128))  # three ranked symbols only
+    x = gaussian(50003, torch.bfloat16, seed=21)
+    gpu_vs_cpu(x, table=book, block=1024)
+    c = zipccl.compress(x.to(CUDA), book, block=1024)
+    sec = container.Sections.of(BF16, x.numel(), 1024)
+    bad = c.buffer.clone()
+    exps = (x.view(torch.int16).to(torch.int64) >> 7) & 0xFF
+    i = int(torch.nonzero((exps >= 126) & (exps <= 128))[0])  # not an escape: size unchanged
+    for j, at in enumerate(sec.prefix):  # element i gets prefix 7: a region with no symbol
+        byte = int(bad[at + i // 8]) & ~(1 << (i % 8))
+        bad[at + i // 8] = byte | (((7 >> j) & 1) << (i % 8))
+    with pytest.raises(ValueError, match="illegal"):
+        zipccl.decompress(bad)
+    with pytest.raises(ValueError, match="illegal"):
+        zipccl.decompress(bad.cpu())

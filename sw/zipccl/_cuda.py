@@ -31,6 +31,7 @@ MAX_BLOCK = 16384  # the payload of one block is staged in shared memory
 MAX_THREADS = 512
 GAPS = 10
 KIND = {"bfloat16": 0, "float16": 1, "float32": 2, "float8_e4m3fn": 3, "float8_e5m2": 3}
+FAST_BF16 = 4  # BF16 under a byte-escape table (ZIPCCL_FAST=0 selects the generic kernels)
 ERRORS = {
     1: "block offsets out of order or out of range",
     2: "a block's payload size disagrees with its prefix planes",
@@ -110,16 +111,58 @@ def available() -> bool:
     return torch.cuda.is_available() and _lib() is not None
 
 
+def byte_escape(table: Codebook) -> bool:
+    """One literal region and every ranked region of width 0 (the ZipCCL exponent layout): the
+    payload is whole escape bytes, which the BF16 fast path handles with byte-wise SIMD."""
+    return table.literal is not None and all(
+        w == 0 for p, w in enumerate(table.widths) if p != table.literal
+    )
+
+
+def _splat(byte: int) -> int:
+    return byte * 0x01010101
+
+
+def _fast_words(table: Codebook) -> list[int]:
+    """The fast path's table words (codec.cu kFastAt): literal prefix, prefix -> symbol bytes,
+    prefix -> illegal bytes, and the (symbol, prefix) pairs of the ranked regions."""
+    if not byte_escape(table):
+        return [0] * 20
+    sym, bad, pairs = [0] * NUM_REGIONS, [0] * NUM_REGIONS, []
+    for p, base in enumerate(table.bases):
+        if p == table.literal:
+            continue
+        if base < table.num_ranked:
+            sym[p] = table.ranks[base]
+            pairs.append((table.ranks[base], p))
+        else:
+            bad[p] = 0xFF
+    words = [int(table.literal), *(int.from_bytes(bytes(v[i : i + 4]), "little")
+                                   for v in (sym, bad) for i in (0, 4))]
+    words.append(len(pairs))
+    for symbol, p in pairs + [(0, 0)] * (7 - len(pairs)):
+        words += [_splat(symbol), _splat(p)]
+    return words
+
+
 @functools.lru_cache(maxsize=64)
 def _table_words(table: Codebook) -> tuple[int, ...]:
-    """The int32 table image codec.cu reads (encoder codes, regions, ranks, rank count)."""
+    """The int32 table image codec.cu reads (encoder codes, regions, ranks, rank count, fast)."""
     pre, value, length = table.encoder_lut()
     width = length.astype(int) - 3
     enc = [int(v) | int(p) << 8 | int(w) << 12 for p, v, w in zip(pre, value, width, strict=True)]
     rw, base, lit = table.region_table()
     regions = [int(w) | int(b) << 4 | int(x) << 15 for w, b, x in zip(rw, base, lit, strict=True)]
     assert len(enc) == ALPHABET and len(regions) == NUM_REGIONS
-    return (*enc, *regions, *(int(s) for s in table.rank_lut()), table.num_ranked)
+    words = [*enc, *regions, *(int(s) for s in table.rank_lut()), table.num_ranked]
+    words += _fast_words(table)
+    return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)  # as int32
+
+
+def _kind(fmt: FloatFormat, table: Codebook) -> int:
+    if fmt.name == "bfloat16" and byte_escape(table) and os.environ.get("ZIPCCL_FAST", "1") != "0":
+        return FAST_BF16
+    return KIND[fmt.name]
 
 
 _TABLES: dict[tuple[int, torch.device], tuple[Codebook, torch.Tensor]] = {}
@@ -182,7 +225,7 @@ def launch_encode(
     assert lib is not None
     with _on(x.device):
         _check(lib.zipccl_encode(
-            KIND[fmt.name], x.data_ptr(), out.data_ptr(), ctypes.byref(lay),
+            _kind(fmt, table), x.data_ptr(), out.data_ptr(), ctypes.byref(lay),
             _table_tensor(table, x.device).data_ptr(), work.data_ptr(),
             torch.cuda.current_stream().cuda_stream,
         ))
@@ -213,7 +256,7 @@ def launch_decode(
     assert lib is not None
     with _on(buf.device):
         _check(lib.zipccl_decode(
-            KIND[fmt.name], buf.data_ptr(), out.data_ptr(), ctypes.byref(lay),
+            _kind(fmt, table), buf.data_ptr(), out.data_ptr(), ctypes.byref(lay),
             _table_tensor(table, buf.device).data_ptr(), flag.data_ptr(), int(clear),
             torch.cuda.current_stream().cuda_stream,
         ))

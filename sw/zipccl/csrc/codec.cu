@@ -41,6 +41,41 @@ constexpr int kErrOffsets = 1, kErrSize = 2, kErrRank = 4, kErrPadding = 8, kErr
 // Table words (int32): [0,256) encoder: payload | prefix << 8 | width << 12;
 // [256,264) regions: width | base << 4 | literal << 15; [264,520) rank -> symbol; [520] count.
 constexpr int kRegionAt = 256, kRankAt = 264, kCountAt = 520;
+// Byte-escape tables (one literal region, every ranked region of width 0: the ZipCCL exponent
+// layout) also carry, for the BF16 fast path: [521] literal prefix L, [522..523] prefix -> symbol
+// bytes, [524..525] prefix -> 0xFF if the prefix is illegal, [526] m, then m pairs
+// (symbol splat to 4 bytes, its prefix splat to 4 bytes).
+constexpr int kFastAt = 521;
+
+// The fast path's table in registers.
+struct Fast {
+  uint32_t lit, sym_lo, sym_hi, bad_lo, bad_hi, m, sym[7], pre[7];
+};
+
+__device__ inline Fast load_fast(const int32_t* tab) {
+  Fast f;
+  f.lit = static_cast<uint32_t>(tab[kFastAt]) * 0x01010101u;
+  f.sym_lo = tab[kFastAt + 1], f.sym_hi = tab[kFastAt + 2];
+  f.bad_lo = tab[kFastAt + 3], f.bad_hi = tab[kFastAt + 4];
+  f.m = tab[kFastAt + 5];
+#pragma unroll
+  for (int i = 0; i < 7; ++i) f.sym[i] = tab[kFastAt + 6 + 2 * i], f.pre[i] = tab[kFastAt + 7 + 2 * i];
+  return f;
+}
+
+// 0xFF in each of the first `cnt` bytes of the low (hi=false) or high word of 8 elements.
+__device__ inline uint32_t valid_bytes(int cnt, bool hi) {
+  const int c = hi ? cnt - 4 : cnt;
+  return c >= 4 ? 0xffffffffu : c <= 0 ? 0u : (1u << (8 * c)) - 1u;
+}
+
+// Bit k of a byte -> bit 0 of byte k, for bits 0..3 (nibble) of `b`.
+__device__ inline uint32_t spread4(uint32_t b) { return ((b & 0xfu) * 0x00204081u) & 0x01010101u; }
+
+// Bit j of bytes 0..3 of `x` -> bits 0..3.
+__device__ inline uint32_t gather4(uint32_t x, int j) {
+  return ((((x >> j) & 0x01010101u) * 0x01020408u) >> 24) & 0xfu;
+}
 
 template <int BITS> struct Uint;
 template <> struct Uint<8> { using T = uint8_t; };
@@ -286,15 +321,82 @@ __device__ inline void enc_load(const typename F::T* in, const Layout& L, long l
 
 // Code block b (input in registers) into the container; the CTA's shared payload stream must be
 // zero on entry. Returns after the payload and the block offset are written.
-template <class F>
+__device__ inline void enc_finish(long long b, uint32_t total, uint8_t* out, const Layout& L,
+                                  const uint32_t* s_pay, unsigned long long* s_excl,
+                                  unsigned long long* work);
+
+// BF16 under a byte-escape table, 8 elements in SIMD-within-a-register steps: exponent and raw
+// bytes by byte permutes, prefixes by 4-byte compares, planes by multiply-gathers. Leaves the 8
+// exponent bytes and the escape byte mask (0xff per escaped element) for the payload pass.
+__device__ inline uint32_t enc_group_fast(const uint32_t w[4], int cnt, long long e, uint8_t* out,
+                                          const Layout& L, const Fast& f, uint32_t ex[2],
+                                          uint32_t esc[2]) {
+  uint32_t e2[4], r2[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    e2[i] = (w[i] >> 7) & 0x00ff00ffu;
+    r2[i] = (w[i] & 0x007f007fu) | ((w[i] >> 8) & 0x00800080u);
+  }
+  ex[0] = __byte_perm(e2[0], e2[1], 0x6420), ex[1] = __byte_perm(e2[2], e2[3], 0x6420);
+  const uint32_t raw_lo = __byte_perm(r2[0], r2[1], 0x6420);
+  const uint32_t raw_hi = __byte_perm(r2[2], r2[3], 0x6420);
+  uint32_t pre[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t p = f.lit;
+#pragma unroll
+    for (int i = 0; i < 7; ++i) {
+      if (i < f.m) {
+        const uint32_t hit = __vcmpeq4(ex[h], f.sym[i]);
+        p = (p & ~hit) | (f.pre[i] & hit);
+      }
+    }
+    const uint32_t valid = valid_bytes(cnt, h);
+    pre[h] = p & valid;
+    esc[h] = __vcmpeq4(p, f.lit) & valid;
+  }
+  if (cnt) {
+    store_bytes(out + L.raw_byte_at[0] + e, cnt,
+                raw_lo | static_cast<unsigned long long>(raw_hi) << 32);
+#pragma unroll
+    for (int j = 0; j < 3; ++j)
+      out[L.prefix_at[j] + e / 8] = gather4(pre[0], j) | gather4(pre[1], j) << 4;
+  }
+  return (__popc(esc[0]) + __popc(esc[1]));  // 8 bits per escape
+}
+
+template <class F, bool Z>
 __device__ inline void enc_block(const EncIn<F>& x, long long b, uint8_t* out, const Layout& L,
-                                 const uint32_t* s_code, unsigned long long* s_scan,
-                                 uint32_t* s_pay, unsigned long long* s_excl,
-                                 unsigned long long* work) {
+                                 const uint32_t* s_code, const Fast& f,
+                                 unsigned long long* s_scan, uint32_t* s_pay,
+                                 unsigned long long* s_excl, unsigned long long* work) {
   using T = typename F::T;
   long long e0[kGroups];
   int cnt[kGroups];
   uint32_t nbits[kGroups];
+  if constexpr (Z) {
+    uint32_t ex[kGroups][2], esc[kGroups][2];
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      cnt[g] = group_count(L, b * L.block, g, e0[g]);
+      nbits[g] = enc_group_fast(x.w[g], cnt[g], e0[g], out, L, f, ex[g], esc[g]);
+    }
+    uint32_t pos[kGroups], total;
+    group_positions(nbits, s_scan, pos, total);
+    uint8_t* s_bytes = reinterpret_cast<uint8_t*>(s_pay);
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      uint32_t at = pos[g] >> 3;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        if ((esc[g][k >> 2] >> (8 * (k & 3))) & 1u) {
+          s_bytes[at++] = static_cast<uint8_t>(ex[g][k >> 2] >> (8 * (k & 3)));
+        }
+      }
+    }
+    enc_finish(b, total, out, L, s_pay, s_excl, work);
+    return;
+  }
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     cnt[g] = group_count(L, b * L.block, g, e0[g]);
@@ -344,6 +446,13 @@ __device__ inline void enc_block(const EncIn<F>& x, long long b, uint8_t* out, c
     }
     if (n) emit_bits(s_pay, pos[g], acc, n);
   }
+  enc_finish(b, total, out, L, s_pay, s_excl, work);
+}
+
+// After the CTA's payload stream is in shared memory: look back, write offset and payload.
+__device__ inline void enc_finish(long long b, uint32_t total, uint8_t* out, const Layout& L,
+                                  const uint32_t* s_pay, unsigned long long* s_excl,
+                                  unsigned long long* work) {
   __syncthreads();
   const uint32_t nbytes = (total + 7u) >> 3;
   if (threadIdx.x < 32) {
@@ -365,7 +474,7 @@ __device__ inline void enc_block(const EncIn<F>& x, long long b, uint8_t* out, c
 
 // Persistent CTAs take block ids from an atomic counter (so every earlier id belongs to a running
 // CTA and the look-back cannot deadlock) and load the next block while coding the current one.
-template <class F>
+template <class F, bool Z>
 __global__ void __launch_bounds__(kMaxThreads)
 encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
               const int32_t* __restrict__ tab, unsigned long long* __restrict__ work) {
@@ -378,6 +487,7 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
   const int T = blockDim.x;
   const int words = static_cast<int>(L.block / 4) + 1;
   for (int i = threadIdx.x; i < 256; i += T) s_code[i] = tab[i];
+  const Fast f = Z ? load_fast(tab) : Fast{};
   if (threadIdx.x == 0) s_bid[0] = static_cast<long long>(atomicAdd(work, 1ull));
   if (blockIdx.x == 0) {  // the alignment gaps between sections are zero in golden's buffers
     for (int g = 0; g < L.ngaps; ++g)
@@ -393,7 +503,7 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
     __syncthreads();
     const long long next = s_bid[1];
     if (next < L.nb) enc_load<F>(in, L, next, nxt);
-    enc_block<F>(cur, b, out, L, s_code, s_scan, s_pay, &s_excl, work);
+    enc_block<F, Z>(cur, b, out, L, s_code, f, s_scan, s_pay, &s_excl, work);
     cur = nxt;
     b = next;
     __syncthreads();  // the payload copy-out has read s_pay before it is cleared again
@@ -439,10 +549,51 @@ __device__ inline uint32_t prefix_of(uint32_t planes, int k) {
 }
 
 // Decode block b; returns the error bits found (the caller ORs them into the flag).
-template <class F>
+// BF16 under a byte-escape table: prefixes by multiply-spreads, exponents by a byte-permute
+// lookup (8 prefixes -> 8 symbols), escapes patched from the staged payload, output by permutes.
+__device__ inline void dec_group_fast(uint32_t planes, unsigned long long rb, int cnt, uint32_t at,
+                                      int len, const uint8_t* s_bytes, const Fast& f,
+                                      uint16_t* out, int& err) {
+  uint32_t ex[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t pre = 0;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) pre |= spread4(planes >> (8 * j + 4 * h)) << j;
+    const uint32_t y = pre | (pre >> 4);
+    const uint32_t sel = __byte_perm(y, 0u, 0x4420);
+    const uint32_t valid = valid_bytes(cnt, h);
+    if (__byte_perm(f.bad_lo, f.bad_hi, sel) & valid) err |= kErrRank;
+    uint32_t e = __byte_perm(f.sym_lo, f.sym_hi, sel);
+    const uint32_t esc = __vcmpeq4(pre, f.lit) & valid;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if ((esc >> (8 * k)) & 1u) {
+        const uint32_t byte = s_bytes[min(at, static_cast<uint32_t>(len))];
+        e = (e & ~(0xffu << (8 * k))) | byte << (8 * k);
+        at += 1;
+      }
+    }
+    ex[h] = e;
+  }
+  const uint32_t raw[2] = {static_cast<uint32_t>(rb), static_cast<uint32_t>(rb >> 32)};
+  uint32_t v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t t = __byte_perm(raw[i >> 1], ex[i >> 1], (i & 1) ? 0x7362 : 0x5140);
+    v[i] = ((t >> 1) & 0x7f807f80u) | (t & 0x007f007fu) | ((t & 0x00800080u) << 8);
+  }
+  if (cnt == 8 && aligned(out, 16)) {
+    *reinterpret_cast<uint4*>(out) = make_uint4(v[0], v[1], v[2], v[3]);
+  } else {
+    for (int k = 0; k < cnt; ++k) out[k] = static_cast<uint16_t>(v[k >> 1] >> (16 * (k & 1)));
+  }
+}
+
+template <class F, bool Z>
 __device__ inline int dec_block(const DecIn<F>& x, long long b, const uint8_t* buf,
                                 typename F::T* out, const Layout& L, const uint32_t* s_region,
-                                const uint8_t* s_rank, uint32_t nranked,
+                                const uint8_t* s_rank, uint32_t nranked, const Fast& f,
                                 unsigned long long* s_scan, uint8_t* s_bytes) {
   if (!(x.lo <= x.hi && x.hi <= static_cast<unsigned long long>(L.payload_bytes) &&
         x.hi - x.lo <= static_cast<unsigned long long>(L.block)))
@@ -458,9 +609,20 @@ __device__ inline int dec_block(const DecIn<F>& x, long long b, const uint8_t* b
   for (int g = 0; g < kGroups; ++g) {
     cnt[g] = group_count(L, b * L.block, g, e0[g]);
     nbits[g] = 0;
+    if constexpr (Z) {
+      uint32_t pre[2];
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
-      if (k < cnt[g]) nbits[g] += s_region[prefix_of(x.planes[g], k)] & 15u;
+      for (int h = 0; h < 2; ++h) {
+        pre[h] = 0;
+#pragma unroll
+        for (int j = 0; j < 3; ++j) pre[h] |= spread4(x.planes[g] >> (8 * j + 4 * h)) << j;
+        nbits[g] += __popc(__vcmpeq4(pre[h], f.lit) & valid_bytes(cnt[g], h));
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (k < cnt[g]) nbits[g] += s_region[prefix_of(x.planes[g], k)] & 15u;
+    }
   }
   uint32_t pos[kGroups], total;
   group_positions(nbits, s_scan, pos, total);
@@ -468,6 +630,11 @@ __device__ inline int dec_block(const DecIn<F>& x, long long b, const uint8_t* b
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     if (!cnt[g]) continue;
+    if constexpr (Z) {
+      dec_group_fast(x.planes[g], x.rb[g][0], cnt[g], pos[g] >> 3, len, s_bytes, f,
+                     reinterpret_cast<uint16_t*>(out) + e0[g], err);
+      continue;
+    }
     uint32_t v[8], at = pos[g];
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -507,7 +674,7 @@ __device__ inline int dec_block(const DecIn<F>& x, long long b, const uint8_t* b
 }
 
 // Persistent CTAs stride over the blocks, loading the next block while decoding the current one.
-template <class F>
+template <class F, bool Z>
 __global__ void __launch_bounds__(kMaxThreads)
 decode_kernel(const uint8_t* __restrict__ buf, typename F::T* __restrict__ out, const Layout L,
               const int32_t* __restrict__ tab, int* __restrict__ flag) {
@@ -520,6 +687,7 @@ decode_kernel(const uint8_t* __restrict__ buf, typename F::T* __restrict__ out, 
   if (threadIdx.x < 8) s_region[threadIdx.x] = tab[kRegionAt + threadIdx.x];
   for (int i = threadIdx.x; i < 256; i += T) s_rank[i] = static_cast<uint8_t>(tab[kRankAt + i]);
   const uint32_t nranked = tab[kCountAt];
+  const Fast f = Z ? load_fast(tab) : Fast{};
   int err = 0;
   DecIn<F> cur, nxt;
   long long b = blockIdx.x;
@@ -527,7 +695,7 @@ decode_kernel(const uint8_t* __restrict__ buf, typename F::T* __restrict__ out, 
   __syncthreads();
   for (; b < L.nb; b += gridDim.x) {
     if (b + gridDim.x < L.nb) dec_load<F>(buf, L, b + gridDim.x, nxt);
-    err |= dec_block<F>(cur, b, buf, out, L, s_region, s_rank, nranked, s_scan, s_bytes);
+    err |= dec_block<F, Z>(cur, b, buf, out, L, s_region, s_rank, nranked, f, s_scan, s_bytes);
     cur = nxt;
     __syncthreads();  // s_bytes is restaged for the next block
   }
@@ -545,34 +713,35 @@ unsigned resident_grid(K kernel, int threads, size_t smem, long long nb) {
   return static_cast<unsigned>(grid < nb ? grid : nb);
 }
 
-template <class F>
+template <class F, bool Z = false>
 int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab, void* work,
                   cudaStream_t s) {
   cudaError_t e = cudaMemsetAsync(work, 0, (L->nb + 2) * sizeof(unsigned long long), s);
   if (e != cudaSuccess) return e;
   const size_t smem = (L->block / 4 + 1) * sizeof(uint32_t);
   const int threads = static_cast<int>(L->threads);
-  const unsigned grid = resident_grid(encode_kernel<F>, threads, smem, L->nb);
-  encode_kernel<F><<<grid, threads, smem, s>>>(
+  const unsigned grid = resident_grid(encode_kernel<F, Z>, threads, smem, L->nb);
+  encode_kernel<F, Z><<<grid, threads, smem, s>>>(
       static_cast<const typename F::T*>(in), static_cast<uint8_t*>(out), *L, tab,
       static_cast<unsigned long long*>(work));
   return cudaGetLastError();
 }
 
-template <class F>
+template <class F, bool Z = false>
 int launch_decode(const void* buf, void* out, const Layout* L, const int32_t* tab, int* flag,
                   cudaStream_t s) {
   const size_t smem = L->block + 2;
   const int threads = static_cast<int>(L->threads);
-  const unsigned grid = resident_grid(decode_kernel<F>, threads, smem, L->nb);
-  decode_kernel<F><<<grid, threads, smem, s>>>(
+  const unsigned grid = resident_grid(decode_kernel<F, Z>, threads, smem, L->nb);
+  decode_kernel<F, Z><<<grid, threads, smem, s>>>(
       static_cast<const uint8_t*>(buf), static_cast<typename F::T*>(out), *L, tab, flag);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-// kind: 0 bfloat16, 1 float16, 2 float32, 3 FP8 (both formats code the whole byte).
+// kind: 0 bfloat16, 1 float16, 2 float32, 3 FP8 (both formats code the whole byte),
+// 4 bfloat16 under a byte-escape table (the fast path).
 extern "C" int zipccl_encode(int kind, const void* in, void* out, const Layout* L,
                              const int32_t* tab, void* work, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -581,6 +750,7 @@ extern "C" int zipccl_encode(int kind, const void* in, void* out, const Layout* 
     case 1: return launch_encode<FP16>(in, out, L, tab, work, s);
     case 2: return launch_encode<FP32>(in, out, L, tab, work, s);
     case 3: return launch_encode<FP8>(in, out, L, tab, work, s);
+    case 4: return launch_encode<BF16, true>(in, out, L, tab, work, s);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -598,6 +768,7 @@ extern "C" int zipccl_decode(int kind, const void* buf, void* out, const Layout*
     case 1: return launch_decode<FP16>(buf, out, L, tab, flag, s);
     case 2: return launch_decode<FP32>(buf, out, L, tab, flag, s);
     case 3: return launch_decode<FP8>(buf, out, L, tab, flag, s);
+    case 4: return launch_decode<BF16, true>(buf, out, L, tab, flag, s);
     default: return cudaErrorInvalidValue;
   }
 }
