@@ -2,9 +2,10 @@
 
 Every op is a drop-in for its torch.distributed namesake (same arguments, same result tensor
 contents) plus two keyword-only extras: ``table`` (a Codebook every rank must pass identically;
-default: each rank's own theory table, carried inside its buffers) and ``verify`` (default True:
-exchange the descriptor that turns mismatched calls into an error on every rank; the DDP hook turns
-it off because DDP already guarantees identical buckets).
+default: each rank's own theory table, carried inside its buffers) and ``verify`` (default
+``ZIPCCL_VERIFY``, itself default 1: exchange the descriptor that turns mismatched calls into an
+error on every rank. It costs one small collective and a host sync per call; the DDP hook turns it
+off because DDP already guarantees identical buckets. all_to_all_single always verifies).
 
 Protocols (the compressed buffer is golden/container.py's: a *fixed part* -- header, raw planes,
 prefix planes, block offsets -- whose size follows from dtype and numel alone, then a variable
@@ -29,6 +30,7 @@ while chunk k travels on NCCL's stream and chunk k-1 is decompressed on a third.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -98,11 +100,20 @@ def _table_hash(table: Codebook | None) -> int:
     return table.hash64 if table is not None else 0
 
 
+def verify_default() -> bool:
+    """``ZIPCCL_VERIFY`` (default 1): 0 skips the descriptor exchange where ``verify`` is None."""
+    value = os.environ.get("ZIPCCL_VERIFY", "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"ZIPCCL_VERIFY must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
-           fields: Sequence[int], table: Codebook | None, verify: bool,
+           fields: Sequence[int], table: Codebook | None, verify: bool | None,
            red: ReduceOp | None = None) -> tuple[_Agreed, torch.Tensor | None]:
-    """Exchange the descriptor (unless ``verify`` is off), check it, pick the strategy."""
+    """Exchange the descriptor (unless verification is off), check it, pick the strategy."""
     mode = switch.mode()
+    verify = verify_default() if verify is None else verify
     red_code = -1 if red is None else _red_code(red)
     head = [_OP_CODES[name], err, dtype_code(dtype), to_i64(_table_hash(table)),
             _MODE_CODES[mode], red_code, nbytes]
@@ -202,27 +213,45 @@ def _pack(x: torch.Tensor, table: Codebook | None) -> _Packed:
     return _Packed(store, fixed, c.nbytes)
 
 
-def _sizes_from_headers(heads: torch.Tensor) -> list[int]:
-    """Total buffer length of each received buffer, from its header rows (one D2H copy)."""
+def _own_table(a: _Agreed, source: torch.Tensor) -> Codebook | None:
+    """The table for every chunk of this call: the agreed one, else this rank's theory table.
+
+    Built once per call, not per chunk: the statistics pass and its host sync are the codec's
+    largest fixed cost.
+    """
+    if a.table is not None or source.numel() == 0:
+        return a.table
+    return codec.default_table(source)
+
+
+def _headers(heads: torch.Tensor) -> list[Header]:
+    """The received buffers' headers, from their first HEADER_BYTES rows (one D2H copy)."""
     rows = heads[:, :HEADER_BYTES].cpu().numpy()
-    out = []
-    for row in rows:
-        try:
-            h = Header.unpack(row.tobytes())
-        except ValueError as exc:
-            raise ValueError(f"received a corrupt compressed header: {exc}") from None
-        out.append(raw_size(h.fmt, h.numel) if h.layout == LAYOUT_RAW
-                   else split_size(h.fmt, h.numel, h.block, h.payload_bytes))
-    return out
+    try:
+        return [Header.unpack(row.tobytes()) for row in rows]
+    except ValueError as exc:
+        raise ValueError(f"received a corrupt compressed header: {exc}") from None
 
 
-def _unpack(fixed: torch.Tensor, payload: torch.Tensor, nbytes: int, out: torch.Tensor) -> None:
-    """Join a received fixed part and payload into one buffer and decode it into ``out``."""
+def _total(h: Header) -> int:
+    """A buffer's whole length, from its header."""
+    if h.layout == LAYOUT_RAW:
+        return raw_size(h.fmt, h.numel)
+    return split_size(h.fmt, h.numel, h.block, h.payload_bytes)
+
+
+def _unpack(fixed: torch.Tensor, payload: torch.Tensor, h: Header, out: torch.Tensor) -> None:
+    """Join a received fixed part and payload into one buffer and decode it into ``out``.
+
+    The header was parsed and checked already (``_headers``), so the Compressed is built from it
+    rather than by parsing the device buffer's header a second time.
+    """
+    nbytes = _total(h)
     buf = torch.empty(nbytes, dtype=torch.uint8, device=fixed.device)
     head = min(nbytes, fixed.numel())
     buf[:head].copy_(fixed[:head])
     buf[head:].copy_(payload[: nbytes - head])
-    codec.decompress(codec.Compressed.from_buffer(buf), out=out)
+    codec.decompress(codec.Compressed._of(buf, h), out=out)
 
 
 def _pipeline(chunks: int, start: Callable[[int], object],
@@ -247,7 +276,7 @@ def _done(work: object, async_op: bool) -> object:
 
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                            group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-                           table: Codebook | None = None, verify: bool = True) -> object:
+                           table: Codebook | None = None, verify: bool | None = None) -> object:
     """torch.distributed.all_gather_into_tensor, compressed where it pays."""
     if switch.mode() == "never":
         return dist.all_gather_into_tensor(_wire(output_tensor), _wire(input_tensor), group,
@@ -286,11 +315,12 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
     rows = out.view(g.world, n)
     streams = streams_for(g)
     keep: list[object] = []  # every temporary lives until the caller's stream is re-joined
+    table = _own_table(a, inp)
 
     def start(k: int) -> object:
         s, m = pieces[k]
         with streams.on(streams.compress):
-            p = _pack(inp[s : s + m], a.table)
+            p = _pack(inp[s : s + m], table)
             fixed = torch.empty(g.world * p.fixed, dtype=torch.uint8, device=g.device)
             work = dist.all_gather_into_tensor(fixed, p.head, group=g.pg, async_op=True)
         keep.extend((p, fixed))
@@ -302,8 +332,8 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
         with streams.on(streams.decompress):
             work.wait()
             heads = fixed.view(g.world, p.fixed)
-            sizes = _sizes_from_headers(heads)
-            width = max(max(0, size - p.fixed) for size in sizes)
+            found = _headers(heads)
+            width = max(max(0, _total(h) - p.fixed) for h in found)
             payload = torch.empty(g.world * width, dtype=torch.uint8, device=g.device)
             send = torch.zeros(width, dtype=torch.uint8, device=g.device)
             send[: p.tail.numel()].copy_(p.tail)
@@ -316,7 +346,7 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
                 if r == g.rank:
                     rows[r, s : s + m].copy_(inp[s : s + m])
                 else:
-                    _unpack(heads[r], tails[r], sizes[r], rows[r, s : s + m])
+                    _unpack(heads[r], tails[r], found[r], rows[r, s : s + m])
 
     pieces = _pieces(n, a.chunks)
     with ordered(g, streams):
@@ -325,7 +355,7 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
                group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-               table: Codebook | None = None, verify: bool = True) -> object:
+               table: Codebook | None = None, verify: bool | None = None) -> object:
     """torch.distributed.all_gather (equal shapes), through all_gather_into_tensor."""
     same = all(t.shape == tensor.shape and t.dtype == tensor.dtype for t in tensor_list)
     if switch.mode() == "never" or not same:
@@ -365,7 +395,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
     inner = _inner(input)
     send = _segments(_flat(input), [s * inner for s in ins])
     recv = _segments(_flat(output), [s * inner for s in outs])
-    _a2a_compressed(agreed, send, recv)
+    _a2a_compressed(agreed, send, recv, _flat(input))
     return _done(None, async_op)
 
 
@@ -414,19 +444,22 @@ def _segments(flat: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
     return out
 
 
-def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tensor]) -> None:
-    """Two-phase compressed all-to-all of flat segments: fixed parts, then exact payloads."""
+def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tensor],
+                    source: torch.Tensor) -> None:
+    """Two-phase compressed all-to-all of flat segments (views of ``source``): fixed parts, then
+    payloads with the exact sizes read from the received headers."""
     g = a.g
     streams = streams_for(g)
     keep: list[object] = []
     fixed_of = codec.fixed_part_bytes
+    table = _own_table(a, source)
 
     def start(k: int) -> object:
         with streams.on(streams.compress):
             packs, heads = [], []
             for j, seg in enumerate(send):
                 s, m = _pieces(seg.numel(), a.chunks)[k]
-                p = _pack(seg[s : s + m], a.table) if m and j != g.rank else None
+                p = _pack(seg[s : s + m], table) if m and j != g.rank else None
                 packs.append(p)
                 heads.append(p.head if p is not None else seg.new_empty(0, dtype=torch.uint8))
             in_sizes = [h.numel() for h in heads]
@@ -446,10 +479,9 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
             work.wait()
             got = _segments(fixed, out_sizes)
             live = [i for i, size in enumerate(out_sizes) if size]
-            totals = dict(zip(live, _sizes_from_headers(torch.stack([got[i][:HEADER_BYTES]
-                                                                     for i in live]))
-                              if live else [], strict=True))
-            recv_tail = [max(0, totals[i] - out_sizes[i]) if i in totals else 0
+            found = dict(zip(live, _headers(torch.stack([got[i][:HEADER_BYTES] for i in live]))
+                             if live else [], strict=True))
+            recv_tail = [max(0, _total(found[i]) - out_sizes[i]) if i in found else 0
                          for i in range(g.world)]
             tails = [p.tail if p is not None else fixed.new_empty(0) for p in packs]
             payload = torch.empty(sum(recv_tail), dtype=torch.uint8, device=g.device)
@@ -463,7 +495,7 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
                     ss, mm = _pieces(send[i].numel(), a.chunks)[k]
                     recv[i][s : s + m].copy_(send[i][ss : ss + mm])
                 elif m:
-                    _unpack(got[i], tail, totals[i], recv[i][s : s + m])
+                    _unpack(got[i], tail, found[i], recv[i][s : s + m])
 
     with ordered(g, streams):
         _pipeline(a.chunks, start, finish)
@@ -495,7 +527,7 @@ def reference_reduce(parts: Sequence[torch.Tensor], op: ReduceOp = ReduceOp.SUM)
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
                           op: ReduceOp = ReduceOp.SUM, group: dist.ProcessGroup | None = None,
                           async_op: bool = False, *, table: Codebook | None = None,
-                          verify: bool = True) -> object:
+                          verify: bool | None = None) -> object:
     """torch.distributed.reduce_scatter_tensor with the deterministic fp32 reduction."""
     if switch.mode() == "never":
         return dist.reduce_scatter_tensor(output, input, op, group, async_op)
@@ -522,7 +554,7 @@ def _reduce_scatter(a: _Agreed, inp: torch.Tensor, out: torch.Tensor, op: Reduce
         return
     staging = torch.empty_like(inp).view(g.world, -1)
     if a.strategy == switch.COMPRESSED:
-        _a2a_compressed(a, list(inp.view(g.world, -1)), list(staging))
+        _a2a_compressed(a, list(inp.view(g.world, -1)), list(staging), inp)
     else:
         dist.all_to_all_single(_wire(staging), _wire(inp), group=g.pg)
     out.copy_(reference_reduce(list(staging), op))
@@ -530,7 +562,7 @@ def _reduce_scatter(a: _Agreed, inp: torch.Tensor, out: torch.Tensor, op: Reduce
 
 def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
                group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-               table: Codebook | None = None, verify: bool = True) -> object:
+               table: Codebook | None = None, verify: bool | None = None) -> object:
     """torch.distributed.all_reduce as reduce-scatter + all-gather, each compressed where it pays.
 
     Every rank ends with the same bits: the rank-order fp32 reduction of its shard, all-gathered
@@ -581,7 +613,7 @@ def _all_reduce(a: _Agreed, tensor: torch.Tensor, op: ReduceOp) -> None:
 
 def broadcast(tensor: torch.Tensor, src: int | None = None,
               group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-              table: Codebook | None = None, verify: bool = True) -> object:
+              table: Codebook | None = None, verify: bool | None = None) -> object:
     """torch.distributed.broadcast (``src`` a global rank), compressed where it pays."""
     src = 0 if src is None else src
     if switch.mode() == "never":
@@ -606,12 +638,13 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, src: int, group_src: i
     streams = streams_for(g)
     keep: list[object] = []
     sender = g.rank == group_src
+    table = _own_table(a, flat) if sender else None
 
     def start(k: int) -> object:
         s, m = pieces[k]
         fixed = codec.fixed_part_bytes(flat.dtype, m)
         with streams.on(streams.compress):
-            p = _pack(flat[s : s + m], a.table) if sender else None
+            p = _pack(flat[s : s + m], table) if sender else None
             head = p.head if p is not None else torch.empty(fixed, dtype=torch.uint8,
                                                             device=g.device)
             work = dist.broadcast(head, src, group=g.pg, async_op=True)
@@ -630,12 +663,13 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, src: int, group_src: i
             return
         with streams.on(streams.decompress):
             work.wait()
-            total = _sizes_from_headers(head[None, :HEADER_BYTES])[0]
-            tail = torch.empty(max(0, total - head.numel()), dtype=torch.uint8, device=g.device)
+            found = _headers(head[None, :HEADER_BYTES])[0]
+            tail = torch.empty(max(0, _total(found) - head.numel()), dtype=torch.uint8,
+                               device=g.device)
             if tail.numel():
                 dist.broadcast(tail, src, group=g.pg, async_op=True).wait()
             keep.append(tail)
-            _unpack(head, tail, total, flat[s : s + m])
+            _unpack(head, tail, found, flat[s : s + m])
 
     pieces = _pieces(flat.numel(), a.chunks)
     with ordered(g, streams):
