@@ -145,7 +145,7 @@ def zipccl_row(x: torch.Tensor, runs: int, copy_bw: float) -> dict[str, object]:
             lambda: _cuda.launch_decode(c.buffer, fmt, table, c.block, c.payload_bytes, y, flag),
             runs) / 1e9
         assert int(flag.item()) == 0
-        if _cuda._kind(fmt, table) == _cuda.FAST_BF16:  # the generic kernels on the same data
+        if _cuda._kind(fmt, table, c.block) == _cuda.FAST_BF16:  # generic kernels, same data
             os.environ["ZIPCCL_FAST"] = "0"
             try:
                 row["generic_compress_kernel_GBps"] = n / event_median(

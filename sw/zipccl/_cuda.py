@@ -32,6 +32,7 @@ MAX_THREADS = 512
 GAPS = 10
 KIND = {"bfloat16": 0, "float16": 1, "float32": 2, "float8_e4m3fn": 3, "float8_e5m2": 3}
 FAST_BF16 = 4  # BF16 under a byte-escape table (ZIPCCL_FAST=0 selects the generic kernels)
+FAST_BLOCK = 4096
 ERRORS = {
     1: "block offsets out of order or out of range",
     2: "a block's payload size disagrees with its prefix planes",
@@ -159,10 +160,10 @@ def _table_words(table: Codebook) -> tuple[int, ...]:
     return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)  # as int32
 
 
-def _kind(fmt: FloatFormat, table: Codebook) -> int:
-    if fmt.name == "bfloat16" and byte_escape(table) and os.environ.get("ZIPCCL_FAST", "1") != "0":
-        return FAST_BF16
-    return KIND[fmt.name]
+def _kind(fmt: FloatFormat, table: Codebook, block: int) -> int:
+    """Kernel choice: the BF16 fast path is built for block 4096 (128 threads, 8 CTAs per SM)."""
+    fast = fmt.name == "bfloat16" and block == FAST_BLOCK and byte_escape(table)
+    return FAST_BF16 if fast and os.environ.get("ZIPCCL_FAST", "1") != "0" else KIND[fmt.name]
 
 
 _TABLES: dict[tuple[int, torch.device], tuple[Codebook, torch.Tensor]] = {}
@@ -225,7 +226,7 @@ def launch_encode(
     assert lib is not None
     with _on(x.device):
         _check(lib.zipccl_encode(
-            _kind(fmt, table), x.data_ptr(), out.data_ptr(), ctypes.byref(lay),
+            _kind(fmt, table, block), x.data_ptr(), out.data_ptr(), ctypes.byref(lay),
             _table_tensor(table, x.device).data_ptr(), work.data_ptr(),
             torch.cuda.current_stream().cuda_stream,
         ))
@@ -256,7 +257,7 @@ def launch_decode(
     assert lib is not None
     with _on(buf.device):
         _check(lib.zipccl_decode(
-            _kind(fmt, table), buf.data_ptr(), out.data_ptr(), ctypes.byref(lay),
+            _kind(fmt, table, block), buf.data_ptr(), out.data_ptr(), ctypes.byref(lay),
             _table_tensor(table, buf.device).data_ptr(), flag.data_ptr(), int(clear),
             torch.cuda.current_stream().cuda_stream,
         ))

@@ -29,6 +29,7 @@ struct Layout {
 namespace {
 
 constexpr int kMaxThreads = 512;
+constexpr int kFastThreads = 128;  // the fast path runs block = 4096 only: 8 CTAs of 128 per SM
 constexpr int kGroups = 4;  // groups of 8 elements per thread: threads = max(32, block / 32)
 constexpr unsigned kFull = 0xffffffffu;
 constexpr unsigned long long kFlagAgg = 1ull << 62;
@@ -274,17 +275,32 @@ __device__ inline unsigned long long look_back(volatile unsigned long long* stat
   }
   if (lane == 0) status[b] = kFlagAgg | agg;
   unsigned long long excl = 0;
-  for (long long idx = b - 1;; idx -= 32) {
-    const long long j = idx - lane;
-    unsigned long long s = kFlagInc;  // before block 0: an inclusive zero
-    if (j >= 0) {
-      do {
-        s = status[j];
-      } while ((s >> 62) == 0);
+  // Windows of 128 predecessors (4 per lane, nearest first): with a whole grid of blocks in
+  // flight the nearest inclusive prefix is often hundreds of blocks back.
+  for (long long idx = b - 1;; idx -= 4 * 32) {
+    unsigned long long s[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const long long j = idx - 4 * lane - q;
+      s[q] = j >= 0 ? static_cast<unsigned long long>(status[j]) : kFlagInc + 0;  // inclusive 0
     }
-    const unsigned inc = __ballot_sync(kFull, (s >> 62) == 2);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const long long j = idx - 4 * lane - q;
+      while ((s[q] >> 62) == 0) s[q] = status[j];
+    }
+    unsigned long long v = 0;
+    bool found = false;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      if (!found) {
+        v += s[q] & kValue;
+        found = (s[q] >> 62) == 2;
+      }
+    }
+    const unsigned inc = __ballot_sync(kFull, found);
     const int stop = inc ? __ffs(inc) - 1 : 31;
-    unsigned long long v = lane <= stop ? (s & kValue) : 0ull;
+    if (lane > stop) v = 0;
 #pragma unroll
     for (int d = 16; d; d >>= 1) v += __shfl_down_sync(kFull, v, d);
     excl += __shfl_sync(kFull, v, 0);
@@ -475,7 +491,7 @@ __device__ inline void enc_finish(long long b, uint32_t total, uint8_t* out, con
 // Persistent CTAs take block ids from an atomic counter (so every earlier id belongs to a running
 // CTA and the look-back cannot deadlock) and load the next block while coding the current one.
 template <class F, bool Z>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(Z ? kFastThreads : kMaxThreads, Z ? 8 : 1)
 encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
               const int32_t* __restrict__ tab, unsigned long long* __restrict__ work) {
   __shared__ uint32_t s_code[256];
@@ -675,7 +691,7 @@ __device__ inline int dec_block(const DecIn<F>& x, long long b, const uint8_t* b
 
 // Persistent CTAs stride over the blocks, loading the next block while decoding the current one.
 template <class F, bool Z>
-__global__ void __launch_bounds__(kMaxThreads)
+__global__ void __launch_bounds__(Z ? kFastThreads : kMaxThreads, Z ? 8 : 1)
 decode_kernel(const uint8_t* __restrict__ buf, typename F::T* __restrict__ out, const Layout L,
               const int32_t* __restrict__ tab, int* __restrict__ flag) {
   __shared__ uint32_t s_region[8];
