@@ -139,6 +139,24 @@ def probe(rank: int) -> dict[str, float]:
     return {k: timed(fn, 10) for k, fn in cases.items()}
 
 
+def trace(rank: int, world: int, mib: int) -> str:
+    """torch.profiler table of one compressed all-gather (where the fixed costs go)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = make_data("normal", mib * MIB, rank, Path())
+    out = torch.empty(world * x.numel(), dtype=x.dtype, device=x.device)
+    os.environ["ZIPCCL_MODE"] = "always"
+    for _ in range(3):
+        zipccl.all_gather_into_tensor(out, x)
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            zipccl.all_gather_into_tensor(out, x)
+        sync()
+    return prof.key_averages().table(sort_by="cpu_time_total", row_limit=45,
+                                     max_name_column_width=60)
+
+
 def sweep(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
     rows = []
     for kind in args.data:
@@ -289,6 +307,7 @@ def main() -> None:
     ap.add_argument("--data", nargs="+", default=["normal", "weights"])
     ap.add_argument("--minilm", type=Path, default=Path(".data/minilm.npz"))
     ap.add_argument("--train", action="store_true")
+    ap.add_argument("--trace", type=int, default=0, help="profile one always all-gather (MiB)")
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--layers", type=int, default=6)
@@ -312,6 +331,10 @@ def main() -> None:
         DEV = torch.device("cuda", torch.cuda.current_device())
         dist.init_process_group("nccl", device_id=DEV)
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    if args.trace:
+        text = trace(rank, world, args.trace)
+        if rank == 0:
+            print(text, flush=True)
     if not args.skip_sweep:
         probed = probe(rank) if DEV.type == "cuda" else {}
         rows = sweep(args, rank, world)

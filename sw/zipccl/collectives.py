@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -213,6 +213,16 @@ def _pack(x: torch.Tensor, table: Codebook | None) -> _Packed:
     return _Packed(store, fixed, c.nbytes)
 
 
+_TABLES: dict[int, Codebook] = {}
+
+
+def _canonical(table: Codebook | None) -> Codebook | None:
+    """One object per distinct table, so the codec's per-object device copy of it is reused."""
+    if table is None:
+        return None
+    return _TABLES.setdefault(table.hash64, table)
+
+
 def _own_table(a: _Agreed, source: torch.Tensor) -> Codebook | None:
     """The table for every chunk of this call: the agreed one, else this rank's theory table.
 
@@ -220,17 +230,18 @@ def _own_table(a: _Agreed, source: torch.Tensor) -> Codebook | None:
     largest fixed cost.
     """
     if a.table is not None or source.numel() == 0:
-        return a.table
-    return codec.default_table(source)
+        return _canonical(a.table)
+    return _canonical(codec.default_table(source))
 
 
 def _headers(heads: torch.Tensor) -> list[Header]:
     """The received buffers' headers, from their first HEADER_BYTES rows (one D2H copy)."""
     rows = heads[:, :HEADER_BYTES].cpu().numpy()
     try:
-        return [Header.unpack(row.tobytes()) for row in rows]
+        found = [Header.unpack(row.tobytes()) for row in rows]
     except ValueError as exc:
         raise ValueError(f"received a corrupt compressed header: {exc}") from None
+    return [replace(h, table=_canonical(h.table)) for h in found]
 
 
 def _total(h: Header) -> int:
@@ -240,18 +251,37 @@ def _total(h: Header) -> int:
     return split_size(h.fmt, h.numel, h.block, h.payload_bytes)
 
 
-def _unpack(fixed: torch.Tensor, payload: torch.Tensor, h: Header, out: torch.Tensor) -> None:
-    """Join a received fixed part and payload into one buffer and decode it into ``out``.
+class _Decoder:
+    """Decodes the received buffers of one call.
 
-    The header was parsed and checked already (``_headers``), so the Compressed is built from it
-    rather than by parsing the device buffer's header a second time.
+    With the codec's CUDA kernels every decode is queued without a host sync: problems are OR-ed
+    into one device flag that :meth:`check` reads once, after the whole call. Elsewhere it is
+    ``codec.decompress``, which checks each buffer as it goes. The headers were parsed and checked
+    already (``_headers``), so the Compressed is built from them, not parsed a second time.
     """
-    nbytes = _total(h)
-    buf = torch.empty(nbytes, dtype=torch.uint8, device=fixed.device)
-    head = min(nbytes, fixed.numel())
-    buf[:head].copy_(fixed[:head])
-    buf[head:].copy_(payload[: nbytes - head])
-    codec.decompress(codec.Compressed._of(buf, h), out=out)
+
+    def __init__(self, g: Group) -> None:
+        self.flag = torch.zeros(1, dtype=torch.int32, device=g.device) if g.cuda else None
+        self.used: object = None
+
+    def __call__(self, fixed: torch.Tensor, payload: torch.Tensor, h: Header,
+                 out: torch.Tensor) -> None:
+        """Join a received fixed part and payload into one buffer and decode it into ``out``."""
+        nbytes = _total(h)
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=fixed.device)
+        head = min(nbytes, fixed.numel())
+        buf[:head].copy_(fixed[:head])
+        buf[head:].copy_(payload[: nbytes - head])
+        backend = codec._backend(buf.device, h.block)
+        if self.flag is None or h.layout == LAYOUT_RAW or not hasattr(backend, "launch_decode"):
+            codec.decompress(codec.Compressed._of(buf, h), out=out)
+            return
+        backend.launch_decode(buf, h.fmt, h.table, h.block, h.payload_bytes, out, self.flag)
+        self.used = backend
+
+    def check(self) -> None:
+        if self.used is not None:
+            self.used.raise_on_flag(int(self.flag.item()))
 
 
 def _pipeline(chunks: int, start: Callable[[int], object],
@@ -316,6 +346,7 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
     streams = streams_for(g)
     keep: list[object] = []  # every temporary lives until the caller's stream is re-joined
     table = _own_table(a, inp)
+    unpack = _Decoder(g)
 
     def start(k: int) -> object:
         s, m = pieces[k]
@@ -346,11 +377,12 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
                 if r == g.rank:
                     rows[r, s : s + m].copy_(inp[s : s + m])
                 else:
-                    _unpack(heads[r], tails[r], found[r], rows[r, s : s + m])
+                    unpack(heads[r], tails[r], found[r], rows[r, s : s + m])
 
     pieces = _pieces(n, a.chunks)
     with ordered(g, streams):
         _pipeline(a.chunks, start, finish)
+    unpack.check()
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
@@ -453,6 +485,7 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
     keep: list[object] = []
     fixed_of = codec.fixed_part_bytes
     table = _own_table(a, source)
+    unpack = _Decoder(g)
 
     def start(k: int) -> object:
         with streams.on(streams.compress):
@@ -495,10 +528,11 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
                     ss, mm = _pieces(send[i].numel(), a.chunks)[k]
                     recv[i][s : s + m].copy_(send[i][ss : ss + mm])
                 elif m:
-                    _unpack(got[i], tail, found[i], recv[i][s : s + m])
+                    unpack(got[i], tail, found[i], recv[i][s : s + m])
 
     with ordered(g, streams):
         _pipeline(a.chunks, start, finish)
+    unpack.check()
 
 
 # --------------------------------------------------------------------------- reductions
@@ -639,6 +673,7 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, src: int, group_src: i
     keep: list[object] = []
     sender = g.rank == group_src
     table = _own_table(a, flat) if sender else None
+    unpack = _Decoder(g)
 
     def start(k: int) -> object:
         s, m = pieces[k]
@@ -669,11 +704,12 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, src: int, group_src: i
             if tail.numel():
                 dist.broadcast(tail, src, group=g.pg, async_op=True).wait()
             keep.append(tail)
-            _unpack(head, tail, found, flat[s : s + m])
+            unpack(head, tail, found, flat[s : s + m])
 
     pieces = _pieces(flat.numel(), a.chunks)
     with ordered(g, streams):
         _pipeline(a.chunks, start, finish)
+    unpack.check()
 
 
 __all__ = [

@@ -24,10 +24,31 @@ def ddp_hook(state: dist.ProcessGroup | None,
     (Real annotations, no ``from __future__``: DDP checks them against dist.GradBucket.)
     """
     buffer = bucket.buffer()
-    all_reduce(buffer, op=dist.ReduceOp.AVG, group=state, verify=False)
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(buffer)
+    if not buffer.is_cuda:
+        all_reduce(buffer, op=dist.ReduceOp.AVG, group=state, verify=False)
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        fut.set_result(buffer)
+        return fut
+    # On a side stream, so the backward pass keeps computing while the bucket travels; the
+    # CUDA-aware future makes DDP's stream wait for this one when it reads the result.
+    main = torch.cuda.current_stream(buffer.device)
+    side = _hook_stream(buffer.device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        all_reduce(buffer, op=dist.ReduceOp.AVG, group=state, verify=False)
+        buffer.record_stream(side)
+        fut = torch.futures.Future(devices=[buffer.device])
+        fut.set_result(buffer)
     return fut
+
+
+_HOOK_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _hook_stream(device: torch.device) -> torch.cuda.Stream:
+    if device not in _HOOK_STREAMS:
+        _HOOK_STREAMS[device] = torch.cuda.Stream(device)
+    return _HOOK_STREAMS[device]
 
 
 try:
