@@ -22,6 +22,7 @@ def profile(link_gbps: float, codec_gbps: float = 300.0, alpha: float = 20e-6) -
         compress=Line(30e-6, codec_gbps * GB),
         decompress=Line(30e-6, codec_gbps * GB),
         reduce=Line(10e-6, 1000 * GB),
+        table=Line(300e-6, 1e18),
         ratio={"bfloat16": 0.7, "float16": 0.8, "float32": 0.88, "float8_e4m3fn": 0.85,
                "float8_e5m2": 0.77},
     )

@@ -12,8 +12,9 @@ broadcasts it on later runs.
 Cost model for a message of ``n`` bytes per rank (``W`` ranks, ``r`` the dtype's ratio)::
 
     native      a_op + n / b_op
-    compressed  three stages -- compress, wire (two phases: 2 a_op + r n / b_op), decompress --
-                pipelined over ``C`` chunks: max(stage) + (sum - max) / C + C * per-chunk latency
+    compressed  the theory table once, then three stages -- compress, wire (two phases:
+                2 a_op + r n / b_op), decompress -- pipelined over ``C`` chunks:
+                max(stage) + (sum - max) / C + (C - 1) * per-chunk latency
 
 ``ZIPCCL_MODE=never`` is plain torch.distributed; ``always`` compresses every float collective;
 ``auto`` (default) compresses only where the model predicts a win of at least ``MARGIN``, so a
@@ -87,21 +88,23 @@ class Line:
 @dataclass(frozen=True)
 class Profile:
     native: dict[str, Line]
-    compress: Line
+    compress: Line  # one chunk, table given
     decompress: Line
     reduce: Line  # fp32 local reduction, per input byte
+    table: Line  # the theory table, once per call (alpha only)
     ratio: dict[str, float]  # dtype name -> compressed / raw bytes
 
     def vector(self) -> list[float]:
         out: list[float] = []
-        for line in [*(self.native[o] for o in OPS), self.compress, self.decompress, self.reduce]:
+        for line in [*(self.native[o] for o in OPS), self.compress, self.decompress, self.reduce,
+                     self.table]:
             out += [line.alpha, line.beta]
         return out + [self.ratio[_name(d)] for d in _PRIOR_DTYPES]
 
     @classmethod
     def from_vector(cls, v: list[float]) -> Profile:
-        lines = [Line(v[i], v[i + 1]) for i in range(0, 2 * (len(OPS) + 3), 2)]
-        ratios = v[2 * (len(OPS) + 3) :]
+        lines = [Line(v[i], v[i + 1]) for i in range(0, 2 * _LINES, 2)]
+        ratios = v[2 * _LINES :]
         return cls(
             dict(zip(OPS, lines[: len(OPS)], strict=True)), *lines[len(OPS) :],
             ratio={_name(d): r for d, r in zip(_PRIOR_DTYPES, ratios, strict=True)},
@@ -113,6 +116,9 @@ class Profile:
     @classmethod
     def from_json(cls, text: str) -> Profile:
         return cls.from_vector(json.loads(text)["vector"])
+
+
+_LINES = len(OPS) + 4  # Lines in a Profile's vector form
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -140,7 +146,8 @@ def predict(p: Profile, call: Call) -> dict[str, float]:
         stages = [p.compress(n), 2 * line.alpha + r * n / line.beta, p.decompress(recv) + reduce]
         c = max(call.chunks, 1)
         per_chunk = p.compress.alpha + 2 * line.alpha + p.decompress.alpha
-        return max(stages) + (sum(stages) - max(stages)) / c + (c - 1) * per_chunk
+        pipelined = max(stages) + (sum(stages) - max(stages)) / c + (c - 1) * per_chunk
+        return p.table.alpha + pipelined
 
     if op in ("all_gather", "all_to_all", "broadcast"):
         line = p.native[op]
@@ -191,7 +198,7 @@ def profile_for(g: Group) -> Profile:
     key = _key(g.pg)
     if key in _PROFILES:
         return _PROFILES[key]
-    size = 2 * (len(OPS) + 3) + len(_PRIOR_DTYPES)
+    size = 2 * _LINES + len(_PRIOR_DTYPES)
     path = _cache_path(g)
     shared = torch.zeros(size + 1, dtype=torch.float64, device=g.device)
     if g.rank == 0 and path.exists():
@@ -207,9 +214,9 @@ def profile_for(g: Group) -> Profile:
     else:
         mine = torch.tensor(_measure(g).vector(), dtype=torch.float64, device=g.device)
         # ratios: max is the pessimistic choice; alphas: max; betas: min (negate for MAX)
-        mine[1::2][: len(OPS) + 3] *= -1
+        mine[1::2][:_LINES] *= -1
         dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=g.pg)
-        mine[1::2][: len(OPS) + 3] *= -1
+        mine[1::2][:_LINES] *= -1
         profile = Profile.from_vector(mine.cpu().tolist())
         if g.rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -227,7 +234,7 @@ def _cache_path(g: Group) -> Path:
     return root / f"profile-{digest}.json"
 
 
-_PROFILE_VERSION = 1
+_PROFILE_VERSION = 2
 
 
 def _timed(fn: Callable[[], object], cuda: bool, reps: int = 3) -> float:
@@ -258,9 +265,11 @@ def _measure(g: Group) -> Profile:
               for op in OPS}
     gen = torch.Generator().manual_seed(0)
     data = {s: torch.randn(s // 2, generator=gen).to(torch.bfloat16).to(g.device) for s in sizes}
-    packed = {s: codec.compress(x) for s, x in data.items()}
+    book = codec.default_table(data[sizes[-1]])
+    packed = {s: codec.compress(x, book) for s, x in data.items()}
     comp = Line.fit([float(s) for s in sizes],
-                    [_timed(lambda x=x: codec.compress(x), g.cuda) for x in data.values()])
+                    [_timed(lambda x=x: codec.compress(x, book), g.cuda) for x in data.values()])
+    table = Line(_timed(lambda: codec.default_table(data[sizes[-1]]), g.cuda), 1e18)
     dec = Line.fit([float(s) for s in sizes],
                    [_timed(lambda c=c: codec.decompress(c), g.cuda) for c in packed.values()])
     red = Line.fit([float(s) for s in sizes],
@@ -269,7 +278,7 @@ def _measure(g: Group) -> Profile:
     for dtype in _PRIOR_DTYPES:
         x = torch.randn(1 << 16, generator=gen).to(dtype).to(g.device)
         ratio[_name(dtype)] = float(codec.compress(x).ratio)
-    return Profile(native, comp, dec, red, ratio)
+    return Profile(native, comp, dec, red, table, ratio)
 
 
 def _reduce_once(x: torch.Tensor, world: int) -> torch.Tensor:
