@@ -237,7 +237,7 @@ def sweep(args: argparse.Namespace, out: Path, minilm: dict[str, np.ndarray]) ->
                                   "copy_TBps": copy_bw / 1e12, "rows": [], "extra": {}}
     path = out / f"codec_{args.only}.json"
     for dtype, kind in CASES:
-        if kind != "normal" and not minilm:
+        if (kind != "normal" and not minilm) or str(dtype)[6:] not in args.dtypes.split(","):
             continue
         for mib in (int(s) for s in args.sizes.split(",")):
             x = make(kind, dtype, mib * MIB, minilm)
@@ -287,6 +287,7 @@ def main() -> None:
     ap.add_argument("--minilm", default=".data/minilm.npz")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--only", choices=("zipccl", "nvcomp", "report"), default="zipccl")
+    ap.add_argument("--dtypes", default="bfloat16,float8_e4m3fn", help="comma separated")
     ap.add_argument("--sanitize", action="store_true", help="small case for compute-sanitizer")
     args = ap.parse_args()
     out = Path(args.out)

@@ -275,32 +275,17 @@ __device__ inline unsigned long long look_back(volatile unsigned long long* stat
   }
   if (lane == 0) status[b] = kFlagAgg | agg;
   unsigned long long excl = 0;
-  // Windows of 128 predecessors (4 per lane, nearest first): with a whole grid of blocks in
-  // flight the nearest inclusive prefix is often hundreds of blocks back.
-  for (long long idx = b - 1;; idx -= 4 * 32) {
-    unsigned long long s[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const long long j = idx - 4 * lane - q;
-      s[q] = j >= 0 ? static_cast<unsigned long long>(status[j]) : kFlagInc + 0;  // inclusive 0
+  for (long long idx = b - 1;; idx -= 32) {
+    const long long j = idx - lane;
+    unsigned long long s = kFlagInc;  // before block 0: an inclusive zero
+    if (j >= 0) {
+      do {
+        s = status[j];
+      } while ((s >> 62) == 0);
     }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const long long j = idx - 4 * lane - q;
-      while ((s[q] >> 62) == 0) s[q] = status[j];
-    }
-    unsigned long long v = 0;
-    bool found = false;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      if (!found) {
-        v += s[q] & kValue;
-        found = (s[q] >> 62) == 2;
-      }
-    }
-    const unsigned inc = __ballot_sync(kFull, found);
+    const unsigned inc = __ballot_sync(kFull, (s >> 62) == 2);
     const int stop = inc ? __ffs(inc) - 1 : 31;
-    if (lane > stop) v = 0;
+    unsigned long long v = lane <= stop ? (s & kValue) : 0ull;
 #pragma unroll
     for (int d = 16; d; d >>= 1) v += __shfl_down_sync(kFull, v, d);
     excl += __shfl_sync(kFull, v, 0);
