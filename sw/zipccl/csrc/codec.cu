@@ -1,17 +1,22 @@
 // zipccl split-layout codec kernels (golden/container.py bytes), built by zipccl/_cuda.py (nvcc).
 //
-// One CTA codes one block of `block` elements with T = max(32, block/32) threads; each thread owns
-// up to 4 groups of 8 consecutive elements (group g of thread t starts at element g*8*T + 8*t, so
-// warp accesses are contiguous), and issues all its loads before computing (more bytes in flight).
-// A group's 8 elements are one byte of every bit plane (prefix planes, FP16's raw bit planes) and
-// one 8-byte store per raw byte plane. The payload bits of a block are placed by one CTA-wide scan
-// of packed per-group bit counts into a shared-memory stream (MSB first, as golden packs them).
+// A CTA codes one block of `block` elements at a time with T = max(32, block/32) threads; each
+// thread owns up to 4 groups of 8 consecutive elements (group g of thread t starts at element
+// g*8*T + 8*t, so warp accesses are contiguous). A group's 8 elements are one byte of every bit
+// plane (prefix planes, FP16's raw bit planes) and one 8-byte store per raw byte plane. The payload
+// bits of a block are placed by one CTA-wide scan of packed per-group bit counts into a
+// shared-memory stream (MSB first, as golden packs them). CTAs are persistent (as many as fit on
+// the GPU) and load their next block while coding the current one.
 //
-// Compress is one pass: CTAs take logical block ids from an atomic counter and find where their
-// payload goes by a decoupled look-back over the earlier blocks' published byte counts (the
-// single-pass scan of Merrill & Garland), then write the payload and their uint64 block offset
-// straight into the container. Decompress reads the block offsets, stages the block's payload in
-// shared memory and checks every block for consistency, reporting problems through an error flag.
+// Compress is one pass: CTAs take block ids from an atomic counter and find where their payload
+// goes by a decoupled look-back over the earlier blocks' published byte counts (the single-pass
+// scan of Merrill & Garland), then write the payload and their uint64 block offset straight into
+// the container. Decompress reads the block offsets, stages the block's payload in shared memory
+// and checks every block for consistency, reporting problems through an error flag.
+//
+// BF16 under a byte-escape table (the ZipCCL exponent layout) has its own path (Z = true): 4
+// elements per 32-bit operation (byte permutes, 4-byte compares, multiply spreads and gathers)
+// instead of one table lookup per element. Measured numbers: benchmarks/results/codec.md.
 #include <cstdint>
 #include <cuda_runtime.h>
 
