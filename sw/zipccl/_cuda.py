@@ -208,6 +208,14 @@ def _layout(fmt: FloatFormat, n: int, block: int, capacity: int, payload_bytes: 
     return lay
 
 
+def _check_dense(*tensors: torch.Tensor) -> None:
+    """The kernels take raw pointers: every tensor must be contiguous on the same device."""
+    device = tensors[0].device
+    for t in tensors:
+        if not t.is_contiguous() or t.device != device:
+            raise ValueError("the CUDA codec kernels need contiguous tensors on one device")
+
+
 def _check(rc: int) -> None:
     if rc:
         lib = _lib()
@@ -219,6 +227,7 @@ def launch_encode(
     x: torch.Tensor, fmt: FloatFormat, table: Codebook, block: int, out: torch.Tensor
 ) -> torch.Tensor:
     """Queue the encode kernel; returns the int64 work tensor whose [1] is payload_bytes."""
+    _check_dense(x, out)
     n = x.numel()
     lay = _layout(fmt, n, block, out.numel(), 0)
     work = torch.empty(lay.nb + 2, dtype=torch.int64, device=x.device)
@@ -252,6 +261,7 @@ def launch_decode(
 ) -> None:
     """Queue the decode kernel; problems are OR-ed into ``flag`` (int32 on the device), which
     it zeroes first when ``clear``. Nothing syncs: read the flag later (raise_on_flag)."""
+    _check_dense(buf, out)
     lay = _layout(fmt, out.numel(), block, buf.numel(), payload_bytes)
     lib = _lib()
     assert lib is not None
