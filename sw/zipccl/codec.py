@@ -297,7 +297,7 @@ def _write_header(out: torch.Tensor, head: Header) -> None:
     done.synchronize()
     stage.copy_(data)
     out[:HEADER_BYTES].copy_(stage, non_blocking=True)
-    done.record()
+    done.record(torch.cuda.current_stream(out.device))
 
 
 def _check_input(tensor: torch.Tensor) -> FloatFormat:
