@@ -8,6 +8,7 @@ architecture under ``$ZIPCCL_CACHE`` (default ``~/.cache/zipccl``).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import functools
@@ -166,16 +167,22 @@ def _kind(fmt: FloatFormat, table: Codebook, block: int) -> int:
     return FAST_BF16 if fast and os.environ.get("ZIPCCL_FAST", "1") != "0" else KIND[fmt.name]
 
 
-_TABLES: dict[tuple[int, torch.device], tuple[Codebook, torch.Tensor]] = {}
+_TABLES: collections.OrderedDict[tuple[int, torch.device], tuple[Codebook, torch.Tensor]] = (
+    collections.OrderedDict()
+)
+_TABLES_KEPT = 64
 
 
 def _table_tensor(table: Codebook, device: torch.device) -> torch.Tensor:
-    """Device copy of the table image, cached per table object and device (tables are few; the
+    """Device copy of the table image, cached per table object and device (the newest 64; an
     entry keeps its table alive, so the id cannot be reused while cached)."""
-    hit = _TABLES.get((id(table), device))
+    key = (id(table), device)
+    hit = _TABLES.get(key)
     if hit is None or hit[0] is not table:
         words = torch.tensor(_table_words(table), dtype=torch.int32).to(device)
-        hit = _TABLES[(id(table), device)] = (table, words)
+        hit = _TABLES[key] = (table, words)
+        if len(_TABLES) > _TABLES_KEPT:
+            _TABLES.popitem(last=False)
     return hit[1]
 
 
