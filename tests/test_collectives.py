@@ -332,7 +332,8 @@ def test_mismatch_three_ranks(trio):
 def test_ddp_hook_matches_default_hook(pair):
     native = pair.run(sc_ddp, False, env={"ZIPCCL_MODE": "never"})
     hooked = pair.run(sc_ddp, True, env=ALWAYS)
-    assert native[0] == native[1] == hooked[0] == hooked[1]
+    auto = pair.run(sc_ddp, True, env={"ZIPCCL_MODE": "auto"})  # small buckets: the native branch
+    assert native[0] == native[1] == hooked[0] == hooked[1] == auto[0] == auto[1]
 
 
 def test_fsdp2_comm_objects(pair):

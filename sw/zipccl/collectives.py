@@ -165,6 +165,16 @@ def _strategy(g: Group, name: str, dtype: torch.dtype, nbytes: int, red_code: in
     return choice
 
 
+def all_reduce_strategy(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
+                        group: dist.ProcessGroup | None = None) -> str:
+    """What :func:`all_reduce` would do with this tensor (without verification): "native",
+    "a2a_reduce" or "compressed". Hooks use it to hand native calls straight to torch."""
+    g = resolve(group, tensor)
+    nbytes = tensor.numel() * tensor.element_size()
+    chunks = max(1, -(-nbytes // switch.chunk_bytes(g.cuda)))
+    return _strategy(g, "all_reduce", tensor.dtype, nbytes, _red_code(op), chunks)
+
+
 def _native_reduce_ok(g: Group, dtype: torch.dtype, red_code: int) -> bool:
     """Native reductions equal the fp32 rank-order one only for two ranks, and gloo lacks fp8."""
     return g.world == 2 and not (dtype in _BYTE_VIEW and not g.cuda) and red_code != 99
@@ -717,6 +727,7 @@ __all__ = [
     "all_gather",
     "all_gather_into_tensor",
     "all_reduce",
+    "all_reduce_strategy",
     "all_to_all_single",
     "broadcast",
     "reduce_scatter_tensor",

@@ -14,7 +14,12 @@ and ``module.set_custom_reduce_scatter(ZipReduceScatter())`` where the installed
 import torch
 import torch.distributed as dist
 
-from zipccl.collectives import all_gather_into_tensor, all_reduce, reduce_scatter_tensor
+from zipccl.collectives import (
+    all_gather_into_tensor,
+    all_reduce,
+    all_reduce_strategy,
+    reduce_scatter_tensor,
+)
 
 
 def ddp_hook(state: dist.ProcessGroup | None,
@@ -24,6 +29,12 @@ def ddp_hook(state: dist.ProcessGroup | None,
     (Real annotations, no ``from __future__``: DDP checks them against dist.GradBucket.)
     """
     buffer = bucket.buffer()
+    if all_reduce_strategy(buffer, dist.ReduceOp.AVG, state) == "native":
+        # exactly DDP's default hook (divide, then an async SUM): with two ranks -- the only case
+        # where the switch picks native for a reduction -- the same bits as the fp32 mean
+        world = dist.get_world_size(state)
+        work = dist.all_reduce(buffer.div_(world), group=state, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
     if not buffer.is_cuda:
         all_reduce(buffer, op=dist.ReduceOp.AVG, group=state, verify=False)
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
