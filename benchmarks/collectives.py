@@ -283,7 +283,8 @@ def table(out: Path) -> str:
     for path in sorted(out.glob("train-*.json")):
         runs = json.loads(path.read_text())["runs"]
         base = runs[0]
-        lines += [f"\n### DDP training ({path.stem}, {base['params'] / 1e6:.1f} M params)\n",
+        conf = json.loads(path.read_text()).get("config", "")
+        lines += [f"\n### DDP training ({path.stem}, {base['params'] / 1e6:.1f} M params) {conf}\n",
                   "| run | median step ms | speedup | final loss | max abs loss diff vs native |",
                   "| --- | --- | --- | --- | --- |"]
         for i, r in enumerate(runs):
@@ -315,6 +316,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--bucket-mb", type=float, default=25.0)
+    ap.add_argument("--train-mode", default="auto", choices=["auto", "always"])
     ap.add_argument("--cpu", action="store_true", help="gloo on CPU: a smoke test of the script")
     args = ap.parse_args()
     if args.what == "table":
@@ -344,11 +346,12 @@ def main() -> None:
                 json.dumps({"rows": rows, "world": world, "probe": probed,
                             "device": str(DEV)}, indent=1))
     if args.train:
-        os.environ["ZIPCCL_MODE"] = "auto"
+        os.environ["ZIPCCL_MODE"] = args.train_mode
         runs = [train(args, rank, hooked) for hooked in (False, True, True)]
         if rank == 0:
             (args.out_dir / f"train-{args.transport}.json").write_text(
-                json.dumps({"runs": runs}, indent=1))
+                json.dumps({"runs": runs, "config": f"ZIPCCL_MODE={args.train_mode}, "
+                            f"bucket_cap_mb={args.bucket_mb}"}, indent=1))
             for r in runs:
                 print("train", r["hooked"], r["step_s"], r["losses"][-1], flush=True)
     dist.destroy_process_group()
