@@ -1,4 +1,4 @@
-"""Developer and CI entry points: `nox -s sim` (the main job), `nox -s tests`, `verilog`, `synth`."""
+"""Developer and CI entry points: `nox -s sim` (the main job), `tests`, `verilog`, `synth`."""
 
 from __future__ import annotations
 
