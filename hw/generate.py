@@ -2,13 +2,17 @@
 
     python -m hw.generate --out build [--table TABLE.json]
 
-writes ``qlc_encoder.v``, ``qlc_decoder.v``, ``qlc_loopback.v`` (their memories initialised with
-the table: the reset-time default) and ``{stem}_{enc,region,rank,count}.hex`` of that table.
+writes ``qlc_encoder.v``, ``qlc_decoder.v``, ``qlc_loopback.v``, the multi-lane blocks
+``qlc_encoder_x{N}.v`` (N = 2, 4, 8, 32) and ``qlc_decoder_x{N}.v`` (N = 2, 4, 8) -- their
+memories initialised with the table, the reset-time default -- and
+``{stem}_{enc,region,rank,count}.hex`` of that table.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from amaranth.back import verilog
@@ -18,21 +22,24 @@ from golden.codebook import Codebook
 from hw.decoder import QLCDecoder
 from hw.encoder import QLCEncoder
 from hw.loopback import QLCLoopback
+from hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES, QLCDecoderN, QLCEncoderN
 from hw.tables import default_book
 
-TOPS: dict[str, type[wiring.Component]] = {
+TOPS: dict[str, Callable[[Codebook | None], wiring.Component]] = {
     "qlc_encoder": QLCEncoder,
     "qlc_decoder": QLCDecoder,
     "qlc_loopback": QLCLoopback,
+    **{f"qlc_encoder_x{n}": partial(QLCEncoderN, n) for n in (*MULTI_LANES, ENCODER_ONLY_LANES)},
+    **{f"qlc_decoder_x{n}": partial(QLCDecoderN, n) for n in MULTI_LANES},
 }
 
 
 def verilog_text(top: str, book: Codebook | None = None) -> str:
     try:
-        cls = TOPS[top]
+        make = TOPS[top]
     except KeyError:
         raise ValueError(f"unknown top {top!r}; expected one of {sorted(TOPS)}") from None
-    return verilog.convert(cls(book), name=top)
+    return verilog.convert(make(book), name=top)
 
 
 def write_verilog(top: str, out: Path, book: Codebook | None = None) -> Path:

@@ -45,7 +45,8 @@ from hw.tables import (
     default_book,
 )
 
-LANES = (1, 2, 4, 8)
+MULTI_LANES = (2, 4, 8)  # both blocks (the single-lane blocks are N = 1)
+ENCODER_ONLY_LANES = 32  # the encoder's batch width in the QLC paper
 RANK_BITS = 10
 
 
@@ -393,14 +394,15 @@ class QLCDecoderN(wiring.Component):
         m.d.comb += parse.eq(active & s1_free & (sure | fits_late))
         rounded = Cat(C(0, beat_log), pos[beat_log : beat_log + 2] + (pos[:beat_log] != 0))
         moved = Mux(parse, end, Mux(skip, rounded, pos))
+        take_n = self.n.valid & self.n.ready
         m.d.sync += [
             pos.eq(Cat(moved[:beat_log], moved[beat_log : beat_log + 2] - pops)),
             skip.eq(parse & last),
-            # the exact check holds next clock if pos stays (more beats only help)
-            fits_late.eq(~parse & ~skip & (pops == 0) & (end <= held * beat)),
+            # the exact check holds next clock if pos and the lane count stay (more beats only
+            # help); a new packet's count changes how many codes must fit
+            fits_late.eq(~parse & ~skip & ~take_n & (pops == 0) & (end <= held * beat)),
         ]
 
-        take_n = self.n.valid & self.n.ready
         m.d.comb += self.n.ready.eq(~active & ~err & ~self.tw.valid)
         with m.If(take_n):
             m.d.sync += [

@@ -12,15 +12,15 @@ import sys
 import time
 from pathlib import Path
 
-from sim.runner import INSTALL_HINT, TOP_NAMES, SimFailure, have_icarus, run_cocotb
-from sim.suite import LEVELS, summary_lines
+from sim.runner import INSTALL_HINT, SimFailure, have_icarus, run_cocotb
+from sim.suite import LEVELS, TOPS, summary_lines
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sim", description=__doc__.splitlines()[0])
     ap.add_argument("--level", choices=sorted(LEVELS), default="full")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--tops", nargs="+", choices=sorted(TOP_NAMES), default=list(TOP_NAMES))
+    ap.add_argument("--tops", nargs="+", choices=list(TOPS), default=list(TOPS))
     ap.add_argument("--build", type=Path, default=Path("build/sim"))
     args = ap.parse_args(argv)
     if not have_icarus():

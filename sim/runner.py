@@ -10,9 +10,9 @@ from pathlib import Path
 from cocotb_tools.runner import get_results, get_runner
 
 from hw.generate import write_verilog
+from sim.suite import TOPS
 
 ROOT = Path(__file__).resolve().parent.parent
-TOP_NAMES = {"encoder": "qlc_encoder", "decoder": "qlc_decoder", "loopback": "qlc_loopback"}
 INSTALL_HINT = (
     "Icarus Verilog (iverilog, vvp) not found: install it with `sudo apt-get install -y iverilog`"
 )
@@ -30,7 +30,7 @@ def run_cocotb(top: str, level: str, seed: int, build: Path) -> dict:
     """Generate, compile and simulate ``top``; returns its suite report or raises SimFailure."""
     if not have_icarus():
         raise SimFailure(INSTALL_HINT)
-    name = TOP_NAMES[top]
+    name = TOPS[top].verilog
     work = (build / top).resolve()
     source = write_verilog(name, work)
     report = work / "report.json"

@@ -25,10 +25,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from golden.codebook import Codebook
+from hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES, words_per_beat
 from sim.bench import (
+    SINGLE,
     Aborted,
     Bench,
     Port,
+    Shape,
     Stats,
     decode_illegal,
     decode_packets,
@@ -46,11 +49,40 @@ from sim.cases import (
 )
 
 Scenario = Callable[..., Awaitable[Stats]]
-TOPS: dict[str, tuple[Scenario, tuple[str, ...]]] = {
-    "encoder": (encode_packets, ("tw", "i")),
-    "decoder": (decode_packets, ("tw", "n", "i")),
-    "loopback": (loopback_packets, ("tw", "n", "i")),
-}
+
+
+@dataclass(frozen=True)
+class Top:
+    """A block under test: how to drive it and its Verilog top (a name in hw.generate.TOPS)."""
+
+    scenario: Scenario
+    inputs: tuple[str, ...]
+    shape: Shape
+    verilog: str
+
+    @property
+    def decodes_streams(self) -> bool:
+        return self.scenario is decode_packets
+
+
+ENC_IN, DEC_IN = ("tw", "i"), ("tw", "n", "i")
+
+
+def _tops() -> dict[str, Top]:
+    tops = {
+        "encoder": Top(encode_packets, ENC_IN, SINGLE, "qlc_encoder"),
+        "decoder": Top(decode_packets, DEC_IN, SINGLE, "qlc_decoder"),
+        "loopback": Top(loopback_packets, DEC_IN, SINGLE, "qlc_loopback"),
+    }
+    for n in (*MULTI_LANES, ENCODER_ONLY_LANES):
+        shape = Shape(n, words_per_beat(n), counted=True)
+        tops[f"encoder_x{n}"] = Top(encode_packets, ENC_IN, shape, f"qlc_encoder_x{n}")
+        if n != ENCODER_ONLY_LANES:
+            tops[f"decoder_x{n}"] = Top(decode_packets, DEC_IN, shape, f"qlc_decoder_x{n}")
+    return tops
+
+
+TOPS = _tops()
 PACKET = 4096
 BACKPRESSURE_RATE = 0.6
 
@@ -94,15 +126,19 @@ async def reset_mid_packet(
 
 async def run_suite(top: str, port: Port, level: str = "quick", seed: int = 1) -> dict:
     """Run every stage on ``top`` through ``port``; returns the figures (raises on mismatch)."""
-    run, inputs = TOPS[top]
+    top_ = TOPS[top]
+    run, inputs, shape = top_.scenario, top_.inputs, top_.shape
     lv = LEVELS[level]
     rng = np.random.default_rng(seed)
     data = load_data()
     sets = builder_sets(data)
     total = Stats()
-    report: dict = {"top": top, "level": level, "seed": seed, "lengths": {}, "datasets": {}}
+    report: dict = {
+        "top": top, "lanes": shape.lanes, "level": level, "seed": seed, "lengths": {},
+        "datasets": {},
+    }
 
-    bench = Bench.make(port, inputs, seed, 1.0, 1.0)
+    bench = Bench.make(port, inputs, seed, 1.0, 1.0, shape)
     for length in CODE_LENGTHS:
         ds = length_set(length, lv.length_symbols, seed)
         st = await run(bench, ds.book, [ds.symbols])
@@ -118,19 +154,20 @@ async def run_suite(top: str, port: Port, level: str = "quick", seed: int = 1) -
         }
         total.add(st)
 
-    bench = Bench.make(port, inputs, seed + 1, BACKPRESSURE_RATE, BACKPRESSURE_RATE)
+    bench = Bench.make(port, inputs, seed + 1, BACKPRESSURE_RATE, BACKPRESSURE_RATE, shape)
     books = [ds.book for ds in sets] + [random_book(rng) for _ in range(lv.random_books)]
     real = data["fp8_ffn1"]
     for book in books:
         small = [rng.integers(0, 256, k).astype(np.uint8) for k in (1, 2, 3)]
         total.add(await run(bench, book, [symbol_mix(rng, real, lv.mix_symbols), *small]))
 
-    bench = Bench.make(port, inputs, seed + 2, 0.3, 0.9)  # a slow source: packet ends run dry
+    bench = Bench.make(port, inputs, seed + 2, 0.3, 0.9, shape)  # slow source: ends run dry
     tiny = [rng.choice(data["fp8_ffn2"], int(rng.integers(1, 5))) for _ in range(lv.tiny_packets)]
     total.add(await run(bench, sets[4].book, tiny))
 
-    total.add(await reset_mid_packet(bench, run, sets[0].book, real[:600], after=200))
-    if top == "decoder":
+    cut = max(6, 200 // shape.lanes)  # cycles into the packet
+    total.add(await reset_mid_packet(bench, run, sets[0].book, real[:600], after=cut))
+    if top_.decodes_streams:
         total.add(await illegal_streams(bench, lv.illegal_books, real, rng))
     report["symbols"] = total.symbols
     report["notes"] = total.notes
@@ -155,6 +192,12 @@ def summary_lines(reports: Sequence[dict]) -> list[str]:
     """Human-readable figures of several blocks' reports."""
     lines = []
     for r in reports:
+        if r["lanes"] > 1:
+            rates = {k: 1 / v for k, v in r["lengths"].items()}
+            per_len = " ".join(f"{k}:{v:.3f}" for k, v in rates.items())
+            lines.append(f"{r['top']}: {r['symbols']} symbols checked; symbols/clock by code "
+                         f"length {per_len} (worst {min(rates.values()):.3f})")
+            continue
         worst = max(r["lengths"].values())
         per_len = " ".join(f"{k}:{v:.4f}" for k, v in r["lengths"].items())
         lines.append(f"{r['top']}: {r['symbols']} symbols checked; cycles/symbol by code length "

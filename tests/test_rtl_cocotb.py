@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.runner import TOP_NAMES, have_icarus, run_cocotb
+from sim.runner import have_icarus, run_cocotb
 from sim.suite import LEVELS
 
 pytestmark = [
@@ -13,7 +13,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("top", sorted(TOP_NAMES))
+@pytest.mark.parametrize("top", ["encoder", "decoder", "loopback"])
 def test_cocotb_suite_passes(top: str, tmp_path) -> None:
     report = run_cocotb(top, "quick", seed=2, build=tmp_path)
     lv = LEVELS["quick"]
