@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import zipccl
+from zipccl.collectives import STATS
 
 from golden.theory import zipccl_layout
 from tests._collectives_cluster import Cluster
@@ -225,6 +226,31 @@ def sc_fsdp_comms(rank: int, world: int) -> bool:
     return same_bits(out, want) and same_reduction(got, ref)
 
 
+def sc_fsdp2(rank: int, world: int, hooked: bool) -> list[float]:
+    """Three steps of a bf16 MLP under fully_shard, optionally with zipccl's FSDP2 comms."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
+                                torch.nn.Linear(128, 64)).to(torch.bfloat16)
+    for layer in (model[0], model[2], model):
+        fully_shard(layer, mesh=mesh)
+        if hooked:
+            layer.set_custom_all_gather(zipccl.ZipAllGather())
+            layer.set_custom_reduce_scatter(zipccl.ZipReduceScatter())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(10 + rank)
+    STATS.reset()
+    for _ in range(3):
+        loss = model(torch.randn(16, 64, generator=gen).to(torch.bfloat16)).float().pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [p.to_local().float().sum().item() for p in model.parameters()], STATS.sent > 0
+
+
 def sc_auto_profile(rank: int, world: int, cache: str) -> list[float]:
     """Auto mode profiles once (rank 0 caches it), later groups read the cache; same everywhere."""
     from zipccl import switch
@@ -338,6 +364,14 @@ def test_ddp_hook_matches_default_hook(pair):
 
 def test_fsdp2_comm_objects(pair):
     assert all(pair.run(sc_fsdp_comms, env=ALWAYS))
+
+
+@pytest.mark.skipif(not zipccl.FSDP2_HOOKS, reason="this torch has no FSDP2 custom comms")
+def test_fsdp2_training_matches_default_comms(pair):
+    native = pair.run(sc_fsdp2, False, env={"ZIPCCL_MODE": "never"})
+    zipped = pair.run(sc_fsdp2, True, env=ALWAYS)
+    assert [params for params, _ in native] == [params for params, _ in zipped]
+    assert all(compressed for _, compressed in zipped)
 
 
 def test_auto_profile_cached_and_agreed(pair, tmp_path):

@@ -23,8 +23,10 @@ prefix planes, block offsets -- whose size follows from dtype and numel alone, t
   correctly rounded operation), so the switch may take it; with W > 2 it never does.
 * all-reduce: reduce-scatter + all-gather on a flat copy padded to a multiple of W.
 
-Large messages go in chunks (``ZIPCCL_CHUNK_BYTES``): chunk k+1 is compressed on one CUDA stream
-while chunk k travels on NCCL's stream and chunk k-1 is decompressed on a third.
+Large messages go in chunks (``ZIPCCL_CHUNK_BYTES``, default 32 MiB on CUDA): chunk k+1 is
+compressed on one CUDA stream while chunk k travels on NCCL's stream and is then decompressed on a
+third. Two host syncs per chunk remain (the payload size the codec reads back to write its header,
+and the received headers), so the overlap is between GPU work and the wire, not the host.
 """
 
 from __future__ import annotations
