@@ -14,6 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import zipccl
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from zipccl.collectives import STATS
 
 from golden.theory import zipccl_layout
@@ -98,6 +100,21 @@ def sc_all_to_all(rank: int, world: int, dtype: torch.dtype, row: int) -> bool:
     zipccl.all_to_all_single(got2, even)
     dist.all_to_all_single(wire(want2), wire(even))
     return same_bits(got, want) and same_bits(got2, want2)
+
+
+def sc_all_to_all_random(rank: int, world: int, seed: int) -> bool:
+    """Splits, row size, dtype and chunk size drawn from ``seed`` (the same on every rank)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randint(0, 5, (world, world), generator=gen).tolist()  # rows[i][j]: i -> j
+    row = int(torch.randint(1, 300, (1,), generator=gen))
+    dtype = DTYPES[int(torch.randint(0, len(DTYPES), (1,), generator=gen))]
+    os.environ["ZIPCCL_CHUNK_BYTES"] = str(int(torch.randint(64, 4096, (1,), generator=gen)))
+    ins, outs = rows[rank], [rows[i][rank] for i in range(world)]
+    x = data(seed * 10 + rank, sum(ins) * row, dtype).view(sum(ins), row)
+    got, want = torch.empty(sum(outs), row, dtype=dtype), torch.empty(sum(outs), row, dtype=dtype)
+    zipccl.all_to_all_single(got, x, outs, ins)
+    dist.all_to_all_single(wire(want), wire(x), outs, ins)
+    return same_bits(got, want)
 
 
 def sc_broadcast(rank: int, world: int, dtype: torch.dtype, numel: int) -> bool:
@@ -292,6 +309,13 @@ def test_all_to_all_uneven(pair, dtype):
 
 def test_all_to_all_three_ranks_chunked(trio):
     assert all(trio.run(sc_all_to_all, torch.bfloat16, 1500, env=SMALL_CHUNKS))
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_all_to_all_random_splits(trio, seed):
+    print(f"seed={seed}")
+    assert all(trio.run(sc_all_to_all_random, seed, env=ALWAYS))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
