@@ -23,6 +23,8 @@ RESULT_TIMEOUT_S = 90
 
 def _worker(rank: int, world: int, store_path: str, inbox: mp.Queue, outbox: mp.Queue) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # auto mode's profile cache goes to the cluster's temp dir, not the user's home
+    os.environ["ZIPCCL_CACHE_DIR"] = os.path.join(os.path.dirname(store_path), "cache")
     import torch
     import torch.distributed as dist
 

@@ -40,6 +40,13 @@ def trio():
     c.close()
 
 
+@pytest.fixture(scope="module")
+def quad():
+    c = Cluster(4)
+    yield c
+    c.close()
+
+
 # --------------------------------------------------------------------------- data
 
 
@@ -268,11 +275,10 @@ def sc_fsdp2(rank: int, world: int, hooked: bool) -> list[float]:
     return [p.to_local().float().sum().item() for p in model.parameters()], STATS.sent > 0
 
 
-def sc_auto_profile(rank: int, world: int, cache: str) -> list[float]:
+def sc_auto_profile(rank: int, world: int) -> list[float]:
     """Auto mode profiles once (rank 0 caches it), later groups read the cache; same everywhere."""
     from zipccl import switch
 
-    os.environ["ZIPCCL_CACHE_DIR"] = cache
     switch.set_profile(None, None)
     x = data(1000 + rank, 4096, torch.bfloat16)
     out = torch.empty(world * 4096, dtype=x.dtype)
@@ -349,6 +355,14 @@ def test_native_paths_agree(pair, mode):
     assert all(pair.run(sc_native_fallbacks, env=env))
 
 
+def test_four_ranks_every_op(quad):
+    assert all(quad.run(sc_all_gather, torch.bfloat16, 3001, env=SMALL_CHUNKS))
+    assert all(quad.run(sc_all_to_all_random, 7, env=ALWAYS))
+    assert all(quad.run(sc_broadcast, torch.float16, 2000, env=ALWAYS))
+    assert all(quad.run(sc_reduce_scatter, torch.bfloat16, 1001, "AVG", env=SMALL_CHUNKS))
+    assert all(quad.run(sc_all_reduce, torch.float32, 999, "SUM", env={"ZIPCCL_MODE": "auto"}))
+
+
 def test_native_fallbacks_when_always(pair):
     assert all(pair.run(sc_native_fallbacks, env=ALWAYS))
 
@@ -399,6 +413,7 @@ def test_fsdp2_training_matches_default_comms(pair):
 
 
 def test_auto_profile_cached_and_agreed(pair, tmp_path):
-    profiles = pair.run(sc_auto_profile, str(tmp_path), env={"ZIPCCL_MODE": "auto"})
+    profiles = pair.run(sc_auto_profile, env={"ZIPCCL_MODE": "auto",
+                                              "ZIPCCL_CACHE_DIR": str(tmp_path)})
     assert profiles[0] == profiles[1]
     assert len(list(tmp_path.glob("profile-*.json"))) == 1
