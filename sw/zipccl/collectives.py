@@ -309,8 +309,9 @@ def _pipeline(chunks: int, start: Callable[[int], object],
         finish(pending)
 
 
-def _done(work: object, async_op: bool) -> object:
-    return (work if work is not None else DoneWork()) if async_op else None
+def _done(async_op: bool) -> DoneWork | None:
+    """What a compressed call returns: torch's convention, a Work only when async_op."""
+    return DoneWork() if async_op else None
 
 
 # --------------------------------------------------------------------------- all-gather
@@ -335,7 +336,7 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
         return dist.all_gather_into_tensor(_wire(output_tensor), _wire(input_tensor), group,
                                            async_op)
     _gather_compressed(agreed, _flat(input_tensor), _flat(output_tensor))
-    return _done(None, async_op)
+    return _done(async_op)
 
 
 def _check_pair(g: Group, inp: torch.Tensor, out: torch.Tensor, out_numel: int,
@@ -408,7 +409,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
     all_gather_into_tensor(flat, tensor.contiguous(), group, table=table, verify=verify)
     for t, part in zip(tensor_list, flat.view(len(tensor_list), -1), strict=True):
         t.copy_(part.view(t.shape))
-    return _done(None, async_op)
+    return _done(async_op)
 
 
 # --------------------------------------------------------------------------- all-to-all
@@ -440,7 +441,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
     send = _segments(_flat(input), [s * inner for s in ins])
     recv = _segments(_flat(output), [s * inner for s in outs])
     _a2a_compressed(agreed, send, recv, _flat(input))
-    return _done(None, async_op)
+    return _done(async_op)
 
 
 def _inner(t: torch.Tensor) -> int:
@@ -587,7 +588,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
     if agreed.strategy == switch.NATIVE:
         return dist.reduce_scatter_tensor(output, input, op, group, async_op)
     _reduce_scatter(agreed, _flat(input), _flat(output), op)
-    return _done(None, async_op)
+    return _done(async_op)
 
 
 def _reduce_scatter(a: _Agreed, inp: torch.Tensor, out: torch.Tensor, op: ReduceOp) -> None:
@@ -626,7 +627,7 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
     if agreed.strategy == switch.NATIVE:
         return dist.all_reduce(tensor, op, group, async_op)
     _all_reduce(agreed, tensor, op)
-    return _done(None, async_op)
+    return _done(async_op)
 
 
 def _all_reduce(a: _Agreed, tensor: torch.Tensor, op: ReduceOp) -> None:
@@ -676,7 +677,7 @@ def broadcast(tensor: torch.Tensor, src: int | None = None,
     if agreed.strategy != switch.COMPRESSED:
         return dist.broadcast(_wire(tensor), src, group, async_op)
     _broadcast_compressed(agreed, _flat(tensor), src, group_src)
-    return _done(None, async_op)
+    return _done(async_op)
 
 
 def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, src: int, group_src: int) -> None:
