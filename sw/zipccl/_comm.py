@@ -25,7 +25,6 @@ ERRORS = {
     4: "tensor is not contiguous",
     5: "tensors are on the wrong device for this process group's backend",
     6: "src is not a rank of the group",
-    7: "tensor list holds tensors of different shapes or dtypes",
 }
 
 DTYPE_CODES: dict[torch.dtype, int] = {
