@@ -1,6 +1,9 @@
 """iCE40 UP5K estimates for the QLC blocks: yosys ``synth_ice40`` + ``nextpnr-ice40 --up5k``.
 
-    python -m hw.synth --out build/synth
+    python -m hw.synth --out build/synth [--blocks ...] [--generic ...]
+
+Single-lane and N = 2, 4, 8 lane blocks go through the UP5K flow; the 32-lane encoder (past the
+UP5K's 30 block RAMs and 5280 LUTs) gets a technology-independent ``synth; stat`` cell count.
 
 Area is yosys' cell count of the block alone (SB_LUT4, SB_RAM40_4K, flip-flops, carry cells).
 The UP5K has 39 I/O pins, fewer than the blocks' ports, so placement and timing run on a *pin
@@ -26,8 +29,14 @@ from amaranth.back import verilog
 from amaranth.lib import wiring
 
 from hw.generate import TOPS
+from hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES
 
-BLOCKS = ("qlc_encoder", "qlc_decoder")
+BLOCKS = (
+    "qlc_encoder",
+    "qlc_decoder",
+    *(f"qlc_{kind}_x{n}" for n in MULTI_LANES for kind in ("encoder", "decoder")),
+)
+GENERIC_BLOCKS = (f"qlc_encoder_x{ENCODER_ONLY_LANES}",)  # past the UP5K: generic cell count
 TARGET_MHZ = 100  # asks nextpnr to optimise hard; the achieved figure is what is reported
 
 
@@ -64,8 +73,8 @@ class Figures:
     rams: int  # SB_RAM40_4K
     ffs: int  # flip-flops of the block alone
     carries: int  # SB_CARRY
-    wrapped_lcs: int  # nextpnr logic cells of block + pin wrapper
-    fmax_mhz: float  # nextpnr estimate
+    wrapped_lcs: int | None  # nextpnr logic cells of block + pin wrapper (None: does not fit)
+    fmax_mhz: float | None  # nextpnr estimate
 
 
 def _run(cmd: list[str], log: Path) -> str:
@@ -124,28 +133,57 @@ def synth_block(top: str, out: Path) -> Figures:
         verilog.convert(wrapper, name=f"{top}_wrapped", ports=[wrapper.sin, wrapper.sout])
     )
     cells = yosys_area(top, source, out)
-    lcs, fmax = place_and_route(top, wrapped, out)
+    try:
+        lcs, fmax = place_and_route(top, wrapped, out)
+    except RuntimeError:  # nextpnr: more cells than the UP5K has
+        lcs, fmax = None, None
     ffs = sum(n for c, n in cells.items() if c.startswith("SB_DFF"))
     return Figures(top, cells.get("SB_LUT4", 0), cells.get("SB_RAM40_4K", 0), ffs,
                    cells.get("SB_CARRY", 0), lcs, fmax)
+
+
+def generic_cells(top: str, out: Path) -> dict[str, int]:
+    """``synth; stat`` (technology independent) of a block too large for the UP5K."""
+    out.mkdir(parents=True, exist_ok=True)
+    source = out / f"{top}.v"
+    source.write_text(verilog.convert(TOPS[top](), name=top))
+    stat_json = out / f"{top}_generic_stat.json"
+    _run(
+        ["yosys", "-q", "-p", f"read_verilog {source}; synth -top {top}; "
+         f"tee -q -o {stat_json} stat -json"],
+        out / f"{top}_generic_yosys.log",
+    )
+    text = stat_json.read_text()
+    return _cells(json.loads(text[text.index("{"):]), top)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("build/synth"))
     ap.add_argument("--blocks", nargs="+", choices=BLOCKS, default=list(BLOCKS))
+    ap.add_argument("--generic", nargs="*", choices=GENERIC_BLOCKS, default=list(GENERIC_BLOCKS))
     args = ap.parse_args(argv)
     missing = [t for t in ("yosys", "nextpnr-ice40") if shutil.which(t) is None]
     if missing:
         print(f"missing {', '.join(missing)}: sudo apt-get install -y yosys nextpnr-ice40")
         return 2
     rows = [synth_block(b, args.out) for b in args.blocks]
-    print("| block | SB_LUT4 | SB_RAM40_4K | FFs | SB_CARRY | LCs with pin wrapper | Fmax (MHz) |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| block | SB_LUT4 | SB_RAM40_4K | FFs | SB_CARRY | LCs with pin wrapper | Fmax (MHz) |"
+          " lanes x Fmax (M symbols/s) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for f in rows:
-        print(f"| {f.block} | {f.luts} | {f.rams} | {f.ffs} | {f.carries} | {f.wrapped_lcs} | "
-              f"{f.fmax_mhz:.1f} |")
-    (args.out / "figures.json").write_text(json.dumps([asdict(f) for f in rows], indent=1))
+        lanes = int(f.block.rsplit("_x", 1)[1]) if "_x" in f.block else 1
+        fit = (f"{f.wrapped_lcs} | {f.fmax_mhz:.1f} | {lanes * f.fmax_mhz:.0f}"
+               if f.fmax_mhz else "does not fit | - | -")
+        print(f"| {f.block} | {f.luts} | {f.rams} | {f.ffs} | {f.carries} | {fit} |")
+    generic = {top: generic_cells(top, args.out) for top in args.generic}
+    for top, cells in generic.items():
+        total = sum(cells.values())
+        biggest = sorted(cells.items(), key=lambda kv: -kv[1])[:6]
+        top_kinds = ", ".join(f"{k} {v}" for k, v in biggest)
+        print(f"{top}: generic yosys `synth; stat`: {total} cells ({top_kinds}, ...)")
+    doc = {"ice40_up5k": [asdict(f) for f in rows], "generic": generic}
+    (args.out / "figures.json").write_text(json.dumps(doc, indent=1))
     return 0
 
 
