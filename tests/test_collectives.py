@@ -8,7 +8,9 @@ CollectiveMismatchError on every rank.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ import torch.distributed as dist
 import zipccl
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from zipccl import collectives, switch
 from zipccl.collectives import STATS
 
 from golden.theory import zipccl_layout
@@ -23,6 +26,7 @@ from tests._collectives_cluster import Cluster
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
 ALWAYS = {"ZIPCCL_MODE": "always"}
+DEBUG = {"ZIPCCL_VERIFY": "1"}
 SMALL_CHUNKS = {"ZIPCCL_MODE": "always", "ZIPCCL_CHUNK_BYTES": "3000"}
 
 
@@ -176,8 +180,42 @@ def sc_explicit_table(rank: int, world: int, same: bool) -> str:
     return "equal" if same_bits(out, want) else "different"
 
 
-def sc_mismatch(rank: int, world: int, case: str) -> str:
+def native_profile() -> switch.Profile:
+    """A switch profile under which auto keeps every call native (instant links, slow codec)."""
+    fast, slow = switch.Line(1e-6, 1e15), switch.Line(1e-3, 1e9)
+    return switch.Profile({op: fast for op in switch.OPS}, slow, slow, slow, slow,
+                          {str(d).removeprefix("torch."): 0.7 for d in DTYPES})
+
+
+def slow_link_profile() -> switch.Profile:
+    """A profile under which large enough calls compress (1 MB/s links, instant codec)."""
+    link, codec = switch.Line(1e-6, 1e6), switch.Line(1e-6, 1e15)
+    return switch.Profile({op: link for op in switch.OPS}, codec, codec, codec, codec,
+                          {str(d).removeprefix("torch."): 0.7 for d in DTYPES})
+
+
+PROFILES = {"native": native_profile, "slow_link": slow_link_profile}
+
+
+@contextlib.contextmanager
+def installed(profile: str | None) -> Iterator[None]:
+    """Auto mode's profile for the default group replaced by a synthetic one, then forgotten."""
+    if profile is not None:
+        switch.set_profile(None, PROFILES[profile]())
+    try:
+        yield
+    finally:
+        if profile is not None:
+            switch.set_profile(None, None)
+
+
+def sc_mismatch(rank: int, world: int, case: str, profile: str | None = None) -> str:
     """One rank calls differently; every rank must raise (returns the message)."""
+    with installed(profile):
+        return _mismatch(rank, world, case)
+
+
+def _mismatch(rank: int, world: int, case: str) -> str:
     odd = rank == 1
     try:
         if case == "dtype":
@@ -212,6 +250,114 @@ def sc_mismatch(rank: int, world: int, case: str) -> str:
     except zipccl.CollectiveMismatchError as exc:
         return str(exc)
     return "no error"
+
+
+TORCH_OPS = ("all_gather_into_tensor", "all_gather", "all_to_all_single", "reduce_scatter_tensor",
+             "all_reduce", "broadcast")
+CASES = {"all_gather_into_tensor": "all_gather_into_tensor", "all_gather": "all_gather",
+         "all_to_all": "all_to_all_single", "all_to_all_uneven": "all_to_all_single",
+         "reduce_scatter": "reduce_scatter_tensor", "all_reduce": "all_reduce",
+         "broadcast": "broadcast"}  # case -> the torch.distributed op it must call
+
+
+@contextlib.contextmanager
+def counted() -> Iterator[list[tuple]]:
+    """torch.distributed's collectives and zipccl's descriptor exchange, wrapped to log every call
+    as (name, args, kwargs, result); the exchange's own all-gather is logged too."""
+    log: list[tuple] = []
+    saved = {name: getattr(dist, name) for name in TORCH_OPS}
+    saved_exchange = collectives.exchange
+
+    def wrap(name: str, fn: Callable) -> Callable:
+        def call(*args: object, **kwargs: object) -> object:
+            result = fn(*args, **kwargs)
+            log.append((name, args, kwargs, result))
+            return result
+        return call
+
+    for name, fn in saved.items():
+        setattr(dist, name, wrap(name, fn))
+    collectives.exchange = wrap("exchange", saved_exchange)
+    try:
+        yield log
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+        collectives.exchange = saved_exchange
+
+
+def op_case(case: str, rank: int, world: int, lib: object, async_op: bool,
+            verify: bool | None = None
+            ) -> tuple[Callable[[], object], list[torch.Tensor], list[torch.Tensor]]:
+    """One call through ``lib`` (zipccl, with ``verify``, or torch.distributed) on fresh seeded
+    BF16 tensors: (run, the caller's tensors in torch's argument order, the results)."""
+    kw = {"verify": verify} if lib is zipccl else {}
+    x = data(1100 + rank, world * 600, torch.bfloat16)
+    if case == "all_gather_into_tensor":
+        out = torch.empty(world * x.numel(), dtype=x.dtype)
+        return lambda: lib.all_gather_into_tensor(out, x, async_op=async_op, **kw), [out, x], [out]
+    if case == "all_gather":
+        outs = [torch.empty_like(x) for _ in range(world)]
+        return lambda: lib.all_gather(outs, x, async_op=async_op, **kw), [*outs, x], outs
+    if case == "all_to_all":
+        out = torch.empty_like(x)
+        return lambda: lib.all_to_all_single(out, x, async_op=async_op, **kw), [out, x], [out]
+    if case == "all_to_all_uneven":
+        ins = [(rank + j) % 3 + 1 for j in range(world)]
+        outs = [(i + rank) % 3 + 1 for i in range(world)]
+        x = x[: sum(ins) * 5].view(sum(ins), 5)
+        out = torch.empty(sum(outs), 5, dtype=x.dtype)
+        return (lambda: lib.all_to_all_single(out, x, outs, ins, async_op=async_op, **kw),
+                [out, x], [out])
+    if case == "reduce_scatter":
+        out = torch.empty(600, dtype=x.dtype)
+        return (lambda: lib.reduce_scatter_tensor(out, x, async_op=async_op, **kw), [out, x],
+                [out])
+    t = x.clone()
+    if case == "all_reduce":
+        return lambda: lib.all_reduce(t, async_op=async_op, **kw), [t], [t]
+    return lambda: lib.broadcast(t, src=0, async_op=async_op, **kw), [t], [t]
+
+
+def _tensors(args: tuple) -> list[torch.Tensor]:
+    flat = [a for arg in args for a in (arg if isinstance(arg, list) else [arg])]
+    return [a for a in flat if isinstance(a, torch.Tensor)]
+
+
+def sc_calls(rank: int, world: int, case: str, async_op: bool, profile: str | None = None,
+             verify: bool | None = None) -> dict:
+    """One zipccl call under the job's env with every torch.distributed call logged.
+
+    Returns the logged call names, whether the only call got the caller's own tensors and
+    ``async_op`` and its result came back unchanged, and whether the result equals a direct
+    torch.distributed call (bit for bit; reductions: up to NaN payloads) and the fp32 rank-order
+    reference (reductions).
+    """
+    with installed(profile), counted() as log:
+        run, mine, results = op_case(case, rank, world, zipccl, async_op, verify)
+        returned = run()
+        if async_op:
+            returned.wait()
+    run, _, want = op_case(case, rank, world, dist, async_op)
+    work = run()
+    if async_op:
+        work.wait()
+    inputs = [data(1100 + r, world * 600, torch.bfloat16) for r in range(world)]
+    if case == "reduce_scatter":
+        ref = [zipccl.reference_reduce([x.view(world, -1)[rank] for x in inputs])]
+    else:
+        ref = [zipccl.reference_reduce(inputs)] if case == "all_reduce" else want
+    same = same_reduction if case in ("reduce_scatter", "all_reduce") else same_bits
+    _, args, kwargs, result = log[0]
+    passed = _tensors(args)
+    return {
+        "calls": [entry[0] for entry in log],
+        "caller_args": [id(t) for t in passed] == [id(t) for t in mine]
+        and args[-1] is async_op and not kwargs,
+        "torch_result": returned is result,
+        "same_as_torch": all(same(a, b) for a, b in zip(results, want, strict=True)),
+        "same_as_reference": all(same_reduction(a, b) for a, b in zip(results, ref, strict=True)),
+    }
 
 
 def sc_ddp(rank: int, world: int, hooked: bool) -> list[float]:
@@ -384,8 +530,16 @@ def test_explicit_table(pair):
     ("mode", "disagree on ZIPCCL_MODE"),
 ])
 def test_mismatch_raises_on_every_rank(pair, case, needle):
-    msgs = pair.run(sc_mismatch, case, env=ALWAYS)
-    assert all(needle in m for m in msgs), msgs
+    """Debug mode (ZIPCCL_VERIFY=1) catches every mismatch, on native and compressed paths; the
+    default policy still verifies every compressed call (the mode case aside: there one rank's
+    auto call is native and goes straight to torch)."""
+    envs = [{**ALWAYS, **DEBUG}, {"ZIPCCL_MODE": "auto", **DEBUG}]
+    if case != "mode":
+        envs.append(ALWAYS)
+    for env in envs:
+        profile = "native" if env["ZIPCCL_MODE"] == "auto" else None
+        msgs = pair.run(sc_mismatch, case, profile, env=env)
+        assert all(needle in m for m in msgs), (env, msgs)
 
 
 def test_mismatch_three_ranks(trio):
@@ -398,6 +552,60 @@ def test_ddp_hook_matches_default_hook(pair):
     hooked = pair.run(sc_ddp, True, env=ALWAYS)
     auto = pair.run(sc_ddp, True, env={"ZIPCCL_MODE": "auto"})  # small buckets: the native branch
     assert native[0] == native[1] == hooked[0] == hooked[1] == auto[0] == auto[1]
+
+
+AUTO = {"ZIPCCL_MODE": "auto"}
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+def test_auto_native_is_one_torch_call(pair, case, async_op):
+    """Auto with a native profile: exactly one torch.distributed call with the caller's tensors
+    and async_op, torch's own result (Work or None) returned, no descriptor, same bits."""
+    for r in pair.run(sc_calls, case, async_op, "native", env=AUTO):
+        assert r["calls"] == [CASES[case]], r
+        assert r["caller_args"] and r["torch_result"] and r["same_as_torch"], r
+
+
+@pytest.mark.parametrize("case", ["reduce_scatter", "all_reduce"])
+def test_native_reduce_opt_in_three_ranks(trio, case):
+    """W = 3: auto runs its own a2a_reduce (verified, the rank-order reference) unless
+    ZIPCCL_NATIVE_REDUCE=1, which hands the call straight to the backend's reduction."""
+    for r in trio.run(sc_calls, case, False, "native", env=AUTO):
+        assert r["calls"][:2] == ["all_gather_into_tensor", "exchange"], r
+        assert r["same_as_reference"], r
+    for r in trio.run(sc_calls, case, True, "native", env={**AUTO, "ZIPCCL_NATIVE_REDUCE": "1"}):
+        assert r["calls"] == [CASES[case]], r
+        assert r["caller_args"] and r["torch_result"] and r["same_as_torch"], r
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_verification_policy(pair, case):
+    """Compressed calls verify by default and not with ZIPCCL_VERIFY=0 (explicit all-to-all
+    splits aside: they need the agreement); verify=True and ZIPCCL_VERIFY=1 verify native calls."""
+    runs = [
+        (ALWAYS, None, None, 1),
+        ({**ALWAYS, "ZIPCCL_VERIFY": "0"}, None, None, int(case == "all_to_all_uneven")),
+        (AUTO, "native", True, 1),
+        ({**AUTO, **DEBUG}, "native", None, 1),
+        ({**AUTO, **DEBUG}, "native", False, 0),
+    ]
+    for env, profile, verify, exchanges in runs:
+        for r in pair.run(sc_calls, case, False, profile, verify, env=env):
+            assert r["calls"].count("exchange") == exchanges, (env, verify, r)
+            assert r["same_as_torch"] and r["same_as_reference"], (env, verify, r)
+
+
+def test_uneven_all_to_all_agrees_where_compression_may_pay(pair):
+    """With a profile that compresses these all-to-alls, explicit splits exchange the descriptor
+    even with ZIPCCL_VERIFY=0 (the ranks' sizes differ); even splits decide alone and skip it.
+    Both move the exact bits, compressed (two phases)."""
+    env = {**AUTO, "ZIPCCL_VERIFY": "0"}
+    for r in pair.run(sc_calls, "all_to_all_uneven", False, "slow_link", env=env):
+        assert r["calls"].count("exchange") == 1 and r["same_as_torch"], r
+        assert r["calls"].count("all_to_all_single") == 2, r
+    for r in pair.run(sc_calls, "all_to_all", False, "slow_link", env=env):
+        assert r["calls"] == ["all_to_all_single"] * 2 and r["same_as_torch"], r
 
 
 def test_fsdp2_comm_objects(pair):

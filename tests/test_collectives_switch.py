@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from zipccl import switch
 from zipccl.switch import COMPRESSED, NATIVE, Call, Line, Profile
@@ -99,3 +99,49 @@ def test_mode_env(monkeypatch):
     monkeypatch.setenv("ZIPCCL_CHUNK_BYTES", "0")
     with pytest.raises(ValueError, match="ZIPCCL_CHUNK_BYTES"):
         switch.chunk_bytes(True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.01, 3000), st.floats(1, 3000), st.floats(1e-6, 1e-3),
+       st.sampled_from(["all_to_all", "all_gather", "broadcast"]), st.integers(2, 8))
+def test_can_compress_is_sound(link_gbps, codec_gbps, alpha, op, world):
+    """Where can_compress says no, no size or chunk count makes choose() compress."""
+    p = profile(link_gbps, codec_gbps, alpha)
+    if switch.can_compress(p, op, torch.bfloat16, world):
+        return
+    for n in [int(1.25**k) for k in range(150)]:
+        for chunks in (1, 4, 64):
+            assert switch.choose(p, Call(op, n, torch.bfloat16, world, chunks)) != COMPRESSED
+
+
+def test_can_compress_examples():
+    assert not switch.can_compress(profile(1000.0, codec_gbps=300.0), "all_to_all",
+                                   torch.bfloat16, 2)
+    assert switch.can_compress(profile(3.3), "all_to_all", torch.bfloat16, 2)
+    p = profile(3.3)
+    p.ratio["float32"] = 0.99
+    assert not switch.can_compress(p, "all_to_all", torch.float32, 2)
+
+
+def test_native_reduce_opt_in_offers_native_for_any_world(monkeypatch):
+    p = profile(20.0)
+    for op in ("reduce_scatter", "all_reduce"):
+        assert NATIVE in switch.predict(p, Call(op, 1 << 20, torch.bfloat16, 4, 1, True))
+        assert NATIVE not in switch.predict(p, Call(op, 1 << 20, torch.bfloat16, 2, 1, False))
+    monkeypatch.setenv("ZIPCCL_NATIVE_REDUCE", "1")
+    assert switch.native_reduce()
+    monkeypatch.setenv("ZIPCCL_NATIVE_REDUCE", "yes")
+    with pytest.raises(ValueError, match="ZIPCCL_NATIVE_REDUCE"):
+        switch.native_reduce()
+
+
+def test_verify_env(monkeypatch):
+    from zipccl.collectives import verify_policy
+
+    monkeypatch.delenv("ZIPCCL_VERIFY", raising=False)
+    assert verify_policy() == "auto"
+    monkeypatch.setenv("ZIPCCL_VERIFY", "0")
+    assert (verify_policy(), verify_policy(True), verify_policy(False)) == ("0", "1", "0")
+    monkeypatch.setenv("ZIPCCL_VERIFY", "always")
+    with pytest.raises(ValueError, match="ZIPCCL_VERIFY must be one of"):
+        verify_policy()

@@ -2,10 +2,27 @@
 
 Every op is a drop-in for its torch.distributed namesake (same arguments, same result tensor
 contents) plus two keyword-only extras: ``table`` (a Codebook every rank must pass identically;
-default: each rank's own theory table, carried inside its buffers) and ``verify`` (default
-``ZIPCCL_VERIFY``, itself default 1: exchange the descriptor that turns mismatched calls into an
-error on every rank. It costs one small collective and a host sync per call; the DDP hook turns it
-off because DDP already guarantees identical buckets. all_to_all_single always verifies).
+default: each rank's own theory table, carried inside its buffers) and ``verify``.
+
+The native fast path: each call first takes a *local* decision from values every rank shares in a
+correct program -- op, dtype, the collective's size, reduce op, world size, ``ZIPCCL_MODE`` and
+the rank-agreed switch profile -- cached per group and call shape, so it is a few dict lookups.
+When that decision is native and no verification is asked for, zipccl calls the torch.distributed
+op with the caller's own tensors and ``async_op`` and returns torch's own Work: no descriptor, no
+allocation, no copy, no sync.
+
+Verification (``verify=`` overrides ``ZIPCCL_VERIFY``): the descriptor exchange -- one small
+all-gather and a host sync -- turns mismatched calls (dtype, sizes, splits, table, src, reduce op,
+mode, different ops) into a CollectiveMismatchError on every rank.
+
+* ``auto`` (default): verify every call that takes zipccl's own protocols (compressed,
+  a2a_reduce) -- there a mismatch would otherwise hang or corrupt -- and hand native calls
+  straight to torch, whose behaviour on mismatched arguments is then exactly torch's.
+* ``1``: verify every call (debug mode); ``0``: never (the DDP hook, whose buckets DDP already
+  keeps identical). ``ZIPCCL_MODE=never`` bypasses zipccl altogether, verification included.
+* all_to_all_single with explicit splits exchanges the descriptor whenever the profile could
+  compress it, whatever the policy: per-rank sizes differ, and the ranks must agree on the
+  strategy and chunk count (see its docstring).
 
 Protocols (the compressed buffer is golden/container.py's: a *fixed part* -- header, raw planes,
 prefix planes, block offsets -- whose size follows from dtype and numel alone, then a variable
@@ -20,7 +37,10 @@ prefix planes, block offsets -- whose size follows from dtype and numel alone, t
 * reduce-scatter: all-to-all of the W row blocks (native, or the compressed protocol above), then
   a local reduction in fp32 in rank order 0..W-1, rounded once -- deterministic and equal to
   :func:`reference_reduce`. With W = 2 NCCL's native reduce-scatter gives the same bits (one
-  correctly rounded operation), so the switch may take it; with W > 2 it never does.
+  correctly rounded operation), so the switch may take it; with W > 2 it does not, so auto mode
+  there is *not* the backend's reduce-scatter (and pays the verification of its own protocol).
+  ``ZIPCCL_NATIVE_REDUCE=1`` lets auto take the backend's reduce-scatter / all-reduce for any W
+  where the cost model prefers it, trading rank-order determinism for speed.
 * all-reduce: reduce-scatter + all-gather on a flat copy padded to a multiple of W.
 
 Large messages go in chunks (``ZIPCCL_CHUNK_BYTES``, default 32 MiB on CUDA): chunk k+1 is
@@ -102,25 +122,81 @@ def _table_hash(table: Codebook | None) -> int:
     return table.hash64 if table is not None else 0
 
 
-def verify_default() -> bool:
-    """``ZIPCCL_VERIFY`` (default 1): 0 skips the descriptor exchange where ``verify`` is None."""
-    value = os.environ.get("ZIPCCL_VERIFY", "1").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"ZIPCCL_VERIFY must be 0 or 1, got {value!r}")
-    return value == "1"
+VERIFY_POLICIES = ("auto", "1", "0")
+
+
+def verify_policy(verify: bool | None = None) -> str:
+    """The verification policy of one call: ``verify`` if given, else ``ZIPCCL_VERIFY``.
+
+    ``auto`` (default): exchange the descriptor for calls that take zipccl's own protocols
+    (compressed, a2a_reduce) and hand native calls straight to torch; ``1``: every call (debug);
+    ``0``: none.
+    """
+    if verify is not None:
+        return "1" if verify else "0"
+    value = os.environ.get("ZIPCCL_VERIFY", "auto").strip().lower() or "auto"
+    if value not in VERIFY_POLICIES:
+        raise ValueError(f"ZIPCCL_VERIFY must be one of {VERIFY_POLICIES}, got {value!r}")
+    return value
+
+
+def _direct(group: dist.ProcessGroup | None, t: torch.Tensor, name: str, nbytes: int | None,
+            red_code: int, verify: bool | None) -> bool:
+    """Whether this call goes straight to torch.distributed with the caller's own arguments.
+
+    True when the local decision is native and the policy does not ask for verification
+    (``ZIPCCL_MODE=never`` always bypasses zipccl). The decision depends only on values every rank
+    shares in a correct program, so no rank can take the other branch.
+    """
+    if verify_policy(verify) == "1":  # first: the local decision may load the profile, itself a
+        return switch.mode() == "never"  # collective that ranks in different modes would not match
+    return _local_strategy(group, t, name, nbytes, red_code) == switch.NATIVE
+
+
+def _local_strategy(group: dist.ProcessGroup | None, t: torch.Tensor, name: str,
+                    nbytes: int | None, red_code: int) -> str:
+    """:func:`_strategy` from this rank's own (op, dtype, size, reduce op), cached per group.
+
+    ``nbytes`` None: an all-to-all with explicit splits, whose sizes differ per rank; it is native
+    only where the profile never compresses that op and dtype, else AGREE (needs the exchange).
+    """
+    get = os.environ.get
+    key = (group, name, t.dtype, nbytes, red_code, t.device.type, get("ZIPCCL_MODE"),
+           get("ZIPCCL_CHUNK_BYTES"), get("ZIPCCL_NATIVE_REDUCE"))
+    found = switch.ROUTES.get(key)
+    if found is None:
+        g = resolve(group, t)
+        found = (_strategy(g, name, t.dtype, nbytes, red_code) if nbytes is not None
+                 else _uneven_strategy(g, name, t.dtype))
+        if len(switch.ROUTES) >= 1 << 16:
+            switch.ROUTES.clear()
+        switch.ROUTES[key] = found
+    return found
+
+
+_AGREE = "agree"  # the strategy needs the sizes of every rank (uneven all-to-all)
+
+
+def _uneven_strategy(g: Group, name: str, dtype: torch.dtype) -> str:
+    """NATIVE where no size could make this op compressed, else AGREE."""
+    mode = switch.mode()
+    if dtype not in CODEC_DTYPES or mode == "never":
+        return switch.NATIVE
+    if mode == "auto" and not switch.can_compress(switch.profile_for(g), name, dtype, g.world):
+        return switch.NATIVE
+    return _AGREE
 
 
 def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
-           fields: Sequence[int], table: Codebook | None, verify: bool | None,
+           fields: Sequence[int], table: Codebook | None, exchange_desc: bool,
            red: ReduceOp | None = None) -> tuple[_Agreed, torch.Tensor | None]:
-    """Exchange the descriptor (unless verification is off), check it, pick the strategy."""
+    """Exchange the descriptor (if asked), check it, pick the strategy from the agreed size."""
     mode = switch.mode()
-    verify = verify_default() if verify is None else verify
     red_code = -1 if red is None else _red_code(red)
     head = [_OP_CODES[name], err, dtype_code(dtype), to_i64(_table_hash(table)),
             _MODE_CODES[mode], red_code, nbytes]
     desc = None
-    if verify:  # every op's row has the same length, so even different ops cannot mismatch
+    if exchange_desc:  # every op's row has the same length, so even different ops cannot mismatch
         pad = [0] * (_extra_fields(g.world) - len(fields))
         desc = exchange(g, head + list(fields) + pad, name)
         require_same(desc, 2, "the dtype", name, dtype_name)
@@ -129,11 +205,14 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
         require_same(desc, 4, "ZIPCCL_MODE", name, lambda m: switch.MODES[m])
         require_same(desc, 5, "the reduce op", name)
         nbytes = int(desc[:, 6].max())
-    chunk = switch.chunk_bytes(g.cuda)
-    chunks = max(1, -(-nbytes // chunk))
-    strategy = _strategy(g, name, dtype, nbytes, red_code, chunks)
+    strategy = _strategy(g, name, dtype, nbytes, red_code)
     STATS.strategy = strategy
-    return _Agreed(g, strategy, table, chunks), (desc[:, len(head):] if desc is not None else None)
+    return _Agreed(g, strategy, table, _chunks(g, nbytes)), (
+        desc[:, len(head):] if desc is not None else None)
+
+
+def _chunks(g: Group, nbytes: int) -> int:
+    return max(1, -(-nbytes // switch.chunk_bytes(g.cuda)))
 
 
 def _extra_fields(world: int) -> int:
@@ -149,10 +228,8 @@ def _red_code(op: object) -> int:
         return 99
 
 
-def _strategy(g: Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int,
-              chunks: int) -> str:
+def _strategy(g: Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int) -> str:
     """The same answer on every rank: it depends only on agreed values and the agreed profile."""
-    reducing = name in ("reduce_scatter", "all_reduce")
     if dtype not in CODEC_DTYPES or nbytes == 0 or red_code == 99:
         return switch.NATIVE  # nothing to compress, or an op only the backend implements
     mode = switch.mode()
@@ -160,26 +237,23 @@ def _strategy(g: Group, name: str, dtype: torch.dtype, nbytes: int, red_code: in
         return switch.COMPRESSED
     if mode == "never":
         return switch.NATIVE
-    call = switch.Call(name, nbytes, dtype, g.world, chunks)
-    choice = switch.choose(switch.profile_for(g), call)
-    if reducing and choice == switch.NATIVE and not _native_reduce_ok(g, dtype, red_code):
-        return switch.A2A_REDUCE
-    return choice
+    native_ok = _native_reduce_ok(g, dtype) if name in ("reduce_scatter", "all_reduce") else None
+    call = switch.Call(name, nbytes, dtype, g.world, _chunks(g, nbytes), native_ok)
+    return switch.choose(switch.profile_for(g), call)
 
 
 def all_reduce_strategy(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
                         group: dist.ProcessGroup | None = None) -> str:
     """What :func:`all_reduce` would do with this tensor (without verification): "native",
     "a2a_reduce" or "compressed". Hooks use it to hand native calls straight to torch."""
-    g = resolve(group, tensor)
     nbytes = tensor.numel() * tensor.element_size()
-    chunks = max(1, -(-nbytes // switch.chunk_bytes(g.cuda)))
-    return _strategy(g, "all_reduce", tensor.dtype, nbytes, _red_code(op), chunks)
+    return _local_strategy(group, tensor, "all_reduce", nbytes, _red_code(op))
 
 
-def _native_reduce_ok(g: Group, dtype: torch.dtype, red_code: int) -> bool:
-    """Native reductions equal the fp32 rank-order one only for two ranks, and gloo lacks fp8."""
-    return g.world == 2 and not (dtype in _BYTE_VIEW and not g.cuda) and red_code != 99
+def _native_reduce_ok(g: Group, dtype: torch.dtype) -> bool:
+    """Native reductions equal the fp32 rank-order one only for two ranks (ZIPCCL_NATIVE_REDUCE=1
+    takes them for any world size), and gloo lacks fp8."""
+    return (g.world == 2 or switch.native_reduce()) and not (dtype in _BYTE_VIEW and not g.cuda)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -321,15 +395,15 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
                            group: dist.ProcessGroup | None = None, async_op: bool = False, *,
                            table: Codebook | None = None, verify: bool | None = None) -> object:
     """torch.distributed.all_gather_into_tensor, compressed where it pays."""
-    if switch.mode() == "never":
+    nbytes = input_tensor.numel() * input_tensor.element_size()
+    if _direct(group, input_tensor, "all_gather", nbytes, -1, verify):
         return dist.all_gather_into_tensor(_wire(output_tensor), _wire(input_tensor), group,
                                            async_op)
     g = resolve(group, input_tensor)
     err = _check_pair(g, input_tensor, output_tensor, output_tensor.numel(),
                       input_tensor.numel() * g.world)
-    nbytes = input_tensor.numel() * input_tensor.element_size()
     agreed, desc = _agree(g, "all_gather", input_tensor.dtype, nbytes, err,
-                          [input_tensor.numel()], table, verify)
+                          [input_tensor.numel()], table, verify_policy(verify) != "0")
     if desc is not None:
         require_same(desc, 0, "the input numel", "all_gather")
     if agreed.strategy != switch.COMPRESSED:
@@ -402,8 +476,9 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
                group: dist.ProcessGroup | None = None, async_op: bool = False, *,
                table: Codebook | None = None, verify: bool | None = None) -> object:
     """torch.distributed.all_gather (equal shapes), through all_gather_into_tensor."""
-    same = all(t.shape == tensor.shape and t.dtype == tensor.dtype for t in tensor_list)
-    if switch.mode() == "never" or not same:
+    nbytes = tensor.numel() * tensor.element_size()
+    if _direct(group, tensor, "all_gather", nbytes, -1, verify) or not all(
+            t.shape == tensor.shape and t.dtype == tensor.dtype for t in tensor_list):
         return dist.all_gather([_wire(t) for t in tensor_list], _wire(tensor), group, async_op)
     flat = torch.empty(len(tensor_list) * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
     all_gather_into_tensor(flat, tensor.contiguous(), group, table=table, verify=verify)
@@ -419,21 +494,29 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: list[int] | None = None,
                       input_split_sizes: list[int] | None = None,
                       group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-                      table: Codebook | None = None) -> object:
+                      table: Codebook | None = None, verify: bool | None = None) -> object:
     """torch.distributed.all_to_all_single (uneven splits included), compressed where it pays.
 
-    Always verifies: the split agreement is needed anyway, and ranks with uneven inputs could
-    otherwise pick different chunk counts.
+    Even splits (both split arguments None or empty) follow the verification policy like every
+    other op: torch then needs the same input size on every rank. With explicit splits the sizes
+    differ per rank, so no rank can decide alone: the call goes straight to torch only where the
+    profile never compresses this dtype (``switch.can_compress``) and ``ZIPCCL_VERIFY`` is not 1;
+    otherwise it exchanges the descriptor -- which then also checks the splits -- whatever the
+    policy, because every rank must use the same strategy and chunk count. So in auto mode every
+    rank must pass its splits the same way (all None or all lists).
     """
-    if switch.mode() == "never":
+    even = not output_split_sizes and not input_split_sizes
+    nbytes = input.numel() * input.element_size() if even else None
+    if _direct(group, input, "all_to_all", nbytes, -1, verify):
         return dist.all_to_all_single(_wire(output), _wire(input), output_split_sizes,
                                       input_split_sizes, group, async_op)
     g = resolve(group, input)
     ins, outs, err = _splits(g, input, output, input_split_sizes, output_split_sizes)
-    nbytes = input.numel() * input.element_size()
-    agreed, desc = _agree(g, "all_to_all", input.dtype, nbytes, err, [*ins, *outs, _inner(input)],
-                          table, True)
-    _check_splits(desc, g.world)
+    agreed, desc = _agree(g, "all_to_all", input.dtype, input.numel() * input.element_size(),
+                          err, [*ins, *outs, _inner(input)], table,
+                          not even or verify_policy(verify) != "0")
+    if desc is not None:
+        _check_splits(desc, g.world)
     if agreed.strategy != switch.COMPRESSED:
         return dist.all_to_all_single(_wire(output), _wire(input), output_split_sizes,
                                       input_split_sizes, group, async_op)
@@ -575,14 +658,15 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
                           op: ReduceOp = ReduceOp.SUM, group: dist.ProcessGroup | None = None,
                           async_op: bool = False, *, table: Codebook | None = None,
                           verify: bool | None = None) -> object:
-    """torch.distributed.reduce_scatter_tensor with the deterministic fp32 reduction."""
-    if switch.mode() == "never":
+    """torch.distributed.reduce_scatter_tensor with the deterministic fp32 reduction (module
+    docstring: auto with W > 2 is therefore not the backend's reduce-scatter)."""
+    nbytes = input.numel() * input.element_size()
+    if _direct(group, input, "reduce_scatter", nbytes, _red_code(op), verify):
         return dist.reduce_scatter_tensor(output, input, op, group, async_op)
     g = resolve(group, input)
     err = _check_pair(g, input, output, input.numel(), output.numel() * g.world)
-    nbytes = input.numel() * input.element_size()
     agreed, desc = _agree(g, "reduce_scatter", input.dtype, nbytes, err, [input.numel()], table,
-                          verify, red=op)
+                          verify_policy(verify) != "0", red=op)
     if desc is not None:
         require_same(desc, 0, "the input numel", "reduce_scatter")
     if agreed.strategy == switch.NATIVE:
@@ -615,13 +699,13 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
     Every rank ends with the same bits: the rank-order fp32 reduction of its shard, all-gathered
     losslessly.
     """
-    if switch.mode() == "never":
+    nbytes = tensor.numel() * tensor.element_size()
+    if _direct(group, tensor, "all_reduce", nbytes, _red_code(op), verify):
         return dist.all_reduce(tensor, op, group, async_op)
     g = resolve(group, tensor)
     err = 4 if not tensor.is_contiguous() else 5 if tensor.device.type != g.device.type else 0
-    nbytes = tensor.numel() * tensor.element_size()
     agreed, desc = _agree(g, "all_reduce", tensor.dtype, nbytes, err, [tensor.numel()], table,
-                          verify, red=op)
+                          verify_policy(verify) != "0", red=op)
     if desc is not None:
         require_same(desc, 0, "the tensor numel", "all_reduce")
     if agreed.strategy == switch.NATIVE:
@@ -642,9 +726,8 @@ def _all_reduce(a: _Agreed, tensor: torch.Tensor, op: ReduceOp) -> None:
     rs, ag = switch.A2A_REDUCE, switch.NATIVE
     if a.strategy == switch.COMPRESSED:  # each half compressed only where that half pays
         rs = _strategy(g, "reduce_scatter", flat.dtype, padded.numel() * flat.element_size(),
-                       _LOCAL_OPS[op], a.chunks)
-        ag = _strategy(g, "all_gather", flat.dtype, part.numel() * part.element_size(), -1,
-                       ag_chunks)
+                       _LOCAL_OPS[op])
+        ag = _strategy(g, "all_gather", flat.dtype, part.numel() * part.element_size(), -1)
     _reduce_scatter(_Agreed(g, rs, a.table, a.chunks), padded, part, op)
     if ag == switch.COMPRESSED:
         _gather_compressed(_Agreed(g, ag, a.table, ag_chunks), part, padded)
@@ -663,14 +746,14 @@ def broadcast(tensor: torch.Tensor, src: int | None = None,
               table: Codebook | None = None, verify: bool | None = None) -> object:
     """torch.distributed.broadcast (``src`` a global rank), compressed where it pays."""
     src = 0 if src is None else src
-    if switch.mode() == "never":
+    nbytes = tensor.numel() * tensor.element_size()
+    if _direct(group, tensor, "broadcast", nbytes, -1, verify):
         return dist.broadcast(_wire(tensor), src, group, async_op)
     g = resolve(group, tensor)
     group_src = dist.get_group_rank(group, src) if group is not None else src
     err = 6 if not 0 <= group_src < g.world else _check_pair(g, tensor, tensor, 0, 0)
-    nbytes = tensor.numel() * tensor.element_size()
     agreed, desc = _agree(g, "broadcast", tensor.dtype, nbytes, err, [tensor.numel(), src],
-                          table, verify)
+                          table, verify_policy(verify) != "0")
     if desc is not None:
         require_same(desc, 1, "src", "broadcast")
         require_same(desc, 0, "the tensor numel", "broadcast")

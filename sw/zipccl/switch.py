@@ -19,6 +19,10 @@ Cost model for a message of ``n`` bytes per rank (``W`` ranks, ``r`` the dtype's
 ``ZIPCCL_MODE=never`` is plain torch.distributed; ``always`` compresses every float collective;
 ``auto`` (default) compresses only where the model predicts a win of at least ``MARGIN``, so a
 mispredicted small call costs at most noise.
+
+Native reductions are offered only where they give the rank-order fp32 result bit for bit (two
+ranks) unless ``ZIPCCL_NATIVE_REDUCE=1``, which offers the backend's own reduce-scatter /
+all-reduce for every world size and gives up rank-order determinism for W > 2.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -53,6 +57,14 @@ def mode() -> str:
     if value not in MODES:
         raise ValueError(f"ZIPCCL_MODE must be one of {MODES}, got {value!r}")
     return value
+
+
+def native_reduce() -> bool:
+    """``ZIPCCL_NATIVE_REDUCE`` (default 0): 1 lets auto take the backend's reductions for any W."""
+    value = os.environ.get("ZIPCCL_NATIVE_REDUCE", "0").strip() or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"ZIPCCL_NATIVE_REDUCE must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 def chunk_bytes(cuda: bool) -> int:
@@ -134,6 +146,11 @@ class Call:
     dtype: torch.dtype
     world: int
     chunks: int = 1
+    native_reduce: bool | None = None  # may a reduction go native? None: only with two ranks
+
+    @property
+    def native_ok(self) -> bool:
+        return self.world == 2 if self.native_reduce is None else self.native_reduce
 
 
 def predict(p: Profile, call: Call) -> dict[str, float]:
@@ -155,15 +172,15 @@ def predict(p: Profile, call: Call) -> dict[str, float]:
     a2a, red = p.native["all_to_all"], p.reduce(n)
     if op == "reduce_scatter":
         out = {A2A_REDUCE: a2a(n) + red, COMPRESSED: zipped(a2a, red)}
-        if w == 2:  # two operands: every order is the one fp32-then-round result
+        if call.native_ok:  # two operands: every order is the one fp32-then-round result
             out[NATIVE] = p.native["reduce_scatter"](n)
         return out
     if op == "all_reduce":
-        rs = predict(p, Call("reduce_scatter", call.nbytes, call.dtype, w, call.chunks))
+        rs = predict(p, replace(call, op="reduce_scatter"))
         ag = predict(p, Call("all_gather", call.nbytes // w, call.dtype, w, call.chunks))
         out = {A2A_REDUCE: min(v for k, v in rs.items() if k != COMPRESSED) + ag[NATIVE],
                COMPRESSED: min(rs.values()) + min(ag.values())}
-        if w == 2:
+        if call.native_ok:
             out[NATIVE] = p.native["all_reduce"](n)
         return out
     raise ValueError(f"unknown op {op!r}")
@@ -176,13 +193,39 @@ def choose(p: Profile, call: Call) -> str:
     return COMPRESSED if times[COMPRESSED] <= MARGIN * times[plain] else plain
 
 
+def can_compress(p: Profile, op: str, dtype: torch.dtype, world: int) -> bool:
+    """Whether :func:`choose` picks compression for a data-moving ``op`` at *some* size.
+
+    Rank-agreed (profile, op, dtype and world only), so an all-to-all with uneven splits -- whose
+    sizes differ per rank -- may go native without agreeing on a size when this is False.
+    Sound (False only if no size and chunk count compresses), not sampled: the compressed time is
+    at least ``table + max(stage lines)`` (pipelining only adds), and that bound minus ``MARGIN *
+    native`` is convex piecewise linear in n, so its minimum over n >= 0 lies at 0, where two
+    stage lines cross, or at infinity.
+    """
+    line, r = p.native[op], p.ratio.get(_name(dtype), 1.0)
+    fan = {"all_gather": world}.get(op, 1)  # bytes decompressed per input byte
+    stages = [(p.compress.alpha, 1 / p.compress.beta), (2 * line.alpha, r / line.beta),
+              (p.decompress.alpha, fan / p.decompress.beta)]
+
+    def gap(n: float) -> float:
+        return p.table.alpha + max(a + s * n for a, s in stages) - MARGIN * line(n)
+
+    if max(s for _, s in stages) < MARGIN / line.beta:
+        return True  # the gap keeps falling: compression wins for large enough n
+    cross = [(a1 - a2) / (s2 - s1) for a1, s1 in stages for a2, s2 in stages if s2 > s1]
+    return any(gap(n) <= 0 for n in [0.0, *(c for c in cross if c > 0)])
+
+
 # --------------------------------------------------------------------------- profiling
 
 _PROFILES: dict[object, Profile] = {}
+ROUTES: dict[tuple, str] = {}  # collectives' per-call decision cache; depends on the profiles
 
 
 def set_profile(group: dist.ProcessGroup | None, profile: Profile | None) -> None:
     """Install (or with None forget) the profile for a group, e.g. a synthetic one in tests."""
+    ROUTES.clear()
     if profile is None:
         _PROFILES.pop(_key(group), None)
     else:
@@ -310,6 +353,6 @@ def _native_op(g: Group, op: str, nbytes: int) -> Callable[[], object]:
 
 
 __all__ = [
-    "A2A_REDUCE", "COMPRESSED", "MODES", "NATIVE", "Call", "Line", "Profile", "choose",
-    "chunk_bytes", "mode", "predict", "profile_for", "set_profile",
+    "A2A_REDUCE", "COMPRESSED", "MODES", "NATIVE", "Call", "Line", "Profile", "can_compress",
+    "choose", "chunk_bytes", "mode", "native_reduce", "predict", "profile_for", "set_profile",
 ]
