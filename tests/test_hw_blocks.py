@@ -28,9 +28,9 @@ SETS = builder_sets(DATA)
 
 def _run(top: str, seed: int, rate: float, body):
     """Simulate ``top`` with a bench at ``rate`` valid/ready; body(bench, scenario) -> result."""
-    scenario, inputs = TOPS[top]
+    t = TOPS[top]
     return run_amaranth(
-        BLOCKS[top](), lambda port: body(Bench.make(port, inputs, seed, rate, rate), scenario)
+        BLOCKS[top](), lambda port: body(Bench.make(port, t.inputs, seed, rate, rate), t.scenario)
     )
 
 
@@ -182,11 +182,10 @@ def test_many_tiny_packets(top: str, in_rate: float, out_rate: float) -> None:
     rng = np.random.default_rng(seed)
     book = SETS[4].book  # qlc_dynamic: 4-bit codes next to 11-bit escapes
     packets = [rng.choice(DATA["fp8_ffn2"], int(rng.integers(1, 5))) for _ in range(60)]
-    scenario, inputs = TOPS[top]
+    t = TOPS[top]
 
     async def body(port):
-        rng_bench = Bench.make(port, inputs, seed, in_rate, out_rate)
-        return await scenario(rng_bench, book, packets)
+        return await t.scenario(Bench.make(port, t.inputs, seed, in_rate, out_rate), book, packets)
 
     st_ = run_amaranth(BLOCKS[top](), body)
     assert st_.symbols == sum(len(p) for p in packets), f"seed {seed}"
