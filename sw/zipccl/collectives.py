@@ -148,21 +148,40 @@ def _direct(group: dist.ProcessGroup | None, t: torch.Tensor, name: str, nbytes:
     (``ZIPCCL_MODE=never`` always bypasses zipccl). The decision depends only on values every rank
     shares in a correct program, so no rank can take the other branch.
     """
-    if verify_policy(verify) == "1":  # first: the local decision may load the profile, itself a
-        return switch.mode() == "never"  # collective that ranks in different modes would not match
-    return _local_strategy(group, t, name, nbytes, red_code) == switch.NATIVE
+    env = _env()
+    policy = verify_policy(verify) if verify is not None else (
+        _RAW_POLICY.get(env[1]) or verify_policy())
+    if policy == "1":  # first: the local decision may load the profile, itself a collective
+        return switch.mode() == "never"  # that ranks in different modes would not match
+    return _local_strategy(group, t, name, nbytes, red_code, env) == switch.NATIVE
+
+
+_ENV_KEYS = ("ZIPCCL_MODE", "ZIPCCL_VERIFY", "ZIPCCL_CHUNK_BYTES", "ZIPCCL_NATIVE_REDUCE")
+_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+_RAW_ENV_KEYS = tuple(k.encode() for k in _ENV_KEYS)
+_RAW_POLICY = {None: "auto", b"auto": "auto", b"1": "1", b"0": "0", "auto": "auto", "1": "1",
+               "0": "0"}
+
+
+def _env() -> tuple[object, ...]:
+    """The raw values of zipccl's variables, for cache keys. On POSIX read from os.environ's own
+    bytes dict: plain dict lookups, several times cheaper than os.environ.get on the hot path."""
+    if _ENV_DATA is None:
+        return tuple(map(os.environ.get, _ENV_KEYS))
+    return tuple(map(_ENV_DATA.get, _RAW_ENV_KEYS))
 
 
 def _local_strategy(group: dist.ProcessGroup | None, t: torch.Tensor, name: str,
-                    nbytes: int | None, red_code: int) -> str:
-    """:func:`_strategy` from this rank's own (op, dtype, size, reduce op), cached per group.
+                    nbytes: int | None, red_code: int, env: tuple[object, ...] | None = None
+                    ) -> str:
+    """:func:`_strategy` from this rank's own (op, dtype, size, reduce op), cached per group and
+    environment (``env``: :func:`_env`, read again when None).
 
     ``nbytes`` None: an all-to-all with explicit splits, whose sizes differ per rank; it is native
     only where the profile never compresses that op and dtype, else AGREE (needs the exchange).
     """
-    get = os.environ.get
-    key = (group, name, t.dtype, nbytes, red_code, t.device.type, get("ZIPCCL_MODE"),
-           get("ZIPCCL_CHUNK_BYTES"), get("ZIPCCL_NATIVE_REDUCE"))
+    env = env or _env()
+    key = (group, name, t.dtype, nbytes, red_code, env[0], env[2], env[3])
     found = switch.ROUTES.get(key)
     if found is None:
         g = resolve(group, t)
