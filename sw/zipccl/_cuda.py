@@ -3,7 +3,7 @@
 No torch headers are involved (building a torch extension takes about a minute; this file builds
 in about two seconds), so the shared library is plain CUDA with two ``extern "C"`` launchers that
 take raw device pointers and torch's current stream. The build is cached per source hash and GPU
-architecture under ``$ZIPCCL_CACHE`` (default ``~/.cache/zipccl``).
+architecture under ``$ZIPCCL_CACHE_DIR`` (default ``~/.cache/zipccl``).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def supports(block: int) -> bool:
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("ZIPCCL_CACHE", Path.home() / ".cache" / "zipccl"))
+    return Path(os.environ.get("ZIPCCL_CACHE_DIR", Path.home() / ".cache" / "zipccl"))
 
 
 def build(arch: str) -> Path:
