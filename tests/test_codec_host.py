@@ -82,7 +82,7 @@ def test_layout_gaps_are_golden_zero_padding(name: str, n: int) -> None:
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_cuda_source_builds_and_exports(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """codec.cu compiles and its launchers are exported (no GPU needed to build or load)."""
-    monkeypatch.setenv("ZIPCCL_CACHE", str(tmp_path))
+    monkeypatch.setenv("ZIPCCL_CACHE_DIR", str(tmp_path))
     lib = ctypes.CDLL(str(_cuda.build("90")))
     for name in ("zipccl_encode", "zipccl_decode", "zipccl_error_string"):
         assert hasattr(lib, name)
