@@ -3,7 +3,8 @@
     python -m hw.generate --out build [--table TABLE.json]
 
 writes ``qlc_encoder.v``, ``qlc_decoder.v``, ``qlc_loopback.v``, the multi-lane blocks
-``qlc_encoder_x{N}.v`` (N = 2, 4, 8, 32) and ``qlc_decoder_x{N}.v`` (N = 2, 4, 8) -- their
+``qlc_encoder_x{N}.v`` (N = 2, 4, 8, 32), ``qlc_decoder_x{N}.v`` and ``qlc_loopback_x{N}.v``
+(N = 2, 4, 8) -- their
 memories initialised with the table, the reset-time default -- and
 ``{stem}_{enc,region,rank,count}.hex`` of that table.
 """
@@ -31,6 +32,7 @@ TOPS: dict[str, Callable[[Codebook | None], wiring.Component]] = {
     "qlc_loopback": QLCLoopback,
     **{f"qlc_encoder_x{n}": partial(QLCEncoderN, n) for n in (*MULTI_LANES, ENCODER_ONLY_LANES)},
     **{f"qlc_decoder_x{n}": partial(QLCDecoderN, n) for n in MULTI_LANES},
+    **{f"qlc_loopback_x{n}": partial(QLCLoopback, lanes=n) for n in MULTI_LANES},
 }
 
 

@@ -13,19 +13,22 @@ from amaranth.lib.wiring import In, Out
 from golden.codebook import Codebook
 from hw.decoder import QLCDecoder
 from hw.encoder import QLCEncoder
+from hw.multilane import QLCDecoderN, QLCEncoderN, lane_layout
 from hw.tables import COUNT_BITS, SymbolLayout, TableWriteLayout
 
 
 class QLCLoopback(wiring.Component):
-    """Symbols in (``i``), symbol counts (``n``), symbols out (``o``), shared table load."""
+    """Symbols in (``i``), symbol counts (``n``), symbols out (``o``), shared table load;
+    single-lane blocks, or the N-lane ones of hw/multilane.py when ``lanes`` is given."""
 
-    def __init__(self, book: Codebook | None = None) -> None:
-        self.book = book
+    def __init__(self, book: Codebook | None = None, lanes: int | None = None) -> None:
+        self.book, self.lanes = book, lanes
+        symbols = SymbolLayout if lanes is None else lane_layout(lanes)
         super().__init__(
             {
-                "i": In(stream.Signature(SymbolLayout)),
+                "i": In(stream.Signature(symbols)),
                 "n": In(stream.Signature(COUNT_BITS)),
-                "o": Out(stream.Signature(SymbolLayout)),
+                "o": Out(stream.Signature(symbols)),
                 "tw": In(stream.Signature(TableWriteLayout)),
                 "error": Out(1),
             }
@@ -33,8 +36,11 @@ class QLCLoopback(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        m.submodules.enc = enc = QLCEncoder(self.book)
-        m.submodules.dec = dec = QLCDecoder(self.book)
+        if self.lanes is None:
+            enc, dec = QLCEncoder(self.book), QLCDecoder(self.book)
+        else:
+            enc, dec = QLCEncoderN(self.lanes, self.book), QLCDecoderN(self.lanes, self.book)
+        m.submodules.enc, m.submodules.dec = enc, dec
         wiring.connect(m, wiring.flipped(self.i), enc.i)
         wiring.connect(m, wiring.flipped(self.n), dec.n)
         wiring.connect(m, dec.o, wiring.flipped(self.o))

@@ -1,9 +1,9 @@
 """``python -m sim`` (``nox -s sim``): the cocotb suite on the generated Verilog of the encoder,
 the decoder and the encoder->decoder loopback, over the built-in MiniLM data set.
 
-Also the multi-lane blocks (encoder x2/x4/x8/x32, decoder x2/x4/x8). Prints symbols checked,
-cycles (or symbols) per clock per code length and on the data set, compression ratios and
-PASS/FAIL; exits 1 on any mismatch against golden/, 2 when Icarus is missing.
+Also the multi-lane blocks (encoder x2/x4/x8/x32, decoder and loopback x2/x4/x8). Prints
+symbols checked, cycles (or symbols) per clock per code length and on the data set, compression
+ratios and PASS/FAIL; exits 1 on any mismatch against golden/, 2 when Icarus is missing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sim", description=__doc__.splitlines()[0])
     ap.add_argument(
         "--level", choices=["auto", *LEVELS], default="auto",
-        help="auto: full, and smoke for the blocks slow under Icarus (the 8-lane decoder)",
+        help="auto: full, but smoke for the 8-lane decoder and the multi-lane loopbacks",
     )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tops", nargs="+", choices=list(TOPS), default=list(TOPS))

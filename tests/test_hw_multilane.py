@@ -9,9 +9,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hw.loopback import QLCLoopback
 from hw.multilane import QLCDecoderN, QLCEncoderN, words_per_beat
 from sim.amaranth_port import run_amaranth
-from sim.bench import Bench, Shape, decode_illegal, decode_packets, encode_packets
+from sim.bench import (
+    Bench,
+    Shape,
+    decode_illegal,
+    decode_packets,
+    encode_packets,
+    loopback_packets,
+)
 from sim.cases import builder_sets, illegal_book, length_set, load_data, symbol_mix
 from sim.suite import DEC_IN, ENC_IN, reset_mid_packet
 
@@ -90,3 +98,19 @@ def test_illegal_codeword_partial_beat_then_error(lanes: int, seed: int) -> None
         return await decode_illegal(bench, book, symbols, at, rng)
 
     assert _run("decoder", lanes, seed, 0.7, 0.7, body).symbols == at, f"seed {seed}"
+
+
+@pytest.mark.parametrize("lanes", [2, 4])
+def test_loopback_round_trip(lanes: int) -> None:
+    """N-lane encoder -> N-lane decoder in hardware, table reloads, random valid/ready."""
+    seed = 9
+    rng = np.random.default_rng(seed)
+    shape = Shape(lanes, words_per_beat(lanes), counted=True)
+
+    async def body(port):
+        bench = Bench.make(port, DEC_IN, seed, 0.6, 0.6, shape)
+        for ds in (SETS[1], SETS[4], SETS[5]):
+            tiny = [rng.choice(ds.symbols, int(rng.integers(1, lanes + 3))) for _ in range(4)]
+            await loopback_packets(bench, ds.book, [symbol_mix(rng, ds.symbols, 48), *tiny])
+
+    run_amaranth(QLCLoopback(lanes=lanes), body)
