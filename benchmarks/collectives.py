@@ -8,12 +8,21 @@ One launch per transport (NCCL reads its transport variables once per process gr
     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 torchrun ... sweep --transport socket --out OUT
     python benchmarks/collectives.py table OUT > benchmarks/results/collectives-tables.md
 
+Host overhead of the native fast path, on CPU with gloo (no GPU needed)::
+
+    OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 benchmarks/collectives.py overhead --out OUT
+
 For every op, per-rank size and data (BF16 N(0,1); real MiniLM BF16 weights from
 ``.data/minilm.npz`` tiled to size, rotated per rank so the ranks differ) the same process times
 native torch.distributed, zipccl in ``auto`` and in ``always`` mode: median wall time around
 device syncs after a barrier, speedup over native, and bytes each rank sent to other ranks
 (zipccl's own count; native: the analytic count). Each zipccl result is checked against native
 first (bit for bit for data moves; for reductions against the fp32 rank-order reference).
+
+``overhead``: per-call wall time of small BF16 collectives (default 4 KiB, 64 KiB, 1 MiB per rank)
+through torch.distributed directly, zipccl auto (default verification policy) and zipccl auto with
+``ZIPCCL_VERIFY=1``, calls interleaved, median of ``--calls`` each; plus zipccl's own host time on
+the native path with the torch op stubbed out. Host-side overhead only, not a GPU figure.
 
 ``--train`` then trains a small GPT (bf16 params, DDP, 200 steps) without and with
 ``zipccl.ddp_hook`` (twice, to show the zipccl runs repeat exactly) and records step times and
@@ -26,8 +35,10 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import time
+import timeit
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,6 +53,7 @@ from zipccl.collectives import STATS
 MIB = 1 << 20
 OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce", "broadcast")
 MODES = ("native", "auto", "auto_nv", "always")  # auto_nv: auto with ZIPCCL_VERIFY=0
+# (run A/B in benchmarks/results/collectives.md predate ZIPCCL_VERIFY=auto: their "auto" is =1)
 DEV = torch.device("cuda")  # --cpu: a gloo smoke test of this script on any machine
 
 
@@ -66,9 +78,10 @@ def make_data(kind: str, nbytes: int, rank: int, minilm: Path) -> torch.Tensor:
 # --------------------------------------------------------------------------- ops
 
 
-def op_call(op: str, x: torch.Tensor, world: int,
-            lib: object) -> tuple[Callable[[], object], torch.Tensor]:
-    """A closure running ``op`` through ``lib`` (torch.distributed or zipccl) and its output."""
+def op_call(op: str, x: torch.Tensor, world: int, lib: object,
+            fresh: bool = True) -> tuple[Callable[[], object], torch.Tensor]:
+    """A closure running ``op`` through ``lib`` (torch.distributed or zipccl) and its output;
+    in-place ops restore their input first unless ``fresh`` is False."""
     if op == "all_gather":
         out = torch.empty(world * x.numel(), dtype=x.dtype, device=x.device)
         return lambda: lib.all_gather_into_tensor(out, x), out
@@ -78,12 +91,14 @@ def op_call(op: str, x: torch.Tensor, world: int,
     if op == "reduce_scatter":
         out = torch.empty(x.numel() // world, dtype=x.dtype, device=x.device)
         return lambda: lib.reduce_scatter_tensor(out, x), out
+    if op == "all_to_all_splits":  # explicit (here equal) splits: zipccl's uneven path
+        out, rows = torch.empty_like(x), [x.numel() // world] * world
+        return lambda: lib.all_to_all_single(out, x, rows, rows), out
+    buf = x.clone()
     if op == "all_reduce":
-        buf = x.clone()
-        return lambda: (buf.copy_(x), lib.all_reduce(buf)), buf
+        return lambda: (fresh and buf.copy_(x), lib.all_reduce(buf)), buf
     if op == "broadcast":
-        buf = x.clone()
-        return lambda: (buf.copy_(x), lib.broadcast(buf, src=0)), buf
+        return lambda: (fresh and buf.copy_(x), lib.broadcast(buf, src=0)), buf
     raise ValueError(op)
 
 
@@ -105,6 +120,94 @@ def reference(op: str, x: torch.Tensor, world: int, rank: int) -> torch.Tensor:
     if op == "reduce_scatter":
         return zipccl.reference_reduce([p.view(world, -1)[rank] for p in parts])
     return zipccl.reference_reduce(parts)
+
+
+OVERHEAD_MODES = {"native": {"ZIPCCL_MODE": "never"}, "auto": {"ZIPCCL_MODE": "auto"},
+                  "auto_verify": {"ZIPCCL_MODE": "auto", "ZIPCCL_VERIFY": "1"},
+                  "native_again": {"ZIPCCL_MODE": "never"}}  # control: the noise floor
+
+
+def overhead(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
+    """Per-call host time of small collectives: torch direct vs zipccl auto (+ ZIPCCL_VERIFY=1).
+
+    The modes are interleaved call by call in an order shuffled per round (the same on every rank),
+    so drift on a shared machine and the position after another mode hit them alike; native is
+    timed twice (the noise floor).
+    """
+    from zipccl import switch
+
+    if args.native_profile:  # instant links, slow codec: auto keeps every call native
+        fast, slow = switch.Line(1e-6, 1e15), switch.Line(1e-3, 1e9)
+        switch.set_profile(None, switch.Profile({op: fast for op in switch.OPS}, slow, slow, slow,
+                                                slow, {"bfloat16": 0.7}))
+    rows = []
+    for kib in args.kib:
+        x = make_data("normal", kib << 10, rank, Path())
+        for op in (*OPS, "all_to_all_splits"):
+            fns = {m: op_call(op, x, world, zipccl if "auto" in m else dist, fresh=False)[0]
+                   for m in OVERHEAD_MODES}
+            times: dict[str, list[float]] = {m: [] for m in OVERHEAD_MODES}
+            strategy = {}
+            for m, env in OVERHEAD_MODES.items():
+                os.environ.pop("ZIPCCL_VERIFY", None)
+                os.environ.update(env)
+                STATS.reset()
+                fns[m]()  # warm-up; loads the profile on the first auto call
+                strategy[m] = STATS.strategy or "native"
+            order, shuffle = list(OVERHEAD_MODES.items()), random.Random(kib).shuffle
+            for i in range(args.calls + 20):
+                shuffle(order)
+                for m, env in order:
+                    os.environ.pop("ZIPCCL_VERIFY", None)
+                    os.environ.update(env)
+                    t0 = time.perf_counter()
+                    fns[m]()
+                    if i >= 20:
+                        times[m].append(time.perf_counter() - t0)
+            os.environ.pop("ZIPCCL_VERIFY", None)
+            os.environ["ZIPCCL_MODE"] = "auto"
+            row = {"op": op, "kib": kib, "strategy": strategy["auto"],
+                   "verify_strategy": strategy["auto_verify"],
+                   "host_us": host_cost(op, fns["auto"], fns["native"])}
+            row.update({f"{m}_us": 1e6 * statistics.median(t) for m, t in times.items()})
+            rows.append(row)
+            if rank == 0:
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+TORCH_NAME = {"all_gather": "all_gather_into_tensor", "all_to_all": "all_to_all_single",
+              "all_to_all_splits": "all_to_all_single", "reduce_scatter": "reduce_scatter_tensor",
+              "all_reduce": "all_reduce", "broadcast": "broadcast"}
+
+
+def host_cost(op: str, zipped: Callable[[], object], native: Callable[[], object],
+              calls: int = 20000) -> float:
+    """Microseconds zipccl adds to a call on its native path, free of transport noise: both
+    closures timed with the torch.distributed op replaced by a no-op (local, no communication)."""
+    name = TORCH_NAME[op]
+    real = getattr(dist, name)
+    setattr(dist, name, lambda *args, **kwargs: None)
+    try:
+        t = [statistics.median(timeit.repeat(fn, number=calls // 5, repeat=5)) / (calls // 5)
+             for fn in (zipped, native)]
+    finally:
+        setattr(dist, name, real)
+    return 1e6 * (t[0] - t[1])
+
+
+def overhead_table(rows: list[dict]) -> str:
+    lines = ["| op | KiB/rank | native us | native again / native | auto us | auto / native |"
+             " auto path | zipccl host us | auto, VERIFY=1 us | VERIFY=1 / native |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        n = r["native_us"]
+        host = f"{r['host_us']:.2f}" if r["strategy"] == "native" else "-"  # stub: native only
+        lines.append(f"| {r['op']} | {r['kib']} | {n:.1f} | {r['native_again_us'] / n:.2f} | "
+                     f"{r['auto_us']:.1f} | {r['auto_us'] / n:.2f} | {r['strategy']} | "
+                     f"{host} | {r['auto_verify_us']:.1f} | "
+                     f"{r['auto_verify_us'] / n:.2f} |")
+    return "\n".join(lines)
 
 
 def timed(fn: Callable[[], object], reps: int) -> float:
@@ -170,7 +273,7 @@ def sweep(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
                     lib = dist if mode == "native" else zipccl
                     os.environ["ZIPCCL_MODE"] = {"native": "never", "auto_nv": "auto"}.get(mode,
                                                                                           mode)
-                    os.environ["ZIPCCL_VERIFY"] = "0" if mode == "auto_nv" else "1"
+                    os.environ["ZIPCCL_VERIFY"] = "0" if mode == "auto_nv" else "auto"
                     fn, out = op_call(op, x, world, lib)
                     STATS.reset()
                     fn()
@@ -300,7 +403,11 @@ def table(out: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=["sweep", "table"])
+    ap.add_argument("what", choices=["sweep", "table", "overhead"])
+    ap.add_argument("--kib", type=int, nargs="+", default=[4, 64, 1024])
+    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--native-profile", action="store_true",
+                    help="overhead: a synthetic profile under which auto keeps every call native")
     ap.add_argument("out", nargs="?", type=Path)
     ap.add_argument("--out", dest="out_dir", type=Path)
     ap.add_argument("--transport", default="nvlink")
@@ -325,7 +432,7 @@ def main() -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     global DEV
-    if args.cpu:
+    if args.cpu or args.what == "overhead":
         DEV = torch.device("cpu")
         dist.init_process_group("gloo")
     else:
@@ -333,6 +440,14 @@ def main() -> None:
         DEV = torch.device("cuda", torch.cuda.current_device())
         dist.init_process_group("nccl", device_id=DEV)
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    if args.what == "overhead":
+        rows = overhead(args, rank, world)
+        if rank == 0:
+            (args.out_dir / "overhead-cpu.json").write_text(json.dumps(
+                {"rows": rows, "world": world, "torch": torch.__version__}, indent=1))
+            print(overhead_table(rows), flush=True)
+        dist.destroy_process_group()
+        return
     if args.trace:
         text = trace(rank, world, args.trace)
         if rank == 0:

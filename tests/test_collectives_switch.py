@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -145,3 +147,19 @@ def test_verify_env(monkeypatch):
     monkeypatch.setenv("ZIPCCL_VERIFY", "always")
     with pytest.raises(ValueError, match="ZIPCCL_VERIFY must be one of"):
         verify_policy()
+
+
+def test_exchange_cost_charged_to_zipccl_protocols():
+    """The descriptor exchange the default policy runs for a2a_reduce / compressed counts against
+    them: a profile with a costly exchange keeps a close call native."""
+    p = profile(20.0)
+    p.native["reduce_scatter"] = Line(100e-6, 20 * GB)  # slower than a2a + local reduction
+    call = Call("reduce_scatter", 4 << 10, torch.bfloat16, 2, 1, True)
+    assert switch.choose(p, call) == switch.A2A_REDUCE
+    base = switch.predict(p, call)
+    slow = replace(p, exchange=Line(1e-3, 1e18))
+    costly = switch.predict(slow, call)
+    assert costly[NATIVE] == base[NATIVE]
+    assert all(costly[k] == pytest.approx(base[k] + 1e-3) for k in base if k != NATIVE)
+    assert switch.choose(slow, call) == NATIVE
+    assert Profile.from_json(slow.to_json()) == slow

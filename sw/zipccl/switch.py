@@ -39,12 +39,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from zipccl import _comm
 from zipccl._comm import Group
 
 MODES = ("auto", "always", "never")
 MARGIN = 0.9  # compress only when predicted at <= 90 % of the native time
 OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce", "broadcast")
 NATIVE, A2A_REDUCE, COMPRESSED = "native", "a2a_reduce", "compressed"
+_OP_CODE_PROFILE = 99  # the op code of the profiler's timed descriptor exchanges
 _PRIOR_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn,
                  torch.float8_e5m2)
 _TRANSPORT_ENV = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_IB_DISABLE",
@@ -105,11 +107,12 @@ class Profile:
     reduce: Line  # fp32 local reduction, per input byte
     table: Line  # the theory table, once per call (alpha only)
     ratio: dict[str, float]  # dtype name -> compressed / raw bytes
+    exchange: Line = Line(0.0, 1e18)  # the descriptor exchange, once per call (alpha only)
 
     def vector(self) -> list[float]:
         out: list[float] = []
         for line in [*(self.native[o] for o in OPS), self.compress, self.decompress, self.reduce,
-                     self.table]:
+                     self.table, self.exchange]:
             out += [line.alpha, line.beta]
         return out + [self.ratio[_name(d)] for d in _PRIOR_DTYPES]
 
@@ -117,9 +120,11 @@ class Profile:
     def from_vector(cls, v: list[float]) -> Profile:
         lines = [Line(v[i], v[i + 1]) for i in range(0, 2 * _LINES, 2)]
         ratios = v[2 * _LINES :]
+        comp, dec, red, table, exchange = lines[len(OPS) :]
         return cls(
-            dict(zip(OPS, lines[: len(OPS)], strict=True)), *lines[len(OPS) :],
+            dict(zip(OPS, lines[: len(OPS)], strict=True)), comp, dec, red, table,
             ratio={_name(d): r for d, r in zip(_PRIOR_DTYPES, ratios, strict=True)},
+            exchange=exchange,
         )
 
     def to_json(self) -> str:
@@ -130,7 +135,7 @@ class Profile:
         return cls.from_vector(json.loads(text)["vector"])
 
 
-_LINES = len(OPS) + 4  # Lines in a Profile's vector form
+_LINES = len(OPS) + 5  # Lines in a Profile's vector form
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -154,7 +159,17 @@ class Call:
 
 
 def predict(p: Profile, call: Call) -> dict[str, float]:
-    """Predicted seconds of every strategy eligible for this call."""
+    """Predicted seconds of every strategy eligible for this call.
+
+    zipccl's own protocols (a2a_reduce, compressed) also pay the descriptor exchange: the default
+    verification policy runs it for them. It is charged whatever ``ZIPCCL_VERIFY`` says, so the
+    choice never depends on a variable the ranks do not agree on.
+    """
+    return {k: t + (p.exchange.alpha if k != NATIVE else 0.0)
+            for k, t in _predict(p, call).items()}
+
+
+def _predict(p: Profile, call: Call) -> dict[str, float]:
     n, w, op = float(call.nbytes), call.world, call.op
     r = p.ratio.get(_name(call.dtype), 1.0)
     recv = {"all_gather": w * n, "broadcast": n}.get(op, n)  # bytes each rank decompresses
@@ -176,8 +191,8 @@ def predict(p: Profile, call: Call) -> dict[str, float]:
             out[NATIVE] = p.native["reduce_scatter"](n)
         return out
     if op == "all_reduce":
-        rs = predict(p, replace(call, op="reduce_scatter"))
-        ag = predict(p, Call("all_gather", call.nbytes // w, call.dtype, w, call.chunks))
+        rs = _predict(p, replace(call, op="reduce_scatter"))
+        ag = _predict(p, Call("all_gather", call.nbytes // w, call.dtype, w, call.chunks))
         out = {A2A_REDUCE: min(v for k, v in rs.items() if k != COMPRESSED) + ag[NATIVE],
                COMPRESSED: min(rs.values()) + min(ag.values())}
         if call.native_ok:
@@ -199,9 +214,9 @@ def can_compress(p: Profile, op: str, dtype: torch.dtype, world: int) -> bool:
     Rank-agreed (profile, op, dtype and world only), so an all-to-all with uneven splits -- whose
     sizes differ per rank -- may go native without agreeing on a size when this is False.
     Sound (False only if no size and chunk count compresses), not sampled: the compressed time is
-    at least ``table + max(stage lines)`` (pipelining only adds), and that bound minus ``MARGIN *
-    native`` is convex piecewise linear in n, so its minimum over n >= 0 lies at 0, where two
-    stage lines cross, or at infinity.
+    at least ``table + exchange + max(stage lines)`` (pipelining only adds), and that bound minus
+    ``MARGIN * native`` is convex piecewise linear in n, so its minimum over n >= 0 lies at 0,
+    where two stage lines cross, or at infinity.
     """
     line, r = p.native[op], p.ratio.get(_name(dtype), 1.0)
     fan = {"all_gather": world}.get(op, 1)  # bytes decompressed per input byte
@@ -209,7 +224,8 @@ def can_compress(p: Profile, op: str, dtype: torch.dtype, world: int) -> bool:
               (p.decompress.alpha, fan / p.decompress.beta)]
 
     def gap(n: float) -> float:
-        return p.table.alpha + max(a + s * n for a, s in stages) - MARGIN * line(n)
+        fixed = p.table.alpha + p.exchange.alpha
+        return fixed + max(a + s * n for a, s in stages) - MARGIN * line(n)
 
     if max(s for _, s in stages) < MARGIN / line.beta:
         return True  # the gap keeps falling: compression wins for large enough n
@@ -277,11 +293,12 @@ def _cache_path(g: Group) -> Path:
     return root / f"profile-{digest}.json"
 
 
-_PROFILE_VERSION = 2
+_PROFILE_VERSION = 3  # 3: gloo's reduce-scatter timed itself, not as an all-reduce; exchange
 
 
-def _timed(fn: Callable[[], object], cuda: bool, reps: int = 3) -> float:
-    """Median seconds of ``fn`` after one warm-up call."""
+def _timed(fn: Callable[[], object], cuda: bool, reps: int = 5) -> float:
+    """Fastest of ``reps`` timings of ``fn`` after one warm-up call: on a shared machine a
+    median of few reps still catches scheduling spikes, which then mislead the choice."""
     fn()
     times = []
     for _ in range(reps):
@@ -292,7 +309,7 @@ def _timed(fn: Callable[[], object], cuda: bool, reps: int = 3) -> float:
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def _sizes(g: Group) -> list[int]:
@@ -321,7 +338,9 @@ def _measure(g: Group) -> Profile:
     for dtype in _PRIOR_DTYPES:
         x = torch.randn(1 << 16, generator=gen).to(dtype).to(g.device)
         ratio[_name(dtype)] = float(codec.compress(x).ratio)
-    return Profile(native, comp, dec, red, table, ratio)
+    fields = [_OP_CODE_PROFILE, 0] + [0] * (5 + 2 * g.world + 1)  # a descriptor's length
+    exchange = Line(_timed(lambda: _comm.exchange(g, fields, "profile"), g.cuda), 1e18)
+    return Profile(native, comp, dec, red, table, ratio, exchange)
 
 
 def _reduce_once(x: torch.Tensor, world: int) -> torch.Tensor:
@@ -341,9 +360,7 @@ def _native_op(g: Group, op: str, nbytes: int) -> Callable[[], object]:
         return lambda: dist.all_to_all_single(out, x, group=g.pg)
     if op == "reduce_scatter":
         out = torch.empty(numel // g.world, dtype=x.dtype, device=g.device)
-        if g.cuda:
-            return lambda: dist.reduce_scatter_tensor(out, x, group=g.pg)
-        return _native_op(g, "all_reduce", nbytes)  # gloo: no fast native reduce-scatter
+        return lambda: dist.reduce_scatter_tensor(out, x, group=g.pg)
     if op == "all_reduce":
         return lambda: dist.all_reduce(x, group=g.pg)
     if op == "broadcast":
