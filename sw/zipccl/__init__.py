@@ -1,4 +1,53 @@
-"""zipccl: lossless compression of LLM-training tensors and compressed collectives."""
-from zipccl.codec import *  # noqa: F403  (codec API: compress, decompress, Compressed, ...)
-from zipccl.collectives import *  # noqa: F403  (collectives: all_gather_into_tensor, ...)
-from zipccl.hooks import *  # noqa: F403  (ddp_hook, ZipAllGather, ZipReduceScatter)
+"""zipccl: lossless compression of LLM-training tensors and compressed collectives.
+
+The codec (:mod:`zipccl.codec`) writes golden/container.py buffers on CPU or CUDA; the collectives
+(:mod:`zipccl.collectives`) have torch.distributed's signatures; :mod:`zipccl.hooks` plugs them
+into DDP and FSDP2.
+"""
+
+from zipccl.codec import (
+    Compressed,
+    compress,
+    compress_into,
+    decompress,
+    default_table,
+    fixed_part_bytes,
+    histogram_table,
+    max_compressed_bytes,
+)
+from zipccl.collectives import (
+    CollectiveMismatchError,
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_reduce_strategy,
+    all_to_all_single,
+    broadcast,
+    reduce_scatter_tensor,
+    reference_reduce,
+)
+from zipccl.hooks import FSDP2_HOOKS, ZipAllGather, ZipReduceScatter, ddp_hook
+
+__all__ = [
+    "FSDP2_HOOKS",
+    "CollectiveMismatchError",
+    "Compressed",
+    "ZipAllGather",
+    "ZipReduceScatter",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_reduce",
+    "all_reduce_strategy",
+    "all_to_all_single",
+    "broadcast",
+    "compress",
+    "compress_into",
+    "ddp_hook",
+    "decompress",
+    "default_table",
+    "fixed_part_bytes",
+    "histogram_table",
+    "max_compressed_bytes",
+    "reduce_scatter_tensor",
+    "reference_reduce",
+]
