@@ -44,13 +44,6 @@ def trio():
     c.close()
 
 
-@pytest.fixture(scope="module")
-def quad():
-    c = Cluster(4)
-    yield c
-    c.close()
-
-
 # --------------------------------------------------------------------------- data
 
 
@@ -501,12 +494,19 @@ def test_native_paths_agree(pair, mode):
     assert all(pair.run(sc_native_fallbacks, env=env))
 
 
-def test_four_ranks_every_op(quad):
-    assert all(quad.run(sc_all_gather, torch.bfloat16, 3001, env=SMALL_CHUNKS))
-    assert all(quad.run(sc_all_to_all_random, 7, env=ALWAYS))
-    assert all(quad.run(sc_broadcast, torch.float16, 2000, env=ALWAYS))
-    assert all(quad.run(sc_reduce_scatter, torch.bfloat16, 1001, "AVG", env=SMALL_CHUNKS))
-    assert all(quad.run(sc_all_reduce, torch.float32, 999, "SUM", env={"ZIPCCL_MODE": "auto"}))
+@pytest.mark.parametrize("world", [4, pytest.param(8, marks=pytest.mark.slow)])
+def test_many_ranks_every_op(world: int) -> None:
+    """Every op on 4 and 8 gloo ranks: what the CPUs allow of the 4- and 8-GPU scaling runs."""
+    ranks = Cluster(world)
+    try:
+        assert all(ranks.run(sc_all_gather, torch.bfloat16, 3001, env=SMALL_CHUNKS))
+        assert all(ranks.run(sc_all_to_all_random, 7, env=ALWAYS))
+        assert all(ranks.run(sc_broadcast, torch.float16, 2000, env=ALWAYS))
+        assert all(ranks.run(sc_reduce_scatter, torch.bfloat16, 1001, "AVG", env=SMALL_CHUNKS))
+        auto = {"ZIPCCL_MODE": "auto"}
+        assert all(ranks.run(sc_all_reduce, torch.float32, 999, "SUM", env=auto))
+    finally:
+        ranks.close()
 
 
 def test_native_fallbacks_when_always(pair):
