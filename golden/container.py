@@ -50,8 +50,9 @@ MIN_BLOCK, MAX_BLOCK = 64, 1 << 20
 # 16 numel, 24 payload_bytes, 32 shape[8], 96 table hash64, 104 table (266 bytes), 508 CRC-32
 _FIXED = struct.Struct("<4sBBBBIIQQ8QQ")
 _TABLE_AT = _FIXED.size
-_CRC_AT = HEADER_BYTES - 4
-assert _TABLE_AT + TABLE_BYTES <= _CRC_AT
+CRC_AT = HEADER_BYTES - 4  # the header's last 4 bytes: CRC-32 of the bytes before them
+PAYLOAD_BYTES_AT = struct.calcsize("<4sBBBBIIQ")  # the uint64 payload_bytes field
+assert _TABLE_AT + TABLE_BYTES <= CRC_AT
 
 
 def align(n: int) -> int:
@@ -89,7 +90,7 @@ class Header:
             thash,
         )
         body = fixed + table
-        body += bytes(_CRC_AT - len(body))
+        body += bytes(CRC_AT - len(body))
         return body + struct.pack("<I", zlib.crc32(body))
 
     @classmethod
@@ -105,9 +106,9 @@ class Header:
             raise StreamError(f"not a zipccl buffer (magic {magic!r})")
         if version != VERSION:
             raise StreamError(f"buffer format version {version} is not supported (need {VERSION})")
-        if struct.unpack("<I", head[_CRC_AT:])[0] != zlib.crc32(head[:_CRC_AT]):
+        if struct.unpack("<I", head[CRC_AT:])[0] != zlib.crc32(head[:CRC_AT]):
             raise StreamError("header checksum mismatch: the buffer is corrupt")
-        if reserved or any(head[_TABLE_AT + TABLE_BYTES : _CRC_AT]):
+        if reserved or any(head[_TABLE_AT + TABLE_BYTES : CRC_AT]):
             raise StreamError("header reserved bytes are not zero")
         if code not in BY_CODE:
             raise StreamError(f"unknown dtype code {code}")

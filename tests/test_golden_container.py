@@ -12,7 +12,15 @@ from hypothesis import strategies as st
 
 from golden import container
 from golden.codebook import Codebook
-from golden.container import HEADER_BYTES, LAYOUT_RAW, LAYOUT_SPLIT, Header, decode, encode
+from golden.container import (
+    HEADER_BYTES,
+    LAYOUT_RAW,
+    LAYOUT_SPLIT,
+    PAYLOAD_BYTES_AT,
+    Header,
+    decode,
+    encode,
+)
 from golden.formats import BF16, E4M3, E5M2, FORMATS, FP16, FP32, FloatFormat, get_format
 from golden.streams import StreamError
 from golden.theory import TensorStats, zipccl_table
@@ -177,4 +185,5 @@ def test_header_round_trips_and_records_the_table_hash(good_buffer: bytes) -> No
     head = Header.unpack(good_buffer)
     assert head.table is not None and head.shape == (10_000,) and head.block == 256
     assert struct.unpack_from("<Q", good_buffer, 96)[0] == head.table.hash64
+    assert struct.unpack_from("<Q", good_buffer, PAYLOAD_BYTES_AT)[0] == head.payload_bytes > 0
     assert head.pack() == good_buffer[:HEADER_BYTES]

@@ -45,6 +45,7 @@ import torch
 from golden import theory
 from golden.codebook import Codebook
 from golden.container import (
+    CRC_AT,
     DEFAULT_BLOCK,
     HEADER_BYTES,
     LAYOUT_RAW,
@@ -52,6 +53,7 @@ from golden.container import (
     MAX_BLOCK,
     MAX_DIMS,
     MIN_BLOCK,
+    PAYLOAD_BYTES_AT,
     Header,
     Sections,
     raw_size,
@@ -249,22 +251,6 @@ def _hash64(table: Codebook) -> int:
     return table.hash64
 
 
-_CRC_AT = HEADER_BYTES - 4
-
-
-def _payload_offset() -> int:
-    """Where golden's header keeps payload_bytes (uint64), found from golden itself."""
-    fmt = get_format("bfloat16")
-    a = Header(LAYOUT_RAW, fmt, (1,), DEFAULT_BLOCK, 0, None).pack()
-    b = Header(LAYOUT_RAW, fmt, (1,), DEFAULT_BLOCK, (1 << 64) - 1, None).pack()
-    diff = [i for i in range(_CRC_AT) if a[i] != b[i]]
-    assert diff and diff == list(range(diff[0], diff[0] + 8)), diff
-    return diff[0]
-
-
-_PAYLOAD_AT = _payload_offset()
-
-
 @functools.lru_cache(maxsize=256)
 def _header_template(layout: int, fmt: FloatFormat, shape: tuple, block: int,
                      table: Codebook | None) -> bytes:
@@ -275,8 +261,8 @@ def _header_template(layout: int, fmt: FloatFormat, shape: tuple, block: int,
 def _pack_header(head: Header) -> bytes:
     """Header.pack() without re-hashing the table on every call (hot path)."""
     data = bytearray(_header_template(head.layout, head.fmt, head.shape, head.block, head.table))
-    struct.pack_into("<Q", data, _PAYLOAD_AT, head.payload_bytes)
-    struct.pack_into("<I", data, _CRC_AT, zlib.crc32(data[:_CRC_AT]))
+    struct.pack_into("<Q", data, PAYLOAD_BYTES_AT, head.payload_bytes)
+    struct.pack_into("<I", data, CRC_AT, zlib.crc32(data[:CRC_AT]))
     return bytes(data)
 
 
