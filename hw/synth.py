@@ -91,16 +91,21 @@ def _cells(stat: dict, top: str) -> dict[str, int]:
     return module.get("num_cells_by_type") or module.get("cells", {})
 
 
-def yosys_area(top: str, source: Path, out: Path) -> dict[str, int]:
-    """Cell counts of ``top`` after synth_ice40 (flattened)."""
-    stat_json = out / f"{top}_stat.json"
+def _synth_stat(top: str, source: Path, synth: str, stem: Path) -> dict[str, int]:
+    """Cell counts of ``top`` after the yosys ``synth`` command given (``stem``: output prefix)."""
+    stat_json = stem.with_name(stem.name + "_stat.json")
     _run(
-        ["yosys", "-q", "-p", f"read_verilog {source}; synth_ice40 -top {top}; "
+        ["yosys", "-q", "-p", f"read_verilog {source}; {synth} -top {top}; "
          f"tee -q -o {stat_json} stat -json"],
-        out / f"{top}_yosys.log",
+        stem.with_name(stem.name + "_yosys.log"),
     )
     text = stat_json.read_text()
     return _cells(json.loads(text[text.index("{"):]), top)
+
+
+def yosys_area(top: str, source: Path, out: Path) -> dict[str, int]:
+    """Cell counts of ``top`` after synth_ice40 (flattened)."""
+    return _synth_stat(top, source, "synth_ice40", out / top)
 
 
 def place_and_route(top: str, source: Path, out: Path) -> tuple[int, float]:
@@ -147,14 +152,7 @@ def generic_cells(top: str, out: Path) -> dict[str, int]:
     out.mkdir(parents=True, exist_ok=True)
     source = out / f"{top}.v"
     source.write_text(verilog.convert(TOPS[top](), name=top))
-    stat_json = out / f"{top}_generic_stat.json"
-    _run(
-        ["yosys", "-q", "-p", f"read_verilog {source}; synth -top {top}; "
-         f"tee -q -o {stat_json} stat -json"],
-        out / f"{top}_generic_yosys.log",
-    )
-    text = stat_json.read_text()
-    return _cells(json.loads(text[text.index("{"):]), top)
+    return _synth_stat(top, source, "synth", out / f"{top}_generic")
 
 
 def main(argv: list[str] | None = None) -> int:
