@@ -6,10 +6,11 @@ Pipeline (every stage holds under back-pressure, so no beat is lost or repeated)
    synchronous read port whose enable is the stage's advance, so its output holds while stalled).
 2. **Align** -- the LUT entry becomes the codeword left aligned in 11 bits (prefix, then the
    payload shifted up by ``8 - width``) and its length ``3 + width``, registered.
-3. **Pack** -- the pending bits ``acc`` are left aligned with zeros below them (``n`` < 32), so
-   the codeword goes in with one shift by the *register* ``n`` and an OR; once ``n + length >=
-   32`` the top 32 bits leave as a word (bit 31 = first stream bit) and the 0..10 bits past it
-   become the new ``acc``, a fixed shift. No shift depends on a value computed in the same cycle.
+3. **Pack** (``hw.packer``, shared with the N-lane encoder) -- the pending bits ``acc`` are left
+   aligned with zeros below them (``n`` < 32), so the codeword goes in with one shift by the
+   *register* ``n`` and an OR; once ``n + length >= 32`` the top 32 bits leave as a word (bit 31
+   = first stream bit) and the 0..10 bits past it become the new ``acc``, a fixed shift. No
+   shift depends on a value computed in the same cycle.
 4. **Output register** -- the word stream ``o``; ``o.payload.bits`` counts the packet's bits and
    is final on the ``last`` word. A packet whose bits do not fill its last word takes one extra
    *flush* cycle that sends ``acc`` as it is: already zero padded.
@@ -20,7 +21,7 @@ packets; ``tw.ready`` is low inside a packet so a packet is always coded with on
 
 from __future__ import annotations
 
-from amaranth import C, Cat, Module, Signal
+from amaranth import Cat, Module, Signal
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -32,8 +33,8 @@ from golden.codebook import (
     PREFIX_BITS,
     Codebook,
 )
+from hw.packer import add_packer
 from hw.tables import (
-    COUNT_BITS,
     WORD_BITS,
     EncEntry,
     EncWordLayout,
@@ -70,12 +71,6 @@ class QLCEncoder(wiring.Component):
         s2_valid, s2_last = Signal(), Signal()
         s2_code = Signal(MAX_CODE_LENGTH)  # the codeword, left aligned (first bit at the top)
         s2_length = Signal(range(MAX_CODE_LENGTH + 1))
-        acc = Signal(WORD_BITS)  # pending bits, left aligned, zeros below them
-        n = Signal(range(WORD_BITS))  # number of pending bits
-        total = Signal(COUNT_BITS)  # bits of the packet so far
-        flush = Signal()  # the packet ended with n > 0 pending bits: send them, zero padded
-        o_valid = Signal()
-        o_data, o_last, o_bits = Signal(WORD_BITS), Signal(), Signal(COUNT_BITS)
 
         # table writes, only between packets; they win over a new packet's first symbol
         tw_take = self.tw.valid & ~in_packet
@@ -87,9 +82,10 @@ class QLCEncoder(wiring.Component):
         ]
 
         # handshakes: each stage advances when the one after it can take its contents
-        out_free = ~o_valid | self.o.ready
-        end = Signal(range(WORD_BITS + MAX_CODE_LENGTH))
-        pack = s2_valid & ~flush & (out_free | (end < WORD_BITS))  # a full o blocks only a word
+        pack = add_packer(
+            m, self.o, beat=WORD_BITS, code_bits=MAX_CODE_LENGTH, valid=s2_valid, code=s2_code,
+            length=s2_length, last=s2_last,
+        )
         s2_free = ~s2_valid | pack
         s1_free = ~s1_valid | s2_free
         take = self.i.valid & self.i.ready
@@ -117,44 +113,5 @@ class QLCEncoder(wiring.Component):
                 s2_length.eq(PREFIX_BITS + entry.width),
             ]
 
-        # stage 3: pack below the pending bits (the only variable shift is by the register n)
-        joined = Signal(WORD_BITS + MAX_CODE_LENGTH)
-        m.d.comb += [
-            joined.eq(Cat(C(0, MAX_CODE_LENGTH), acc) | (Cat(C(0, WORD_BITS), s2_code) >> n)),
-            end.eq(n + s2_length),
-        ]
-        with m.If(self.o.ready):
-            m.d.sync += o_valid.eq(0)
-        with m.If(flush & out_free):
-            m.d.sync += [
-                o_valid.eq(1),
-                o_data.eq(acc),
-                o_last.eq(1),
-                o_bits.eq(total),
-                flush.eq(0),
-                acc.eq(0),
-                n.eq(0),
-                total.eq(0),
-            ]
-        with m.Elif(pack):
-            m.d.sync += total.eq(total + s2_length)
-            with m.If(end >= WORD_BITS):
-                aligned = end == WORD_BITS
-                m.d.sync += [
-                    o_valid.eq(1),
-                    o_data.eq(joined[MAX_CODE_LENGTH:]),
-                    o_last.eq(s2_last & aligned),
-                    o_bits.eq(total + s2_length),
-                    acc.eq(Cat(C(0, WORD_BITS - MAX_CODE_LENGTH), joined[:MAX_CODE_LENGTH])),
-                    n.eq(end - WORD_BITS),
-                    flush.eq(s2_last & ~aligned),
-                ]
-                with m.If(s2_last & aligned):
-                    m.d.sync += total.eq(0)
-            with m.Else():
-                m.d.sync += [acc.eq(joined[MAX_CODE_LENGTH:]), n.eq(end), flush.eq(s2_last)]
-        m.d.comb += [
-            self.o.valid.eq(o_valid),
-            self.o.payload.eq(Cat(o_data, o_last, o_bits)),
-        ]
+        # stage 3: pack below the pending bits (hw.packer), stage 4: the output register
         return m

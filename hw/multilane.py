@@ -34,6 +34,7 @@ from golden.codebook import (
     REGION_WORD_BITS,
     Codebook,
 )
+from hw.packer import add_packer
 from hw.tables import (
     COUNT_BITS,
     WIDTH_BITS,
@@ -121,9 +122,6 @@ class QLCEncoderN(wiring.Component):
         s2_lens = [Signal(range(MAX_CODE_LENGTH + 1), name=f"s2_len{j}") for j in range(n_lanes)]
         s3_valid, s3_last = Signal(), Signal()
         s3_block, s3_len = Signal(block_bits), Signal(range(block_bits + 1))
-        acc, n = Signal(beat), Signal(range(beat))
-        total, flush = Signal(COUNT_BITS), Signal()
-        o_valid, o_data, o_last, o_bits = Signal(), Signal(beat), Signal(), Signal(COUNT_BITS)
 
         tw_take = _table_port(m, self.tw, ~in_packet)
         m.d.comb += [
@@ -132,9 +130,10 @@ class QLCEncoderN(wiring.Component):
             wr.en.eq(tw_take & (self.tw.payload.mem == Mem.ENC)),
         ]
 
-        out_free = ~o_valid | self.o.ready
-        end = Signal(range(beat + block_bits))
-        pack = s3_valid & ~flush & (out_free | (end < beat))
+        pack = add_packer(
+            m, self.o, beat=beat, code_bits=block_bits, valid=s3_valid, code=s3_block,
+            length=s3_len, last=s3_last,
+        )
         s3_free = ~s3_valid | pack
         s2_free = ~s2_valid | s3_free
         s1_free = ~s1_valid | s2_free
@@ -174,40 +173,7 @@ class QLCEncoderN(wiring.Component):
                 s3_valid.eq(s2_valid), s3_last.eq(s2_last), s3_block.eq(block), s3_len.eq(length)
             ]
 
-        # stage 4: the packer (as the single-lane one, beat wide)
-        joined = Signal(beat + block_bits)
-        m.d.comb += [
-            joined.eq(Cat(C(0, block_bits), acc) | (Cat(C(0, beat), s3_block) >> n)),
-            end.eq(n + s3_len),
-        ]
-        with m.If(self.o.ready):
-            m.d.sync += o_valid.eq(0)
-        with m.If(flush & out_free):
-            m.d.sync += [
-                o_valid.eq(1), o_data.eq(acc), o_last.eq(1), o_bits.eq(total),
-                flush.eq(0), acc.eq(0), n.eq(0), total.eq(0),
-            ]
-        with m.Elif(pack):
-            m.d.sync += total.eq(total + s3_len)
-            with m.If(end >= beat):
-                aligned = end == beat
-                m.d.sync += [
-                    o_valid.eq(1),
-                    o_data.eq(joined[block_bits:]),
-                    o_last.eq(s3_last & aligned),
-                    o_bits.eq(total + s3_len),
-                    acc.eq(Cat(C(0, beat - block_bits), joined[:block_bits])),
-                    n.eq(end - beat),
-                    flush.eq(s3_last & ~aligned),
-                ]
-                with m.If(s3_last & aligned):
-                    m.d.sync += total.eq(0)
-            with m.Else():
-                m.d.sync += [acc.eq(joined[block_bits:]), n.eq(end), flush.eq(s3_last)]
-        m.d.comb += [
-            self.o.valid.eq(o_valid),
-            self.o.payload.eq(Cat(o_data, o_last, o_bits)),
-        ]
+        # stage 4: the packer (hw.packer, beat wide)
         return m
 
 
