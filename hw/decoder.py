@@ -56,6 +56,7 @@ from hw.tables import (
     SymbolLayout,
     TableWriteLayout,
     default_book,
+    table_write_port,
 )
 
 RANK_BITS = 10  # base (<= 256) + payload (<= 255)
@@ -101,14 +102,8 @@ class QLCDecoder(wiring.Component):
         # table writes, only with no packet in flight; they win over a new packet's count
         tw = self.tw.payload
         busy = Signal()
-        tw_ready = ~busy & ~s1_valid & ~s2_valid & ~s3_valid
-        tw_take = self.tw.valid & tw_ready
-        m.d.comb += [
-            self.tw.ready.eq(tw_ready),
-            wr.addr.eq(tw.addr),
-            wr.data.eq(tw.data),
-            wr.en.eq(tw_take & (tw.mem == Mem.RANK)),
-        ]
+        idle = ~busy & ~s1_valid & ~s2_valid & ~s3_valid
+        tw_take = table_write_port(m, self.tw, idle, wr, Mem.RANK)
         with m.If(tw_take & (tw.mem == Mem.REGION)), m.Switch(tw.addr):
             for p, reg in enumerate(regions):
                 with m.Case(p):

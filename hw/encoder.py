@@ -42,6 +42,7 @@ from hw.tables import (
     SymbolLayout,
     TableWriteLayout,
     default_book,
+    table_write_port,
 )
 
 
@@ -73,13 +74,7 @@ class QLCEncoder(wiring.Component):
         s2_length = Signal(range(MAX_CODE_LENGTH + 1))
 
         # table writes, only between packets; they win over a new packet's first symbol
-        tw_take = self.tw.valid & ~in_packet
-        m.d.comb += [
-            self.tw.ready.eq(~in_packet),
-            wr.addr.eq(self.tw.payload.addr),
-            wr.data.eq(self.tw.payload.data),
-            wr.en.eq(tw_take & (self.tw.payload.mem == Mem.ENC)),
-        ]
+        tw_take = table_write_port(m, self.tw, ~in_packet, wr, Mem.ENC)
 
         # handshakes: each stage advances when the one after it can take its contents
         pack = add_packer(

@@ -44,6 +44,7 @@ from hw.tables import (
     RegionEntry,
     TableWriteLayout,
     default_book,
+    table_write_port,
 )
 
 MULTI_LANES = (2, 4, 8)  # both blocks (the single-lane blocks are N = 1)
@@ -67,13 +68,6 @@ def lane_layout(lanes: int) -> data.StructLayout:
 
 def beat_layout(words: int) -> data.StructLayout:
     return data.StructLayout({"data": WORD_BITS * words, "last": 1, "bits": COUNT_BITS})
-
-
-def _table_port(m: Module, tw, ready: Value) -> Value:
-    """Common table-write handshake: returns the 'beat taken' signal."""
-    take = tw.valid & ready
-    m.d.comb += tw.ready.eq(ready)
-    return take
 
 
 def merge_codes(codes: list[tuple[Value, Value, int]]) -> tuple[Value, Value, int]:
@@ -123,12 +117,7 @@ class QLCEncoderN(wiring.Component):
         s3_valid, s3_last = Signal(), Signal()
         s3_block, s3_len = Signal(block_bits), Signal(range(block_bits + 1))
 
-        tw_take = _table_port(m, self.tw, ~in_packet)
-        m.d.comb += [
-            wr.addr.eq(self.tw.payload.addr),
-            wr.data.eq(self.tw.payload.data),
-            wr.en.eq(tw_take & (self.tw.payload.mem == Mem.ENC)),
-        ]
+        tw_take = table_write_port(m, self.tw, ~in_packet, wr, Mem.ENC)
 
         pack = add_packer(
             m, self.o, beat=beat, code_bits=block_bits, valid=s3_valid, code=s3_block,
@@ -223,12 +212,8 @@ class QLCDecoderN(wiring.Component):
         s3_bad = [Signal(name=f"s3_bad{j}") for j in lane_range]
 
         tw = self.tw.payload
-        tw_take = _table_port(m, self.tw, ~busy & ~s1_valid & ~s2_valid & ~s3_valid)
-        m.d.comb += [
-            wr.addr.eq(tw.addr),
-            wr.data.eq(tw.data),
-            wr.en.eq(tw_take & (tw.mem == Mem.RANK)),
-        ]
+        idle = ~busy & ~s1_valid & ~s2_valid & ~s3_valid
+        tw_take = table_write_port(m, self.tw, idle, wr, Mem.RANK)
         with m.If(tw_take & (tw.mem == Mem.REGION)), m.Switch(tw.addr):
             for p, reg in enumerate(regions):
                 with m.Case(p):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 
-from amaranth import unsigned
+from amaranth import Module, Value, unsigned
 from amaranth.lib import data
 
 from golden import presets
@@ -84,3 +84,16 @@ def pack_table_write(mem: int, addr: int, word: int) -> int:
 def default_book() -> Codebook:
     """The table a block holds after configuration when none is given: the QLC e4m3 preset."""
     return presets.qlc_e4m3()
+
+
+def table_write_port(m: Module, tw, ready: Value, wr, mem: Mem) -> Value:
+    """Accept ``tw`` beats while ``ready`` and write those addressed to ``mem`` through the memory
+    write port ``wr``; returns the beat-taken signal (for the tables a block keeps in registers)."""
+    take = tw.valid & ready
+    m.d.comb += [
+        tw.ready.eq(ready),
+        wr.addr.eq(tw.payload.addr),
+        wr.data.eq(tw.payload.data),
+        wr.en.eq(take & (tw.payload.mem == mem)),
+    ]
+    return take
