@@ -152,3 +152,27 @@ def test_gpu_byte_escape_tables(fast: str, literal: int, monkeypatch: pytest.Mon
         zipccl.decompress(bad)
     with pytest.raises(ValueError, match="illegal"):
         zipccl.decompress(bad.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_gpu_decode_from_separate_payload(dtype: torch.dtype) -> None:
+    """A received fixed part and payload decode where they lie (no joining copy), at any byte
+    alignment of the payload; a payload shorter than the header says is rejected."""
+    from zipccl import _cuda
+
+    x = gaussian(70001, dtype, seed=31, scale=3.0).to(CUDA)
+    c = zipccl.compress(x, fitted(dtype), block=1024)
+    assert c.layout == "split"
+    fixed = zipccl.fixed_part_bytes(dtype, x.numel(), 1024)
+    fmt = {torch.bfloat16: BF16, torch.float8_e4m3fn: E4M3}[dtype]
+    for shift in (0, 1, 3):
+        head = c.buffer[:fixed].clone()
+        pay = torch.zeros(c.payload_bytes + shift, dtype=torch.uint8, device=CUDA)[shift:]
+        pay.copy_(c.buffer[fixed:])
+        y = torch.empty_like(x)
+        flag = torch.zeros(1, dtype=torch.int32, device=CUDA)
+        _cuda.launch_decode(head, fmt, c.table, 1024, c.payload_bytes, y, flag, payload=pay)
+        assert int(flag.item()) == 0
+        assert torch.equal(y.view(torch.uint8), x.view(torch.uint8))
+    with pytest.raises(ValueError, match="too short"):
+        _cuda.launch_decode(head, fmt, c.table, 1024, c.payload_bytes, y, flag, payload=pay[1:])

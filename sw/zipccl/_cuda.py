@@ -28,12 +28,10 @@ from golden.formats import FloatFormat
 from golden.streams import num_blocks
 
 SOURCE = Path(__file__).with_name("csrc") / "codec.cu"
-MAX_BLOCK = 16384  # the payload of one block is staged in shared memory
-MAX_THREADS = 512
+MAX_BLOCK = 16384  # one warp stages a block's payload in shared memory
 GAPS = 10
 KIND = {"bfloat16": 0, "float16": 1, "float32": 2, "float8_e4m3fn": 3, "float8_e5m2": 3}
 FAST_BF16 = 4  # BF16 under a byte-escape table (ZIPCCL_FAST=0 selects the generic kernels)
-FAST_BLOCK = 4096
 ERRORS = {
     1: "block offsets out of order or out of range",
     2: "a block's payload size disagrees with its prefix planes",
@@ -48,7 +46,7 @@ class Layout(ctypes.Structure):
 
     _fields_ = [
         (name, ctypes.c_longlong)
-        for name in ("n", "nb", "block", "threads", "ngaps")
+        for name in ("n", "nb", "block", "ngaps")
     ] + [
         ("raw_byte_at", ctypes.c_longlong * 3),
         ("raw_bit_at", ctypes.c_longlong * 3),
@@ -57,6 +55,7 @@ class Layout(ctypes.Structure):
         ("payload_at", ctypes.c_longlong),
         ("capacity", ctypes.c_longlong),
         ("payload_bytes", ctypes.c_longlong),
+        ("payload_cap", ctypes.c_longlong),
         ("gap_lo", ctypes.c_longlong * GAPS),
         ("gap_hi", ctypes.c_longlong * GAPS),
     ]
@@ -102,8 +101,10 @@ def _lib() -> ctypes.CDLL | None:
         return None
     ptr, layout = ctypes.c_void_p, ctypes.POINTER(Layout)
     lib.zipccl_encode.argtypes = [ctypes.c_int, ptr, ptr, layout, ptr, ptr, ptr]
-    lib.zipccl_decode.argtypes = [ctypes.c_int, ptr, ptr, layout, ptr, ptr, ctypes.c_int, ptr]
+    lib.zipccl_decode.argtypes = [ctypes.c_int, ptr, ptr, ptr, layout, ptr, ptr, ctypes.c_int, ptr]
     lib.zipccl_encode.restype = lib.zipccl_decode.restype = ctypes.c_int
+    lib.zipccl_work_bytes.argtypes = [ctypes.c_longlong, ctypes.c_longlong]
+    lib.zipccl_work_bytes.restype = ctypes.c_longlong
     lib.zipccl_error_string.argtypes = [ctypes.c_int]
     lib.zipccl_error_string.restype = ctypes.c_char_p
     return lib
@@ -162,8 +163,8 @@ def _table_words(table: Codebook) -> tuple[int, ...]:
 
 
 def _kind(fmt: FloatFormat, table: Codebook, block: int) -> int:
-    """Kernel choice: the BF16 fast path is built for block 4096 (128 threads, 8 CTAs per SM)."""
-    fast = fmt.name == "bfloat16" and block == FAST_BLOCK and byte_escape(table)
+    """Kernel choice: BF16 under a byte-escape table takes the SIMD fast path."""
+    fast = fmt.name == "bfloat16" and byte_escape(table)
     return FAST_BF16 if fast and os.environ.get("ZIPCCL_FAST", "1") != "0" else KIND[fmt.name]
 
 
@@ -194,11 +195,17 @@ def _on(device: torch.device) -> contextlib.AbstractContextManager:
 
 
 @functools.lru_cache(maxsize=256)
-def _layout(fmt: FloatFormat, n: int, block: int, capacity: int, payload_bytes: int) -> Layout:
+def _payload_at(fmt: FloatFormat, n: int, block: int) -> int:
+    return Sections.of(fmt, n, block).payload
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(fmt: FloatFormat, n: int, block: int, capacity: int, payload_bytes: int,
+            payload_cap: int) -> Layout:
     sec = Sections.of(fmt, n, block)
     nb = num_blocks(n, block)
     plane = (n + 7) // 8
-    lay = Layout(n=n, nb=nb, block=block, threads=min(MAX_THREADS, max(32, block // 32)))
+    lay = Layout(n=n, nb=nb, block=block)
     ends = [(at, n) for at in sec.raw_bytes] + [(at, plane) for at in sec.raw_bits + sec.prefix]
     ends.append((sec.offsets, 8 * nb))
     gaps = [(at + size, align(at + size)) for at, size in ends]
@@ -211,7 +218,7 @@ def _layout(fmt: FloatFormat, n: int, block: int, capacity: int, payload_bytes: 
         for i, at in enumerate(starts):
             getattr(lay, name)[i] = at
     lay.offsets_at, lay.payload_at = sec.offsets, sec.payload
-    lay.capacity, lay.payload_bytes = capacity, payload_bytes
+    lay.capacity, lay.payload_bytes, lay.payload_cap = capacity, payload_bytes, payload_cap
     return lay
 
 
@@ -233,27 +240,28 @@ def _check(rc: int) -> None:
 def launch_encode(
     x: torch.Tensor, fmt: FloatFormat, table: Codebook, block: int, out: torch.Tensor
 ) -> torch.Tensor:
-    """Queue the encode kernel; returns the int64 work tensor whose [1] is payload_bytes."""
+    """Queue the encode (three kernels, no host sync); returns a one-element int64 device tensor
+    that will hold payload_bytes. The payload is written only if it fits in ``out``."""
     _check_dense(x, out)
     n = x.numel()
-    lay = _layout(fmt, n, block, out.numel(), 0)
-    work = torch.empty(lay.nb + 2, dtype=torch.int64, device=x.device)
+    lay = _layout(fmt, n, block, out.numel(), 0, 0)
     lib = _lib()
     assert lib is not None
+    work = torch.empty(lib.zipccl_work_bytes(lay.nb, block), dtype=torch.uint8, device=x.device)
     with _on(x.device):
         _check(lib.zipccl_encode(
             _kind(fmt, table, block), x.data_ptr(), out.data_ptr(), ctypes.byref(lay),
             _table_tensor(table, x.device).data_ptr(), work.data_ptr(),
             torch.cuda.current_stream().cuda_stream,
         ))
-    return work
+    return work[:8].view(torch.int64)
 
 
 def encode_into(
     x: torch.Tensor, fmt: FloatFormat, table: Codebook, block: int, out: torch.Tensor
 ) -> int:
     """Same contract as ``_torch.encode_into``; one host sync to read the payload size."""
-    return int(launch_encode(x, fmt, table, block, out)[1].item())
+    return int(launch_encode(x, fmt, table, block, out).item())
 
 
 def launch_decode(
@@ -265,18 +273,32 @@ def launch_decode(
     out: torch.Tensor,
     flag: torch.Tensor,
     clear: bool = False,
+    payload: torch.Tensor | None = None,
 ) -> None:
     """Queue the decode kernel; problems are OR-ed into ``flag`` (int32 on the device), which
-    it zeroes first when ``clear``. Nothing syncs: read the flag later (raise_on_flag)."""
-    _check_dense(buf, out)
-    lay = _layout(fmt, out.numel(), block, buf.numel(), payload_bytes)
+    it zeroes first when ``clear``. Nothing syncs: read the flag later (raise_on_flag).
+
+    ``payload``: the payload stream in a tensor of its own, when ``buf`` holds only the fixed part
+    (a received buffer need not be joined into one first).
+    """
+    tensors = (buf, out) if payload is None else (buf, out, payload)
+    _check_dense(*tensors)
+    n = out.numel()
+    fixed = _payload_at(fmt, n, block)
+    stream = buf[fixed:] if payload is None else payload
+    if buf.numel() < fixed or stream.numel() < payload_bytes:
+        raise ValueError(
+            f"compressed buffer too short: {buf.numel()} fixed-part bytes (need {fixed}) and "
+            f"{stream.numel()} payload bytes (need {payload_bytes})"
+        )
+    lay = _layout(fmt, n, block, buf.numel(), payload_bytes, stream.numel())
     lib = _lib()
     assert lib is not None
     with _on(buf.device):
         _check(lib.zipccl_decode(
-            _kind(fmt, table, block), buf.data_ptr(), out.data_ptr(), ctypes.byref(lay),
-            _table_tensor(table, buf.device).data_ptr(), flag.data_ptr(), int(clear),
-            torch.cuda.current_stream().cuda_stream,
+            _kind(fmt, table, block), buf.data_ptr(), stream.data_ptr(), out.data_ptr(),
+            ctypes.byref(lay), _table_tensor(table, buf.device).data_ptr(), flag.data_ptr(),
+            int(clear), torch.cuda.current_stream().cuda_stream,
         ))
 
 

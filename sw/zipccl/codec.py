@@ -238,7 +238,14 @@ def _expected_size(head: Header) -> int:
 
 # ---------------------------------------------------------------------- backends
 def _backend(device: torch.device, block: int):  # returns the backend module
-    if device.type == "cuda" and os.environ.get("ZIPCCL_BACKEND", "") != "torch":
+    """CUDA tensors: the CUDA C++ kernels (the fast path); ``ZIPCCL_BACKEND=triton`` selects the
+    Triton kernels (also on CPU tensors under TRITON_INTERPRET=1), ``=torch`` the torch ops."""
+    choice = os.environ.get("ZIPCCL_BACKEND", "")
+    if choice == "triton":
+        from zipccl import _triton
+
+        return _triton
+    if device.type == "cuda" and choice != "torch":
         from zipccl import _cuda
 
         if _cuda.supports(block) and _cuda.available():

@@ -1,18 +1,19 @@
 // zipccl split-layout codec kernels (golden/container.py bytes), built by zipccl/_cuda.py (nvcc).
 //
-// A CTA codes one block of `block` elements at a time with T = max(32, block/32) threads; each
-// thread owns up to 4 groups of 8 consecutive elements (group g of thread t starts at element
-// g*8*T + 8*t, so warp accesses are contiguous). A group's 8 elements are one byte of every bit
-// plane (prefix planes, FP16's raw bit planes) and one 8-byte store per raw byte plane. The payload
-// bits of a block are placed by one CTA-wide scan of packed per-group bit counts into a
-// shared-memory stream (MSB first, as golden packs them). CTAs are persistent (as many as fit on
-// the GPU) and load their next block while coding the current one.
+// One warp codes one block of `block` elements, with no CTA-wide barrier and no waiting on other
+// blocks. It walks the block in rounds of 1024 elements: lane l owns 4 groups of 8 consecutive
+// elements (group g starts at round element 256*g + 8*l, so every warp access is contiguous). A
+// group's 8 elements are one byte of every bit plane (prefix planes, FP16's raw bit planes) and one
+// 8-byte store per raw byte plane. Payload bit positions come from one warp scan per round of
+// packed per-group bit counts; the payload is assembled in the warp's slice of shared memory (the
+// *stage*, big-endian 32-bit words: stream byte i at stage byte i ^ 3) and copied out.
 //
-// Compress is one pass: CTAs take block ids from an atomic counter and find where their payload
-// goes by a decoupled look-back over the earlier blocks' published byte counts (the single-pass
-// scan of Merrill & Garland), then write the payload and their uint64 block offset straight into
-// the container. Decompress reads the block offsets, stages the block's payload in shared memory
-// and checks every block for consistency, reporting problems through an error flag.
+// Compress is three launches, none of which waits on another block: (1) encode: planes straight
+// into the container, each block's payload into its fixed slot of a scratch area plus its byte
+// count; (2) scan: one CTA turns the counts into the uint64 block offsets and the payload size;
+// (3) compact: each warp copies one block's payload from its slot to its offset. Decompress is one
+// launch: each warp reads its block's offsets, stages the payload and checks the block for
+// consistency, reporting problems through an error flag.
 //
 // BF16 under a byte-escape table (the ZipCCL exponent layout) has its own path (Z = true): 4
 // elements per 32-bit operation (byte permutes, 4-byte compares, multiply spreads and gathers)
@@ -25,21 +26,19 @@ constexpr int kGaps = 10;
 // Mirrors the ctypes structure in zipccl/_cuda.py: all fields 64-bit, no padding. (Outside the
 // anonymous namespace: the exported launchers take it, so it needs external linkage.)
 struct Layout {
-  long long n, nb, block, threads, ngaps;
+  long long n, nb, block, ngaps;
   long long raw_byte_at[3], raw_bit_at[3], prefix_at[3];
-  long long offsets_at, payload_at, capacity, payload_bytes;
+  long long offsets_at, payload_at, capacity, payload_bytes, payload_cap;
   long long gap_lo[kGaps], gap_hi[kGaps];
 };
 
 namespace {
 
-constexpr int kMaxThreads = 512;
-constexpr int kFastThreads = 128;  // the fast path runs block = 4096 only: 8 CTAs of 128 per SM
-constexpr int kGroups = 4;  // groups of 8 elements per thread: threads = max(32, block / 32)
+constexpr int kGroups = 4;                   // groups of 8 elements per lane per round
+constexpr int kRound = 32 * 8 * kGroups;     // elements per warp round
+constexpr int kStageBytes = 36864;           // shared memory budget for the stages of one CTA
+constexpr int kMaxWarps = 8;
 constexpr unsigned kFull = 0xffffffffu;
-constexpr unsigned long long kFlagAgg = 1ull << 62;
-constexpr unsigned long long kFlagInc = 2ull << 62;
-constexpr unsigned long long kValue = (1ull << 62) - 1;
 
 // Error bits of the decoder's flag (zipccl/_cuda.py names them).
 constexpr int kErrOffsets = 1, kErrSize = 2, kErrRank = 4, kErrPadding = 8, kErrPlanePad = 16;
@@ -53,6 +52,17 @@ constexpr int kRegionAt = 256, kRankAt = 264, kCountAt = 520;
 // (symbol splat to 4 bytes, its prefix splat to 4 bytes).
 constexpr int kFastAt = 521;
 
+// Warps per CTA and stage words per warp for a block size: a block's payload is at most `block`
+// bytes (codewords are at most 8 bits) plus two words of slack for the bit extractor, rounded to
+// whole 16-byte vectors.
+__host__ __device__ inline int stage_words(long long block);
+__host__ __device__ inline int warps_for(long long block) {
+  const long long w = kStageBytes / (4ll * stage_words(block));
+  return static_cast<int>(w < 1 ? 1 : w > kMaxWarps ? kMaxWarps : w);
+}
+__host__ __device__ inline int stage_words(long long block) {
+  return static_cast<int>(((block / 4 + 2) + 3) / 4 * 4);
+}
 // The fast path's table in registers.
 struct Fast {
   uint32_t lit, sym_lo, sym_hi, bad_lo, bad_hi, m, sym[7], pre[7];
@@ -112,31 +122,6 @@ using FP8 = Fmt<8, 0, 0, true>;
 
 __device__ inline bool aligned(const void* p, int bytes) {
   return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
-}
-
-// Load up to 8 elements (cnt of them); vectorised when all 8 are there and aligned.
-template <typename T>
-__device__ inline void load8(const T* p, int cnt, uint32_t v[8]) {
-  if (cnt == 8 && aligned(p, sizeof(T) == 1 ? 8 : 16)) {
-    if constexpr (sizeof(T) == 1) {
-      uint2 w = __ldcs(reinterpret_cast<const uint2*>(p));
-#pragma unroll
-      for (int k = 0; k < 4; ++k) v[k] = (w.x >> (8 * k)) & 0xff, v[k + 4] = (w.y >> (8 * k)) & 0xff;
-    } else if constexpr (sizeof(T) == 2) {
-      uint4 w = __ldcs(reinterpret_cast<const uint4*>(p));
-      uint32_t a[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) v[2 * k] = a[k] & 0xffff, v[2 * k + 1] = a[k] >> 16;
-    } else {
-      uint4 w0 = __ldcs(reinterpret_cast<const uint4*>(p));
-      uint4 w1 = __ldcs(reinterpret_cast<const uint4*>(p) + 1);
-      v[0] = w0.x, v[1] = w0.y, v[2] = w0.z, v[3] = w0.w;
-      v[4] = w1.x, v[5] = w1.y, v[6] = w1.z, v[7] = w1.w;
-    }
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < 8; ++k) v[k] = k < cnt ? p[k] : 0u;
 }
 
 template <typename T>
@@ -211,125 +196,103 @@ __device__ inline uint32_t elem(const uint32_t w[2 * sizeof(T)], int k) {
   }
 }
 
-// CTA-wide exclusive scan of a packed uint64 (4 16-bit group counters, each sum < 2^16;
-// blockDim.x a multiple of 32); `total` gets the CTA sum.
-__device__ inline unsigned long long block_scan(unsigned long long v, unsigned long long* sh,
-                                                unsigned long long& total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  unsigned long long x = v;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    unsigned long long y = __shfl_up_sync(kFull, x, d);
-    if (lane >= d) x += y;
-  }
-  if (lane == 31) sh[warp] = x;
-  __syncthreads();
-  if (warp == 0) {
-    unsigned long long s = lane < nw ? sh[lane] : 0ull;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      unsigned long long y = __shfl_up_sync(kFull, s, d);
-      if (lane >= d) s += y;
-    }
-    if (lane < nw) sh[lane] = s;
-  }
-  __syncthreads();
-  const unsigned long long base = warp ? sh[warp - 1] : 0ull;
-  total = sh[nw - 1];
-  __syncthreads();
-  return base + x - v;
-}
 
-// Bit position of each of a thread's groups: earlier groups of the whole CTA come first, then
-// the same group's earlier threads (group g of thread t holds elements g*8*T + 8*t ...).
-__device__ inline void group_positions(const uint32_t nbits[kGroups], unsigned long long* sh,
-                                       uint32_t pos[kGroups], uint32_t& total) {
+// ------------------------------------------------------------------------------ warp primitives
+
+// Bit positions of a lane's groups within one round: earlier groups of the whole warp come first,
+// then the same group's earlier lanes (group g of lane l holds round elements 256*g + 8*l ...).
+// The four counts travel packed in 16-bit fields of one uint64 (each warp sum <= 32 * 64 bits).
+__device__ inline uint32_t round_positions(const uint32_t nbits[kGroups], uint32_t pos[kGroups]) {
+  const int lane = threadIdx.x & 31;
   unsigned long long packed = 0;
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) packed |= static_cast<unsigned long long>(nbits[g]) << (16 * g);
-  unsigned long long sums;
-  const unsigned long long excl = block_scan(packed, sh, sums);
+  unsigned long long x = packed;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const unsigned long long y = __shfl_up_sync(kFull, x, d);
+    if (lane >= d) x += y;
+  }
+  const unsigned long long sums = __shfl_sync(kFull, x, 31), excl = x - packed;
   uint32_t before = 0;
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     pos[g] = before + static_cast<uint32_t>((excl >> (16 * g)) & 0xffffu);
     before += static_cast<uint32_t>((sums >> (16 * g)) & 0xffffu);
   }
-  total = before;
+  return before;
 }
 
-// Write `n` (<= 64) bits of `acc`, MSB first, at bit `pos` of the shared payload stream.
-__device__ inline void emit_bits(uint32_t* s_pay, uint32_t pos, unsigned long long acc, uint32_t n) {
-  for (uint32_t rem = n; rem;) {
-    const uint32_t B = pos >> 3, off = pos & 7u, take = min(8u - off, rem);
-    const uint32_t byte = static_cast<uint32_t>((acc >> (rem - take)) & ((1u << take) - 1u))
-                          << (8u - off - take);
-    atomicOr(&s_pay[B >> 2], byte << (8u * (B & 3u)));
-    pos += take;
-    rem -= take;
-  }
+// OR the low `n` (<= 64) bits of `acc`, MSB first, into the big-endian word stage at bit `pos`.
+__device__ inline void emit_bits(uint32_t* stage, uint32_t pos, unsigned long long acc, uint32_t n) {
+  if (!n) return;
+  const uint32_t i = pos >> 5, off = pos & 31u;
+  const unsigned long long v = acc << (64u - n);  // left-aligned
+  const uint32_t w0 = static_cast<uint32_t>(v >> (32u + off)), w1 = static_cast<uint32_t>(v >> off);
+  const uint32_t w2 = off ? static_cast<uint32_t>(v << (32u - off)) : 0u;
+  if (w0) atomicOr(&stage[i], w0);
+  if (w1) atomicOr(&stage[i + 1], w1);
+  if (w2) atomicOr(&stage[i + 2], w2);
 }
 
-// Exclusive prefix of block b's byte count over blocks 0..b-1 (decoupled look-back, warp 0).
-__device__ inline unsigned long long look_back(volatile unsigned long long* status, long long b,
-                                               unsigned long long agg) {
-  const int lane = threadIdx.x;
-  if (b == 0) {
-    if (lane == 0) status[0] = kFlagInc | agg;
-    return 0;
-  }
-  if (lane == 0) status[b] = kFlagAgg | agg;
-  unsigned long long excl = 0;
-  for (long long idx = b - 1;; idx -= 32) {
-    const long long j = idx - lane;
-    unsigned long long s = kFlagInc;  // before block 0: an inclusive zero
-    if (j >= 0) {
-      do {
-        s = status[j];
-      } while ((s >> 62) == 0);
-    }
-    const unsigned inc = __ballot_sync(kFull, (s >> 62) == 2);
-    const int stop = inc ? __ffs(inc) - 1 : 31;
-    unsigned long long v = lane <= stop ? (s & kValue) : 0ull;
-#pragma unroll
-    for (int d = 16; d; d >>= 1) v += __shfl_down_sync(kFull, v, d);
-    excl += __shfl_sync(kFull, v, 0);
-    if (inc) break;
-  }
-  if (lane == 0) status[b] = kFlagInc | (excl + agg);
-  return excl;
+// The `w` (<= 8) bits at stream bit `pos` of a big-endian word stage.
+__device__ inline uint32_t read_bits(const uint32_t* stage, uint32_t pos, uint32_t w) {
+  const uint32_t i = pos >> 5;
+  const uint32_t top = __funnelshift_l(stage[i + 1], stage[i], pos & 31u);
+  return w ? top >> (32u - w) : 0u;
 }
 
-// Elements of group g of thread t: local index g*8*T + 8*t .. +7 (T = blockDim.x), so every warp
-// load and store is contiguous; up to kGroups groups (block <= 32*T) are loaded up front.
-__device__ inline int group_count(const Layout& L, long long start, int g, long long& e0) {
-  const long long local = 8ll * (static_cast<long long>(g) * blockDim.x + threadIdx.x);
+// Elements of group g of this lane in round r of a block starting at `start`: count (0..8) and the
+// first element's index.
+__device__ inline int group_count(const Layout& L, long long start, int r, int g, long long& e0) {
+  const long long local = static_cast<long long>(r) * kRound + 256 * g + 8 * (threadIdx.x & 31);
   e0 = start + local;
   return (local < L.block && e0 < L.n) ? static_cast<int>(min(8ll, L.n - e0)) : 0;
 }
 
-// What one thread loads for one block before coding it (prefetched a block ahead).
+__device__ inline int rounds(const Layout& L) {
+  return static_cast<int>((L.block + kRound - 1) / kRound);
+}
+
+// The word at byte address `p` (4-aligned), bytes outside [lo, hi) read as zero.
+__device__ inline uint32_t load_word_within(const uint8_t* p, const uint8_t* lo, const uint8_t* hi) {
+  if (p >= lo && p + 4 <= hi) return *reinterpret_cast<const uint32_t*>(p);
+  uint32_t w = 0;
+  for (int k = 0; k < 4; ++k)
+    if (p + k >= lo && p + k < hi) w |= static_cast<uint32_t>(p[k]) << (8 * k);
+  return w;
+}
+
+// Copy `len` bytes from `src` (16-byte aligned, readable up to 4 bytes past `len`) to `dst` (any
+// alignment) with one warp: whole 32-bit words where `dst` is aligned, bytes at its two ends.
+__device__ inline void warp_copy(uint8_t* dst, const uint8_t* src, uint32_t len) {
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t head = min(len, static_cast<uint32_t>((4u - (reinterpret_cast<uintptr_t>(dst) & 3u)) & 3u));
+  const uint32_t words = (len - head) / 4;
+  if (lane < head) dst[lane] = src[lane];
+  const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
+  uint32_t* d = reinterpret_cast<uint32_t*>(dst + head);
+  for (uint32_t k = lane; k < words; k += 32) d[k] = __funnelshift_r(s[k], s[k + 1], 8u * head);
+  for (uint32_t i = head + 4 * words + lane; i < len; i += 32) dst[i] = src[i];
+}
+
+// ------------------------------------------------------------------------------ encode
+
+// One round's groups of one lane, loaded before coding.
 template <class F>
 struct EncIn {
   uint32_t w[kGroups][2 * sizeof(typename F::T)];
 };
 
 template <class F>
-__device__ inline void enc_load(const typename F::T* in, const Layout& L, long long b,
-                                EncIn<F>& x) {
+__device__ inline void enc_load(const typename F::T* in, const Layout& L, long long start, int r,
+                                EncIn<F>& x, int cnt[kGroups], long long e0[kGroups]) {
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    long long e0;
-    const int cnt = group_count(L, b * L.block, g, e0);
-    load_packed(in + (cnt ? e0 : 0), cnt, x.w[g]);
+    cnt[g] = group_count(L, start, r, g, e0[g]);
+    load_packed(in + (cnt[g] ? e0[g] : 0), cnt[g], x.w[g]);
   }
 }
-
-// Code block b (input in registers) into the container; the CTA's shared payload stream must be
-// zero on entry. Returns after the payload and the block offset are written.
-__device__ inline void enc_finish(long long b, uint32_t total, uint8_t* out, const Layout& L,
-                                  const uint32_t* s_pay, unsigned long long* s_excl,
-                                  unsigned long long* work);
 
 // BF16 under a byte-escape table, 8 elements in SIMD-within-a-register steps: exponent and raw
 // bytes by byte permutes, prefixes by 4-byte compares, planes by multiply-gathers. Leaves the 8
@@ -368,44 +331,39 @@ __device__ inline uint32_t enc_group_fast(const uint32_t w[4], int cnt, long lon
     for (int j = 0; j < 3; ++j)
       out[L.prefix_at[j] + e / 8] = gather4(pre[0], j) | gather4(pre[1], j) << 4;
   }
-  return (__popc(esc[0]) + __popc(esc[1]));  // 8 bits per escape
+  return __popc(esc[0]) + __popc(esc[1]);  // 8 bits per escape
 }
 
-template <class F, bool Z>
-__device__ inline void enc_block(const EncIn<F>& x, long long b, uint8_t* out, const Layout& L,
-                                 const uint32_t* s_code, const Fast& f,
-                                 unsigned long long* s_scan, uint32_t* s_pay,
-                                 unsigned long long* s_excl, unsigned long long* work) {
-  using T = typename F::T;
-  long long e0[kGroups];
-  int cnt[kGroups];
-  uint32_t nbits[kGroups];
-  if constexpr (Z) {
-    uint32_t ex[kGroups][2], esc[kGroups][2];
+// One round of the fast path: planes out, escape bytes into the stage; returns the round's bits.
+__device__ inline uint32_t enc_round_fast(const EncIn<BF16>& x, const int cnt[kGroups],
+                                          const long long e0[kGroups], uint8_t* out,
+                                          const Layout& L, const Fast& f, uint32_t bits,
+                                          uint8_t* stage) {
+  uint32_t ex[kGroups][2], esc[kGroups][2], nbits[kGroups], pos[kGroups];
 #pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      cnt[g] = group_count(L, b * L.block, g, e0[g]);
-      nbits[g] = enc_group_fast(x.w[g], cnt[g], e0[g], out, L, f, ex[g], esc[g]);
-    }
-    uint32_t pos[kGroups], total;
-    group_positions(nbits, s_scan, pos, total);
-    uint8_t* s_bytes = reinterpret_cast<uint8_t*>(s_pay);
-#pragma unroll
-    for (int g = 0; g < kGroups; ++g) {
-      uint32_t at = pos[g] >> 3;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        if ((esc[g][k >> 2] >> (8 * (k & 3))) & 1u) {
-          s_bytes[at++] = static_cast<uint8_t>(ex[g][k >> 2] >> (8 * (k & 3)));
-        }
-      }
-    }
-    enc_finish(b, total, out, L, s_pay, s_excl, work);
-    return;
-  }
+  for (int g = 0; g < kGroups; ++g) nbits[g] = enc_group_fast(x.w[g], cnt[g], e0[g], out, L, f, ex[g], esc[g]);
+  const uint32_t total = round_positions(nbits, pos);
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    cnt[g] = group_count(L, b * L.block, g, e0[g]);
+    uint32_t at = (bits + pos[g]) >> 3;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if ((esc[g][k >> 2] >> (8 * (k & 3))) & 1u)
+        stage[at++ ^ 3u] = static_cast<uint8_t>(ex[g][k >> 2] >> (8 * (k & 3)));
+    }
+  }
+  return total;
+}
+
+// One round of the generic path: planes out, codewords ORed into the (zeroed) stage.
+template <class F>
+__device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
+                                     const long long e0[kGroups], uint8_t* out, const Layout& L,
+                                     const uint32_t* s_code, uint32_t bits, uint32_t* stage) {
+  using T = typename F::T;
+  uint32_t nbits[kGroups], pos[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
     uint32_t pbits[3] = {0u, 0u, 0u}, tbits[F::RAWb > 0 ? F::RAWb : 1] = {0u};
     unsigned long long rbytes[F::RAWB > 0 ? F::RAWB : 1] = {0ull};
     nbits[g] = 0;
@@ -436,8 +394,7 @@ __device__ inline void enc_block(const EncIn<F>& x, long long b, uint8_t* out, c
       for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e / 8] = pbits[j];
     }
   }
-  uint32_t pos[kGroups], total;
-  group_positions(nbits, s_scan, pos, total);
+  const uint32_t total = round_positions(nbits, pos);
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {  // second pass: the codewords, MSB first
     unsigned long long acc = 0;
@@ -450,93 +407,143 @@ __device__ inline void enc_block(const EncIn<F>& x, long long b, uint8_t* out, c
         n += w;
       }
     }
-    if (n) emit_bits(s_pay, pos[g], acc, n);
+    emit_bits(stage, bits + pos[g], acc, n);
   }
-  enc_finish(b, total, out, L, s_pay, s_excl, work);
+  return total;
 }
 
-// After the CTA's payload stream is in shared memory: look back, write offset and payload.
-__device__ inline void enc_finish(long long b, uint32_t total, uint8_t* out, const Layout& L,
-                                  const uint32_t* s_pay, unsigned long long* s_excl,
-                                  unsigned long long* work) {
-  __syncthreads();
-  const uint32_t nbytes = (total + 7u) >> 3;
-  if (threadIdx.x < 32) {
-    const unsigned long long excl = look_back(work + 2, b, nbytes);
-    if (threadIdx.x == 0) *s_excl = excl;
-  }
-  __syncthreads();
-  const unsigned long long excl = *s_excl;
-  if (threadIdx.x == 0) {
-    store_bytes(out + L.offsets_at + 8 * b, 8, excl);
-    if (b == L.nb - 1) work[1] = excl + nbytes;
-  }
-  const long long dst = L.payload_at + static_cast<long long>(excl);
-  if (dst + nbytes <= L.capacity) {
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(s_pay);
-    for (uint32_t i = threadIdx.x; i < nbytes; i += blockDim.x) out[dst + i] = src[i];
-  }
-}
-
-// Persistent CTAs take block ids from an atomic counter (so every earlier id belongs to a running
-// CTA and the look-back cannot deadlock) and load the next block while coding the current one.
+// Each warp codes whole blocks: planes into the container, the payload into the block's slot of
+// `scratch` (`block` bytes per block) and its byte count into `counts`.
 template <class F, bool Z>
-__global__ void __launch_bounds__(Z ? kFastThreads : kMaxThreads, Z ? 8 : 1)
+__global__ void __launch_bounds__(32 * kMaxWarps)
 encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
-              const int32_t* __restrict__ tab, unsigned long long* __restrict__ work) {
+              const int32_t* __restrict__ tab, uint8_t* __restrict__ scratch,
+              uint32_t* __restrict__ counts) {
   __shared__ uint32_t s_code[256];
-  __shared__ unsigned long long s_scan[32];
-  __shared__ long long s_bid[2];
-  __shared__ unsigned long long s_excl;
-  extern __shared__ uint32_t s_pay[];  // the block's payload bytes, little-endian words
-
-  const int T = blockDim.x;
-  const int words = static_cast<int>(L.block / 4) + 1;
-  for (int i = threadIdx.x; i < 256; i += T) s_code[i] = tab[i];
-  const Fast f = Z ? load_fast(tab) : Fast{};
-  if (threadIdx.x == 0) s_bid[0] = static_cast<long long>(atomicAdd(work, 1ull));
-  if (blockIdx.x == 0) {  // the alignment gaps between sections are zero in golden's buffers
-    for (int g = 0; g < L.ngaps; ++g)
-      for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += T) out[i] = 0;
-  }
-  __syncthreads();
-  long long b = s_bid[0];
-  EncIn<F> cur, nxt;
-  if (b < L.nb) enc_load<F>(in, L, b, cur);
-  while (b < L.nb) {
-    if (threadIdx.x == 0) s_bid[1] = static_cast<long long>(atomicAdd(work, 1ull));
-    for (int i = threadIdx.x; i < words; i += T) s_pay[i] = 0u;
+  extern __shared__ uint4 s_stage[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, words = stage_words(L.block);
+  uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;
+  if constexpr (!Z) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_code[i] = tab[i];
     __syncthreads();
-    const long long next = s_bid[1];
-    if (next < L.nb) enc_load<F>(in, L, next, nxt);
-    enc_block<F, Z>(cur, b, out, L, s_code, f, s_scan, s_pay, &s_excl, work);
-    cur = nxt;
-    b = next;
-    __syncthreads();  // the payload copy-out has read s_pay before it is cleared again
+  }
+  const Fast f = Z ? load_fast(tab) : Fast{};
+  const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  for (long long b = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp; b < L.nb;
+       b += warps) {
+    if constexpr (!Z) {
+      for (int i = lane; i < words; i += 32) stage[i] = 0u;
+      __syncwarp();
+    }
+    const long long start = b * L.block;
+    uint32_t bits = 0;
+    for (int r = 0; r < rounds(L); ++r) {
+      EncIn<F> x;
+      int cnt[kGroups];
+      long long e0[kGroups];
+      enc_load<F>(in, L, start, r, x, cnt, e0);
+      if constexpr (Z)
+        bits += enc_round_fast(x, cnt, e0, out, L, f, bits, reinterpret_cast<uint8_t*>(stage));
+      else
+        bits += enc_round<F>(x, cnt, e0, out, L, s_code, bits, stage);
+    }
+    __syncwarp();
+    const uint32_t nbytes = (bits + 7u) >> 3;
+    uint4* slot = reinterpret_cast<uint4*>(scratch + b * L.block);
+    const uint4* s4 = reinterpret_cast<const uint4*>(stage);
+    for (uint32_t i = lane; i < (nbytes + 15u) / 16u; i += 32) {
+      const uint4 v = s4[i];  // big-endian words -> stream byte order
+      slot[i] = make_uint4(__byte_perm(v.x, 0, 0x0123), __byte_perm(v.y, 0, 0x0123),
+                           __byte_perm(v.z, 0, 0x0123), __byte_perm(v.w, 0, 0x0123));
+    }
+    if (lane == 0) counts[b] = nbytes;
+    __syncwarp();  // the stage is read out before the next block writes it
   }
 }
 
-// What one thread loads for one block before decoding it (prefetched a block ahead).
+// One CTA: block offsets (exclusive prefix sums of `counts`, as uint64 in the container), the
+// payload size in `*total`, and the zero gaps between sections.
+__global__ void __launch_bounds__(1024)
+scan_kernel(uint8_t* __restrict__ out, const Layout L, const uint32_t* __restrict__ counts,
+            unsigned long long* __restrict__ total) {
+  constexpr int kPer = 8;
+  __shared__ unsigned long long s_warp[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  unsigned long long carry = 0;
+  for (long long base = 0; base < L.nb; base += static_cast<long long>(blockDim.x) * kPer) {
+    const long long first = base + static_cast<long long>(threadIdx.x) * kPer;
+    uint32_t c[kPer];
+    unsigned long long mine = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      c[i] = first + i < L.nb ? counts[first + i] : 0u;
+      mine += c[i];
+    }
+    unsigned long long x = mine;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const unsigned long long y = __shfl_up_sync(kFull, x, d);
+      if (lane >= d) x += y;
+    }
+    if (lane == 31) s_warp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+      unsigned long long s = lane < nw ? s_warp[lane] : 0ull;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const unsigned long long y = __shfl_up_sync(kFull, s, d);
+        if (lane >= d) s += y;
+      }
+      if (lane < nw) s_warp[lane] = s;
+    }
+    __syncthreads();
+    unsigned long long at = carry + (warp ? s_warp[warp - 1] : 0ull) + x - mine;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (first + i < L.nb) store_bytes(out + L.offsets_at + 8 * (first + i), 8, at);
+      at += c[i];
+    }
+    carry += s_warp[nw - 1];
+    __syncthreads();  // s_warp is rewritten by the next tile
+  }
+  if (threadIdx.x == 0) *total = carry;
+  for (int g = 0; g < L.ngaps; ++g)  // the alignment gaps between sections are zero in golden's
+    for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += blockDim.x) out[i] = 0;
+}
+
+// Each warp moves one block's payload from its scratch slot to its offset (all of them, or none
+// when the payload overflows the buffer: the host then stores the tensor raw).
+__global__ void __launch_bounds__(256)
+compact_kernel(uint8_t* __restrict__ out, const Layout L, const uint8_t* __restrict__ scratch,
+               const uint32_t* __restrict__ counts, const unsigned long long* __restrict__ total) {
+  if (L.payload_at + static_cast<long long>(*total) > L.capacity) return;
+  const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  for (long long b = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+       b < L.nb; b += warps) {
+    const unsigned long long at = load_bytes(out + L.offsets_at + 8 * b, 8);
+    warp_copy(out + L.payload_at + at, scratch + b * L.block, counts[b]);
+  }
+}
+
+// ------------------------------------------------------------------------------ decode
+
+// One round's groups of one lane, loaded before decoding.
 template <class F>
 struct DecIn {
-  unsigned long long lo, hi;
   uint32_t planes[kGroups];  // prefix plane byte j at bits 8j..8j+7
   uint32_t tb[kGroups];      // raw bit plane byte j at bits 8j..8j+7 (FP16)
   unsigned long long rb[kGroups][F::RAWB > 0 ? F::RAWB : 1];
 };
 
 template <class F>
-__device__ inline void dec_load(const uint8_t* buf, const Layout& L, long long b, DecIn<F>& x) {
-  x.lo = load_bytes(buf + L.offsets_at + 8 * b, 8);
-  x.hi = b + 1 < L.nb ? load_bytes(buf + L.offsets_at + 8 * (b + 1), 8)
-                      : static_cast<unsigned long long>(L.payload_bytes);
+__device__ inline void dec_load(const uint8_t* buf, const Layout& L, long long start, int r,
+                                DecIn<F>& x, int cnt[kGroups], long long e0[kGroups]) {
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    long long e0;
-    const int cnt = group_count(L, b * L.block, g, e0);
-    const long long e = cnt ? e0 : 0;
+    cnt[g] = group_count(L, start, r, g, e0[g]);
+    const long long e = cnt[g] ? e0[g] : 0;
     uint32_t pl = 0, tb = 0;
-    if (cnt) {
+    if (cnt[g]) {
 #pragma unroll
       for (int j = 0; j < 3; ++j) pl |= static_cast<uint32_t>(buf[L.prefix_at[j] + e / 8]) << (8 * j);
 #pragma unroll
@@ -546,7 +553,7 @@ __device__ inline void dec_load(const uint8_t* buf, const Layout& L, long long b
     x.planes[g] = pl;
     x.tb[g] = tb;
 #pragma unroll
-    for (int j = 0; j < F::RAWB; ++j) x.rb[g][j] = load_bytes(buf + L.raw_byte_at[j] + e, cnt);
+    for (int j = 0; j < F::RAWB; ++j) x.rb[g][j] = load_bytes(buf + L.raw_byte_at[j] + e, cnt[g]);
   }
 }
 
@@ -554,29 +561,35 @@ __device__ inline uint32_t prefix_of(uint32_t planes, int k) {
   return ((planes >> k) & 1u) | ((planes >> (8 + k)) & 1u) << 1 | ((planes >> (16 + k)) & 1u) << 2;
 }
 
-// Decode block b; returns the error bits found (the caller ORs them into the flag).
-// BF16 under a byte-escape table: prefixes by multiply-spreads, exponents by a byte-permute
-// lookup (8 prefixes -> 8 symbols), escapes patched from the staged payload, output by permutes.
-__device__ inline void dec_group_fast(uint32_t planes, unsigned long long rb, int cnt, uint32_t at,
-                                      int len, const uint8_t* s_bytes, const Fast& f,
-                                      uint16_t* out, int& err) {
-  uint32_t ex[2];
+// The 8 prefixes of a group as bytes (elements 0..3 in pre[0], 4..7 in pre[1]).
+__device__ inline void prefix_bytes(uint32_t planes, uint32_t pre[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    uint32_t pre = 0;
+    pre[h] = 0;
 #pragma unroll
-    for (int j = 0; j < 3; ++j) pre |= spread4(planes >> (8 * j + 4 * h)) << j;
-    const uint32_t y = pre | (pre >> 4);
+    for (int j = 0; j < 3; ++j) pre[h] |= spread4(planes >> (8 * j + 4 * h)) << j;
+  }
+}
+
+// BF16 under a byte-escape table: exponents by a byte-permute lookup (8 prefixes -> 8 symbols),
+// escapes patched from the stage (stream byte `at` onwards), output by permutes.
+__device__ inline void dec_group_fast(uint32_t planes, unsigned long long rb, int cnt, uint32_t at,
+                                      const uint8_t* stage, const Fast& f, uint16_t* out,
+                                      int& err) {
+  uint32_t pre[2], ex[2];
+  prefix_bytes(planes, pre);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t y = pre[h] | (pre[h] >> 4);
     const uint32_t sel = __byte_perm(y, 0u, 0x4420);
     const uint32_t valid = valid_bytes(cnt, h);
     if (__byte_perm(f.bad_lo, f.bad_hi, sel) & valid) err |= kErrRank;
     uint32_t e = __byte_perm(f.sym_lo, f.sym_hi, sel);
-    const uint32_t esc = __vcmpeq4(pre, f.lit) & valid;
+    const uint32_t esc = __vcmpeq4(pre[h], f.lit) & valid;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       if ((esc >> (8 * k)) & 1u) {
-        const uint32_t byte = s_bytes[min(at, static_cast<uint32_t>(len))];
-        e = (e & ~(0xffu << (8 * k))) | byte << (8 * k);
+        e = (e & ~(0xffu << (8 * k))) | static_cast<uint32_t>(stage[at ^ 3u]) << (8 * k);
         at += 1;
       }
     }
@@ -596,59 +609,51 @@ __device__ inline void dec_group_fast(uint32_t planes, unsigned long long rb, in
   }
 }
 
+// Per-CTA decoder tables in shared memory (generic path).
+struct DecTab {
+  uint32_t region[8];
+  uint8_t rank[256];
+};
+
+// One round of decoding; returns the round's payload bits. `bits` is where the round starts in
+// the block's stream.
 template <class F, bool Z>
-__device__ inline int dec_block(const DecIn<F>& x, long long b, const uint8_t* buf,
-                                typename F::T* out, const Layout& L, const uint32_t* s_region,
-                                const uint8_t* s_rank, uint32_t nranked, const Fast& f,
-                                unsigned long long* s_scan, uint8_t* s_bytes) {
-  if (!(x.lo <= x.hi && x.hi <= static_cast<unsigned long long>(L.payload_bytes) &&
-        x.hi - x.lo <= static_cast<unsigned long long>(L.block)))
-    return kErrOffsets;  // uniform across the CTA: nothing below is read
-  const int len = static_cast<int>(x.hi - x.lo);
-  for (int i = threadIdx.x; i < len + 2; i += blockDim.x)
-    s_bytes[i] = i < len ? buf[L.payload_at + x.lo + i] : 0;
-  __syncthreads();
-  long long e0[kGroups];
-  int cnt[kGroups];
-  uint32_t nbits[kGroups];
+__device__ inline uint32_t dec_round(const DecIn<F>& x, const int cnt[kGroups],
+                                     const long long e0[kGroups], typename F::T* out,
+                                     const DecTab& t, uint32_t nranked, const Fast& f,
+                                     uint32_t bits, const uint32_t* stage, int& err) {
+  uint32_t nbits[kGroups], pos[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    cnt[g] = group_count(L, b * L.block, g, e0[g]);
     nbits[g] = 0;
     if constexpr (Z) {
       uint32_t pre[2];
+      prefix_bytes(x.planes[g], pre);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        pre[h] = 0;
-#pragma unroll
-        for (int j = 0; j < 3; ++j) pre[h] |= spread4(x.planes[g] >> (8 * j + 4 * h)) << j;
-        nbits[g] += __popc(__vcmpeq4(pre[h], f.lit) & valid_bytes(cnt[g], h));
-      }
+      for (int h = 0; h < 2; ++h)
+        nbits[g] += 8 * __popc(__vcmpeq4(pre[h], f.lit) & valid_bytes(cnt[g], h));
     } else {
 #pragma unroll
       for (int k = 0; k < 8; ++k)
-        if (k < cnt[g]) nbits[g] += s_region[prefix_of(x.planes[g], k)] & 15u;
+        if (k < cnt[g]) nbits[g] += t.region[prefix_of(x.planes[g], k)] & 15u;
     }
   }
-  uint32_t pos[kGroups], total;
-  group_positions(nbits, s_scan, pos, total);
-  int err = 0;
+  const uint32_t total = round_positions(nbits, pos);
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     if (!cnt[g]) continue;
     if constexpr (Z) {
-      dec_group_fast(x.planes[g], x.rb[g][0], cnt[g], pos[g] >> 3, len, s_bytes, f,
+      dec_group_fast(x.planes[g], x.rb[g][0], cnt[g], (bits + pos[g]) >> 3,
+                     reinterpret_cast<const uint8_t*>(stage), f,
                      reinterpret_cast<uint16_t*>(out) + e0[g], err);
       continue;
     }
-    uint32_t v[8], at = pos[g];
+    uint32_t v[8], at = bits + pos[g];
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      const uint32_t region = s_region[prefix_of(x.planes[g], k)];
+      const uint32_t region = t.region[prefix_of(x.planes[g], k)];
       const uint32_t w = k < cnt[g] ? region & 15u : 0u;
-      const uint32_t B = min(at >> 3, static_cast<uint32_t>(len));
-      const uint32_t window = static_cast<uint32_t>(s_bytes[B]) << 8 | s_bytes[B + 1];
-      const uint32_t val = (window >> (16u - (at & 7u) - w)) & ((1u << w) - 1u);
+      const uint32_t val = read_bits(stage, at, w);
       const bool lit = region >> 15;
       const uint32_t rank = ((region >> 4) & 0x3ffu) + val;
       if (k < cnt[g] && !lit && rank >= nranked) err |= kErrRank;
@@ -658,93 +663,148 @@ __device__ inline int dec_block(const DecIn<F>& x, long long b, const uint8_t* b
         r |= static_cast<uint32_t>((x.rb[g][j] >> (8 * k)) & 0xffu) << (8 * j);
 #pragma unroll
       for (int j = 0; j < F::RAWb; ++j) r |= ((x.tb[g] >> (8 * j + k)) & 1u) << (8 * F::RAWB + j);
-      v[k] = F::join(lit ? val : s_rank[min(rank, 255u)], r);
+      v[k] = F::join(lit ? val : t.rank[min(rank, 255u)], r);
       at += w;
     }
     store8(out + e0[g], cnt[g], v);
   }
-  if (threadIdx.x == 0) {
-    const uint32_t nbytes = (total + 7u) >> 3, tail = total & 7u;
-    if (nbytes != static_cast<uint32_t>(len)) err |= kErrSize;
-    else if (tail && (s_bytes[nbytes - 1] & ((1u << (8u - tail)) - 1u))) err |= kErrPadding;
-    const int used = static_cast<int>(L.n & 7);
-    if (b == L.nb - 1 && used) {
-      const long long last = (L.n - 1) / 8;
-      for (int j = 0; j < 3; ++j)
-        if (buf[L.prefix_at[j] + last] >> used) err |= kErrPlanePad;
-      for (int j = 0; j < F::RAWb; ++j)
-        if (buf[L.raw_bit_at[j] + last] >> used) err |= kErrPlanePad;
-    }
-  }
-  return err;
+  return total;
 }
 
-// Persistent CTAs stride over the blocks, loading the next block while decoding the current one.
-template <class F, bool Z>
-__global__ void __launch_bounds__(Z ? kFastThreads : kMaxThreads, Z ? 8 : 1)
-decode_kernel(const uint8_t* __restrict__ buf, typename F::T* __restrict__ out, const Layout L,
-              const int32_t* __restrict__ tab, int* __restrict__ flag) {
-  __shared__ uint32_t s_region[8];
-  __shared__ uint8_t s_rank[256];
-  __shared__ unsigned long long s_scan[32];
-  extern __shared__ uint8_t s_bytes[];  // the block's payload stream (+2 bytes of slack)
+// Stage `len` payload bytes from `src` into big-endian words (stream byte i at stage byte i ^ 3),
+// zero past `len`; bytes outside [lo, hi) are never read.
+__device__ inline void stage_payload(uint32_t* stage, int words, const uint8_t* src, uint32_t len,
+                                     const uint8_t* lo, const uint8_t* hi) {
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t shift = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(src) & 3u);
+  const uint8_t* base = src - shift;
+  const uint32_t used = (len + 3) / 4;
+  for (uint32_t k = lane; k < static_cast<uint32_t>(words); k += 32) {
+    uint32_t v = 0;
+    if (k < used) {
+      const uint32_t a = load_word_within(base + 4 * k, lo, hi);
+      const uint32_t b = shift ? load_word_within(base + 4 * k + 4, lo, hi) : 0u;
+      v = __funnelshift_r(a, b, 8u * shift);
+      if (4 * k + 4 > len) v &= (1u << (8 * (len - 4 * k))) - 1u;  // len - 4k in 1..3
+    }
+    stage[k] = __byte_perm(v, 0, 0x0123);
+  }
+}
 
-  const int T = blockDim.x;
-  if (threadIdx.x < 8) s_region[threadIdx.x] = tab[kRegionAt + threadIdx.x];
-  for (int i = threadIdx.x; i < 256; i += T) s_rank[i] = static_cast<uint8_t>(tab[kRankAt + i]);
+// Each warp decodes whole blocks. The payload stream is `pay` (payload_cap bytes): the
+// container's own payload section, or a separate buffer.
+template <class F, bool Z>
+__global__ void __launch_bounds__(32 * kMaxWarps)
+decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
+              typename F::T* __restrict__ out, const Layout L, const int32_t* __restrict__ tab,
+              int* __restrict__ flag) {
+  __shared__ DecTab t;
+  extern __shared__ uint4 s_stage[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, words = stage_words(L.block);
+  uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;
+  if constexpr (!Z) {
+    if (threadIdx.x < 8) t.region[threadIdx.x] = tab[kRegionAt + threadIdx.x];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) t.rank[i] = static_cast<uint8_t>(tab[kRankAt + i]);
+    __syncthreads();
+  }
   const uint32_t nranked = tab[kCountAt];
   const Fast f = Z ? load_fast(tab) : Fast{};
+  const unsigned long long size = static_cast<unsigned long long>(L.payload_bytes);
   int err = 0;
-  DecIn<F> cur, nxt;
-  long long b = blockIdx.x;
-  if (b < L.nb) dec_load<F>(buf, L, b, cur);
-  __syncthreads();
-  for (; b < L.nb; b += gridDim.x) {
-    if (b + gridDim.x < L.nb) dec_load<F>(buf, L, b + gridDim.x, nxt);
-    err |= dec_block<F, Z>(cur, b, buf, out, L, s_region, s_rank, nranked, f, s_scan, s_bytes);
-    cur = nxt;
-    __syncthreads();  // s_bytes is restaged for the next block
+  const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  for (long long b = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp; b < L.nb;
+       b += warps) {
+    const unsigned long long lo = load_bytes(buf + L.offsets_at + 8 * b, 8);
+    const unsigned long long hi = b + 1 < L.nb ? load_bytes(buf + L.offsets_at + 8 * (b + 1), 8) : size;
+    if (!(lo <= hi && hi <= size && hi - lo <= static_cast<unsigned long long>(L.block))) {
+      err |= kErrOffsets;  // uniform across the warp: nothing below is read
+      continue;
+    }
+    const uint32_t len = static_cast<uint32_t>(hi - lo);
+    stage_payload(stage, words, pay + lo, len, pay, pay + L.payload_cap);
+    __syncwarp();
+    const long long start = b * L.block;
+    uint32_t bits = 0;
+    for (int r = 0; r < rounds(L); ++r) {
+      DecIn<F> x;
+      int cnt[kGroups];
+      long long e0[kGroups];
+      dec_load<F>(buf, L, start, r, x, cnt, e0);
+      bits += dec_round<F, Z>(x, cnt, e0, out, t, nranked, f, bits, stage, err);
+    }
+    if (lane == 0) {
+      const uint32_t nbytes = (bits + 7u) >> 3, tail = bits & 7u;
+      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(stage);
+      if (nbytes != len) err |= kErrSize;
+      else if (tail && (bytes[(nbytes - 1) ^ 3u] & ((1u << (8u - tail)) - 1u))) err |= kErrPadding;
+      const int used = static_cast<int>(L.n & 7);
+      if (b == L.nb - 1 && used) {
+        const long long last = (L.n - 1) / 8;
+        for (int j = 0; j < 3; ++j)
+          if (buf[L.prefix_at[j] + last] >> used) err |= kErrPlanePad;
+        for (int j = 0; j < F::RAWb; ++j)
+          if (buf[L.raw_bit_at[j] + last] >> used) err |= kErrPlanePad;
+      }
+    }
+    __syncwarp();  // the stage is read out before the next block is staged
   }
   if (err) atomicOr(flag, err);
 }
 
-// Persistent grids: as many CTAs as can be resident at once (never more than there are blocks).
+// ------------------------------------------------------------------------------ launchers
+
+// Persistent grids: as many CTAs as can be resident at once (never more than needed).
 template <typename K>
-unsigned resident_grid(K kernel, int threads, size_t smem, long long nb) {
+unsigned resident_grid(K kernel, int threads, size_t smem, long long ctas) {
   int per_sm = 1, dev = 0, sms = 1;
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const long long grid = static_cast<long long>(per_sm > 0 ? per_sm : 1) * sms;
-  return static_cast<unsigned>(grid < nb ? grid : nb);
+  return static_cast<unsigned>(grid < ctas ? grid : ctas);
 }
+
+// `work`: [0, 8) the payload size (uint64), [16, 16 + 4 nb) the block byte counts (uint32), then
+// the scratch slots at scratch_at(nb) (`block` bytes per block, 16 bytes of slack after them).
+long long scratch_at(long long nb) { return (16 + 4 * nb + 15) / 16 * 16; }
 
 template <class F, bool Z = false>
 int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab, void* work,
                   cudaStream_t s) {
-  cudaError_t e = cudaMemsetAsync(work, 0, (L->nb + 2) * sizeof(unsigned long long), s);
-  if (e != cudaSuccess) return e;
-  const size_t smem = (L->block / 4 + 1) * sizeof(uint32_t);
-  const int threads = static_cast<int>(L->threads);
-  const unsigned grid = resident_grid(encode_kernel<F, Z>, threads, smem, L->nb);
-  encode_kernel<F, Z><<<grid, threads, smem, s>>>(
-      static_cast<const typename F::T*>(in), static_cast<uint8_t*>(out), *L, tab,
-      static_cast<unsigned long long*>(work));
+  const int warps = warps_for(L->block), threads = 32 * warps;
+  const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4;
+  const long long ctas = (L->nb + warps - 1) / warps;
+  uint8_t* w = static_cast<uint8_t*>(work);
+  auto* total = reinterpret_cast<unsigned long long*>(w);
+  auto* counts = reinterpret_cast<uint32_t*>(w + 16);
+  uint8_t* scratch = w + scratch_at(L->nb);
+  uint8_t* o = static_cast<uint8_t*>(out);
+  encode_kernel<F, Z><<<resident_grid(encode_kernel<F, Z>, threads, smem, ctas), threads, smem, s>>>(
+      static_cast<const typename F::T*>(in), o, *L, tab, scratch, counts);
+  scan_kernel<<<1, 1024, 0, s>>>(o, *L, counts, total);
+  compact_kernel<<<resident_grid(compact_kernel, 256, 0, (L->nb + 7) / 8), 256, 0, s>>>(
+      o, *L, scratch, counts, total);
   return cudaGetLastError();
 }
 
 template <class F, bool Z = false>
-int launch_decode(const void* buf, void* out, const Layout* L, const int32_t* tab, int* flag,
-                  cudaStream_t s) {
-  const size_t smem = L->block + 2;
-  const int threads = static_cast<int>(L->threads);
-  const unsigned grid = resident_grid(decode_kernel<F, Z>, threads, smem, L->nb);
-  decode_kernel<F, Z><<<grid, threads, smem, s>>>(
-      static_cast<const uint8_t*>(buf), static_cast<typename F::T*>(out), *L, tab, flag);
+int launch_decode(const void* buf, const void* pay, void* out, const Layout* L, const int32_t* tab,
+                  int* flag, cudaStream_t s) {
+  const int warps = warps_for(L->block), threads = 32 * warps;
+  const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4;
+  const long long ctas = (L->nb + warps - 1) / warps;
+  decode_kernel<F, Z><<<resident_grid(decode_kernel<F, Z>, threads, smem, ctas), threads, smem, s>>>(
+      static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(pay),
+      static_cast<typename F::T*>(out), *L, tab, flag);
   return cudaGetLastError();
 }
 
 }  // namespace
+
+// Bytes of the `work` buffer zipccl_encode needs for `nb` blocks of `block` elements.
+extern "C" long long zipccl_work_bytes(long long nb, long long block) {
+  return scratch_at(nb) + nb * block + 16;
+}
 
 // kind: 0 bfloat16, 1 float16, 2 float32, 3 FP8 (both formats code the whole byte),
 // 4 bfloat16 under a byte-escape table (the fast path).
@@ -761,20 +821,22 @@ extern "C" int zipccl_encode(int kind, const void* in, void* out, const Layout* 
   }
 }
 
-// clear != 0 zeroes the flag first; else problems are OR-ed into what it holds.
-extern "C" int zipccl_decode(int kind, const void* buf, void* out, const Layout* L,
-                             const int32_t* tab, int* flag, int clear, void* stream) {
+// `pay` is the payload stream (L->payload_cap bytes). clear != 0 zeroes the flag first; else
+// problems are OR-ed into what it holds.
+extern "C" int zipccl_decode(int kind, const void* buf, const void* pay, void* out,
+                             const Layout* L, const int32_t* tab, int* flag, int clear,
+                             void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (clear) {
     cudaError_t e = cudaMemsetAsync(flag, 0, sizeof(int), s);
     if (e != cudaSuccess) return e;
   }
   switch (kind) {
-    case 0: return launch_decode<BF16>(buf, out, L, tab, flag, s);
-    case 1: return launch_decode<FP16>(buf, out, L, tab, flag, s);
-    case 2: return launch_decode<FP32>(buf, out, L, tab, flag, s);
-    case 3: return launch_decode<FP8>(buf, out, L, tab, flag, s);
-    case 4: return launch_decode<BF16, true>(buf, out, L, tab, flag, s);
+    case 0: return launch_decode<BF16>(buf, pay, out, L, tab, flag, s);
+    case 1: return launch_decode<FP16>(buf, pay, out, L, tab, flag, s);
+    case 2: return launch_decode<FP32>(buf, pay, out, L, tab, flag, s);
+    case 3: return launch_decode<FP8>(buf, pay, out, L, tab, flag, s);
+    case 4: return launch_decode<BF16, true>(buf, pay, out, L, tab, flag, s);
     default: return cudaErrorInvalidValue;
   }
 }
