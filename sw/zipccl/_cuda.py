@@ -122,30 +122,21 @@ def byte_escape(table: Codebook) -> bool:
     )
 
 
-def _splat(byte: int) -> int:
-    return byte * 0x01010101
-
-
 def _fast_words(table: Codebook) -> list[int]:
-    """The fast path's table words (codec.cu kFastAt): literal prefix, prefix -> symbol bytes,
-    prefix -> illegal bytes, and the (symbol, prefix) pairs of the ranked regions."""
+    """The fast-path decoder's table words (codec.cu kFastAt): the literal prefix, prefix -> symbol
+    bytes and prefix -> 0xFF where a prefix has no symbol (illegal in a stream)."""
     if not byte_escape(table):
-        return [0] * 20
-    sym, bad, pairs = [0] * NUM_REGIONS, [0] * NUM_REGIONS, []
+        return [0] * 5
+    sym, bad = [0] * NUM_REGIONS, [0] * NUM_REGIONS
     for p, base in enumerate(table.bases):
         if p == table.literal:
             continue
         if base < table.num_ranked:
             sym[p] = table.ranks[base]
-            pairs.append((table.ranks[base], p))
         else:
             bad[p] = 0xFF
-    words = [int(table.literal), *(int.from_bytes(bytes(v[i : i + 4]), "little")
-                                   for v in (sym, bad) for i in (0, 4))]
-    words.append(len(pairs))
-    for symbol, p in pairs + [(0, 0)] * (7 - len(pairs)):
-        words += [_splat(symbol), _splat(p)]
-    return words
+    return [int(table.literal), *(int.from_bytes(bytes(v[i : i + 4]), "little")
+                                  for v in (sym, bad) for i in (0, 4))]
 
 
 @functools.lru_cache(maxsize=64)

@@ -47,9 +47,8 @@ constexpr int kErrOffsets = 1, kErrSize = 2, kErrRank = 4, kErrPadding = 8, kErr
 // [256,264) regions: width | base << 4 | literal << 15; [264,520) rank -> symbol; [520] count.
 constexpr int kRegionAt = 256, kRankAt = 264, kCountAt = 520;
 // Byte-escape tables (one literal region, every ranked region of width 0: the ZipCCL exponent
-// layout) also carry, for the BF16 fast path: [521] literal prefix L, [522..523] prefix -> symbol
-// bytes, [524..525] prefix -> 0xFF if the prefix is illegal, [526] m, then m pairs
-// (symbol splat to 4 bytes, its prefix splat to 4 bytes).
+// layout) also carry, for the BF16 fast-path decoder: [521] literal prefix L, [522..523] prefix ->
+// symbol bytes, [524..525] prefix -> 0xFF if the prefix is illegal.
 constexpr int kFastAt = 521;
 
 // Warps per CTA and stage words per warp for a block size: a block's payload is at most `block`
@@ -63,9 +62,9 @@ __host__ __device__ inline int warps_for(long long block) {
 __host__ __device__ inline int stage_words(long long block) {
   return static_cast<int>(((block / 4 + 2) + 3) / 4 * 4);
 }
-// The fast path's table in registers.
+// The decoder's fast-path table in registers.
 struct Fast {
-  uint32_t lit, sym_lo, sym_hi, bad_lo, bad_hi, m, sym[7], pre[7];
+  uint32_t lit, sym_lo, sym_hi, bad_lo, bad_hi;
 };
 
 __device__ inline Fast load_fast(const int32_t* tab) {
@@ -73,9 +72,6 @@ __device__ inline Fast load_fast(const int32_t* tab) {
   f.lit = static_cast<uint32_t>(tab[kFastAt]) * 0x01010101u;
   f.sym_lo = tab[kFastAt + 1], f.sym_hi = tab[kFastAt + 2];
   f.bad_lo = tab[kFastAt + 3], f.bad_hi = tab[kFastAt + 4];
-  f.m = tab[kFastAt + 5];
-#pragma unroll
-  for (int i = 0; i < 7; ++i) f.sym[i] = tab[kFastAt + 6 + 2 * i], f.pre[i] = tab[kFastAt + 7 + 2 * i];
   return f;
 }
 
@@ -243,15 +239,22 @@ __device__ inline uint32_t read_bits(const uint32_t* stage, uint32_t pos, uint32
 }
 
 // Elements of group g of this lane in round r of a block starting at `start`: count (0..8) and the
-// first element's index.
+// first element's index. FULL: the caller knows the whole round is inside the block and tensor.
+template <bool FULL>
 __device__ inline int group_count(const Layout& L, long long start, int r, int g, long long& e0) {
   const long long local = static_cast<long long>(r) * kRound + 256 * g + 8 * (threadIdx.x & 31);
   e0 = start + local;
+  if constexpr (FULL) return 8;
   return (local < L.block && e0 < L.n) ? static_cast<int>(min(8ll, L.n - e0)) : 0;
 }
 
 __device__ inline int rounds(const Layout& L) {
   return static_cast<int>((L.block + kRound - 1) / kRound);
+}
+
+__device__ inline bool full_round(const Layout& L, long long start, int r) {
+  const long long end = static_cast<long long>(r + 1) * kRound;
+  return end <= L.block && start + end <= L.n;
 }
 
 // The word at byte address `p` (4-aligned), bytes outside [lo, hi) read as zero.
@@ -267,7 +270,8 @@ __device__ inline uint32_t load_word_within(const uint8_t* p, const uint8_t* lo,
 // alignment) with one warp: whole 32-bit words where `dst` is aligned, bytes at its two ends.
 __device__ inline void warp_copy(uint8_t* dst, const uint8_t* src, uint32_t len) {
   const uint32_t lane = threadIdx.x & 31;
-  const uint32_t head = min(len, static_cast<uint32_t>((4u - (reinterpret_cast<uintptr_t>(dst) & 3u)) & 3u));
+  const uint32_t head =
+      min(len, static_cast<uint32_t>((4u - (reinterpret_cast<uintptr_t>(dst) & 3u)) & 3u));
   const uint32_t words = (len - head) / 4;
   if (lane < head) dst[lane] = src[lane];
   const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
@@ -284,79 +288,69 @@ struct EncIn {
   uint32_t w[kGroups][2 * sizeof(typename F::T)];
 };
 
-template <class F>
+template <class F, bool FULL>
 __device__ inline void enc_load(const typename F::T* in, const Layout& L, long long start, int r,
                                 EncIn<F>& x, int cnt[kGroups], long long e0[kGroups]) {
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    cnt[g] = group_count(L, start, r, g, e0[g]);
+    cnt[g] = group_count<FULL>(L, start, r, g, e0[g]);
     load_packed(in + (cnt[g] ? e0[g] : 0), cnt[g], x.w[g]);
   }
 }
 
-// BF16 under a byte-escape table, 8 elements in SIMD-within-a-register steps: exponent and raw
-// bytes by byte permutes, prefixes by 4-byte compares, planes by multiply-gathers. Leaves the 8
-// exponent bytes and the escape byte mask (0xff per escaped element) for the payload pass.
-__device__ inline uint32_t enc_group_fast(const uint32_t w[4], int cnt, long long e, uint8_t* out,
-                                          const Layout& L, const Fast& f, uint32_t ex[2],
-                                          uint32_t esc[2]) {
-  uint32_t e2[4], r2[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    e2[i] = (w[i] >> 7) & 0x00ff00ffu;
-    r2[i] = (w[i] & 0x007f007fu) | ((w[i] >> 8) & 0x00800080u);
-  }
-  ex[0] = __byte_perm(e2[0], e2[1], 0x6420), ex[1] = __byte_perm(e2[2], e2[3], 0x6420);
-  const uint32_t raw_lo = __byte_perm(r2[0], r2[1], 0x6420);
-  const uint32_t raw_hi = __byte_perm(r2[2], r2[3], 0x6420);
-  uint32_t pre[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    uint32_t p = f.lit;
-#pragma unroll
-    for (int i = 0; i < 7; ++i) {
-      if (i < f.m) {
-        const uint32_t hit = __vcmpeq4(ex[h], f.sym[i]);
-        p = (p & ~hit) | (f.pre[i] & hit);
-      }
-    }
-    const uint32_t valid = valid_bytes(cnt, h);
-    pre[h] = p & valid;
-    esc[h] = __vcmpeq4(p, f.lit) & valid;
-  }
-  if (cnt) {
-    store_bytes(out + L.raw_byte_at[0] + e, cnt,
-                raw_lo | static_cast<unsigned long long>(raw_hi) << 32);
-#pragma unroll
-    for (int j = 0; j < 3; ++j)
-      out[L.prefix_at[j] + e / 8] = gather4(pre[0], j) | gather4(pre[1], j) << 4;
-  }
-  return __popc(esc[0]) + __popc(esc[1]);  // 8 bits per escape
+// The fast path's per-symbol word: bits 0, 8, 16 = prefix bits 0, 1, 2; bit 24 = escape. Element
+// k's word shifted left by k lands its bits in the three plane bytes and the escape-mask byte.
+__device__ inline uint32_t spread_word(int32_t code) {
+  const uint32_t p = (static_cast<uint32_t>(code) >> 8) & 7u;
+  return (p & 1u) | ((p >> 1) & 1u) << 8 | ((p >> 2) & 1u) << 16 | (code >> 12 ? 1u << 24 : 0u);
 }
 
-// One round of the fast path: planes out, escape bytes into the stage; returns the round's bits.
+// One round of BF16 under a byte-escape table: exponent and raw bytes by byte permutes, the three
+// plane bytes and the escape mask by one table lookup and one add per element; escape bytes into
+// the stage. Returns the round's payload bits.
+template <bool FULL>
 __device__ inline uint32_t enc_round_fast(const EncIn<BF16>& x, const int cnt[kGroups],
                                           const long long e0[kGroups], uint8_t* out,
-                                          const Layout& L, const Fast& f, uint32_t bits,
+                                          const Layout& L, const uint32_t* s_spread, uint32_t bits,
                                           uint8_t* stage) {
-  uint32_t ex[kGroups][2], esc[kGroups][2], nbits[kGroups], pos[kGroups];
+  uint32_t ex[kGroups][2], acc[kGroups], nbits[kGroups], pos[kGroups];
 #pragma unroll
-  for (int g = 0; g < kGroups; ++g) nbits[g] = enc_group_fast(x.w[g], cnt[g], e0[g], out, L, f, ex[g], esc[g]);
+  for (int g = 0; g < kGroups; ++g) {
+    const uint32_t* w = x.w[g];
+    uint32_t e2[4], r2[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      e2[i] = (w[i] >> 7) & 0x00ff00ffu;
+      r2[i] = (w[i] & 0x007f007fu) | ((w[i] >> 8) & 0x00800080u);
+    }
+    ex[g][0] = __byte_perm(e2[0], e2[1], 0x6420), ex[g][1] = __byte_perm(e2[2], e2[3], 0x6420);
+    acc[g] = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (FULL || k < cnt[g]) acc[g] += s_spread[(ex[g][k >> 2] >> (8 * (k & 3))) & 0xffu] << k;
+    if (cnt[g]) {
+      const uint32_t raw_lo = __byte_perm(r2[0], r2[1], 0x6420);
+      const uint32_t raw_hi = __byte_perm(r2[2], r2[3], 0x6420);
+      const long long e = e0[g];
+      store_bytes(out + L.raw_byte_at[0] + e, cnt[g],
+                  raw_lo | static_cast<unsigned long long>(raw_hi) << 32);
+#pragma unroll
+      for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e / 8] = static_cast<uint8_t>(acc[g] >> (8 * j));
+    }
+    nbits[g] = 8 * __popc(acc[g] >> 24);
+  }
   const uint32_t total = round_positions(nbits, pos);
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     uint32_t at = (bits + pos[g]) >> 3;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      if ((esc[g][k >> 2] >> (8 * (k & 3))) & 1u)
-        stage[at++ ^ 3u] = static_cast<uint8_t>(ex[g][k >> 2] >> (8 * (k & 3)));
-    }
+    for (uint32_t m = acc[g] >> 24; m; m &= m - 1)
+      stage[at++ ^ 3u] = static_cast<uint8_t>(__byte_perm(ex[g][0], ex[g][1], __ffs(m) - 1));
   }
   return total;
 }
 
 // One round of the generic path: planes out, codewords ORed into the (zeroed) stage.
-template <class F>
+template <class F, bool FULL>
 __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
                                      const long long e0[kGroups], uint8_t* out, const Layout& L,
                                      const uint32_t* s_code, uint32_t bits, uint32_t* stage) {
@@ -369,7 +363,7 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
     nbits[g] = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      if (k < cnt[g]) {
+      if (FULL || k < cnt[g]) {
         const uint32_t v = elem<T>(x.w[g], k);
         const uint32_t r = F::raw(v);
         const uint32_t code = s_code[F::sym(v)];
@@ -401,7 +395,7 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
     uint32_t n = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-      if (k < cnt[g]) {
+      if (FULL || k < cnt[g]) {
         const uint32_t code = s_code[F::sym(elem<T>(x.w[g], k))], w = code >> 12;
         acc = (acc << w) | (code & 0xffu);
         n += w;
@@ -412,22 +406,54 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
   return total;
 }
 
-// Each warp codes whole blocks: planes into the container, the payload into the block's slot of
-// `scratch` (`block` bytes per block) and its byte count into `counts`.
+template <class F, bool Z, bool FULL>
+__device__ inline uint32_t enc_round_at(const typename F::T* in, uint8_t* out, const Layout& L,
+                                        long long start, int r, const uint32_t* s_lut,
+                                        uint32_t bits, uint32_t* stage) {
+  EncIn<F> x;
+  int cnt[kGroups];
+  long long e0[kGroups];
+  enc_load<F, FULL>(in, L, start, r, x, cnt, e0);
+  if constexpr (Z)
+    return enc_round_fast<FULL>(x, cnt, e0, out, L, s_lut, bits, reinterpret_cast<uint8_t*>(stage));
+  else
+    return enc_round<F, FULL>(x, cnt, e0, out, L, s_lut, bits, stage);
+}
+
+// `work` (zipccl_work_bytes): [0, 8) the payload size, then per tile of kTile blocks a uint64 sum
+// (zeroed before the encode), per block a uint32 byte count, and the scratch slots (`block` bytes
+// per block, 16 bytes of slack after them).
+constexpr int kTile = 256;
+struct Work {
+  unsigned long long* total;
+  unsigned long long* tiles;
+  uint32_t* counts;
+  uint8_t* scratch;
+};
+
+__host__ __device__ inline long long align16(long long x) { return (x + 15) / 16 * 16; }
+__host__ __device__ inline long long num_tiles(long long nb) { return (nb + kTile - 1) / kTile; }
+__host__ __device__ inline long long counts_at(long long nb) { return align16(16 + 8 * num_tiles(nb)); }
+__host__ __device__ inline long long scratch_at(long long nb) { return align16(counts_at(nb) + 4 * nb); }
+
+__host__ __device__ inline Work work_of(void* work, long long nb) {
+  uint8_t* w = static_cast<uint8_t*>(work);
+  return {reinterpret_cast<unsigned long long*>(w), reinterpret_cast<unsigned long long*>(w + 16),
+          reinterpret_cast<uint32_t*>(w + counts_at(nb)), w + scratch_at(nb)};
+}
+
+// Each warp codes whole blocks: planes into the container, the payload into the block's scratch
+// slot, its byte count into `counts` and the tile's sum.
 template <class F, bool Z>
 __global__ void __launch_bounds__(32 * kMaxWarps)
 encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
-              const int32_t* __restrict__ tab, uint8_t* __restrict__ scratch,
-              uint32_t* __restrict__ counts) {
-  __shared__ uint32_t s_code[256];
+              const int32_t* __restrict__ tab, Work work) {
+  __shared__ uint32_t s_lut[256];  // Z: spread words; else the encoder words
   extern __shared__ uint4 s_stage[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, words = stage_words(L.block);
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;
-  if constexpr (!Z) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) s_code[i] = tab[i];
-    __syncthreads();
-  }
-  const Fast f = Z ? load_fast(tab) : Fast{};
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) s_lut[i] = Z ? spread_word(tab[i]) : tab[i];
+  __syncthreads();
   const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
   for (long long b = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp; b < L.nb;
        b += warps) {
@@ -438,90 +464,93 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
     const long long start = b * L.block;
     uint32_t bits = 0;
     for (int r = 0; r < rounds(L); ++r) {
-      EncIn<F> x;
-      int cnt[kGroups];
-      long long e0[kGroups];
-      enc_load<F>(in, L, start, r, x, cnt, e0);
-      if constexpr (Z)
-        bits += enc_round_fast(x, cnt, e0, out, L, f, bits, reinterpret_cast<uint8_t*>(stage));
+      if (full_round(L, start, r))
+        bits += enc_round_at<F, Z, true>(in, out, L, start, r, s_lut, bits, stage);
       else
-        bits += enc_round<F>(x, cnt, e0, out, L, s_code, bits, stage);
+        bits += enc_round_at<F, Z, false>(in, out, L, start, r, s_lut, bits, stage);
     }
     __syncwarp();
     const uint32_t nbytes = (bits + 7u) >> 3;
-    uint4* slot = reinterpret_cast<uint4*>(scratch + b * L.block);
+    uint4* slot = reinterpret_cast<uint4*>(work.scratch + b * L.block);
     const uint4* s4 = reinterpret_cast<const uint4*>(stage);
     for (uint32_t i = lane; i < (nbytes + 15u) / 16u; i += 32) {
       const uint4 v = s4[i];  // big-endian words -> stream byte order
       slot[i] = make_uint4(__byte_perm(v.x, 0, 0x0123), __byte_perm(v.y, 0, 0x0123),
                            __byte_perm(v.z, 0, 0x0123), __byte_perm(v.w, 0, 0x0123));
     }
-    if (lane == 0) counts[b] = nbytes;
+    if (lane == 0) {
+      work.counts[b] = nbytes;
+      atomicAdd(&work.tiles[b / kTile], static_cast<unsigned long long>(nbytes));
+    }
     __syncwarp();  // the stage is read out before the next block writes it
   }
 }
 
-// One CTA: block offsets (exclusive prefix sums of `counts`, as uint64 in the container), the
-// payload size in `*total`, and the zero gaps between sections.
-__global__ void __launch_bounds__(1024)
-scan_kernel(uint8_t* __restrict__ out, const Layout L, const uint32_t* __restrict__ counts,
-            unsigned long long* __restrict__ total) {
-  constexpr int kPer = 8;
+// CTA-wide inclusive scan of one uint64 per thread (blockDim.x a multiple of 32, at most 1024);
+// `total` gets the CTA's sum. Every thread must call it.
+__device__ inline unsigned long long cta_scan(unsigned long long v, unsigned long long& total) {
   __shared__ unsigned long long s_warp[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  unsigned long long carry = 0;
-  for (long long base = 0; base < L.nb; base += static_cast<long long>(blockDim.x) * kPer) {
-    const long long first = base + static_cast<long long>(threadIdx.x) * kPer;
-    uint32_t c[kPer];
-    unsigned long long mine = 0;
+  unsigned long long x = v;
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      c[i] = first + i < L.nb ? counts[first + i] : 0u;
-      mine += c[i];
-    }
-    unsigned long long x = mine;
+  for (int d = 1; d < 32; d <<= 1) {
+    const unsigned long long y = __shfl_up_sync(kFull, x, d);
+    if (lane >= d) x += y;
+  }
+  if (lane == 31) s_warp[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    unsigned long long s = lane < nw ? s_warp[lane] : 0ull;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
-      const unsigned long long y = __shfl_up_sync(kFull, x, d);
-      if (lane >= d) x += y;
+      const unsigned long long y = __shfl_up_sync(kFull, s, d);
+      if (lane >= d) s += y;
     }
-    if (lane == 31) s_warp[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-      unsigned long long s = lane < nw ? s_warp[lane] : 0ull;
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const unsigned long long y = __shfl_up_sync(kFull, s, d);
-        if (lane >= d) s += y;
-      }
-      if (lane < nw) s_warp[lane] = s;
-    }
-    __syncthreads();
-    unsigned long long at = carry + (warp ? s_warp[warp - 1] : 0ull) + x - mine;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      if (first + i < L.nb) store_bytes(out + L.offsets_at + 8 * (first + i), 8, at);
-      at += c[i];
-    }
-    carry += s_warp[nw - 1];
-    __syncthreads();  // s_warp is rewritten by the next tile
+    if (lane < nw) s_warp[lane] = s;
   }
-  if (threadIdx.x == 0) *total = carry;
-  for (int g = 0; g < L.ngaps; ++g)  // the alignment gaps between sections are zero in golden's
+  __syncthreads();
+  x += warp ? s_warp[warp - 1] : 0ull;
+  total = s_warp[nw - 1];
+  __syncthreads();  // s_warp may be reused by the next call
+  return x;
+}
+
+// One CTA: the tile sums become exclusive tile bases (in place) and `*total` the payload size;
+// the alignment gaps between sections are zeroed (they are zero in golden's buffers).
+__global__ void __launch_bounds__(1024)
+tile_scan_kernel(uint8_t* __restrict__ out, const Layout L, Work work) {
+  const long long nt = num_tiles(L.nb);
+  unsigned long long carry = 0;
+  for (long long base = 0; base < nt; base += blockDim.x) {
+    const long long i = base + threadIdx.x;
+    const unsigned long long v = i < nt ? work.tiles[i] : 0ull;
+    unsigned long long sum;
+    const unsigned long long incl = cta_scan(v, sum);
+    if (i < nt) work.tiles[i] = carry + incl - v;
+    carry += sum;
+  }
+  if (threadIdx.x == 0) *work.total = carry;
+  for (int g = 0; g < L.ngaps; ++g)
     for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += blockDim.x) out[i] = 0;
 }
 
-// Each warp moves one block's payload from its scratch slot to its offset (all of them, or none
-// when the payload overflows the buffer: the host then stores the tensor raw).
-__global__ void __launch_bounds__(256)
-compact_kernel(uint8_t* __restrict__ out, const Layout L, const uint8_t* __restrict__ scratch,
-               const uint32_t* __restrict__ counts, const unsigned long long* __restrict__ total) {
-  if (L.payload_at + static_cast<long long>(*total) > L.capacity) return;
-  const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
-  for (long long b = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-       b < L.nb; b += warps) {
-    const unsigned long long at = load_bytes(out + L.offsets_at + 8 * b, 8);
-    warp_copy(out + L.payload_at + at, scratch + b * L.block, counts[b]);
+// CTA t (kTile threads): the uint64 offsets of tile t's blocks, then each warp moves its blocks'
+// payloads from their scratch slots (all of them, or none when the payload overflows the buffer:
+// the host then stores the tensor raw).
+__global__ void __launch_bounds__(kTile)
+compact_kernel(uint8_t* __restrict__ out, const Layout L, const Work work) {
+  const long long b = static_cast<long long>(blockIdx.x) * kTile + threadIdx.x;
+  const uint32_t n = b < L.nb ? work.counts[b] : 0u;
+  unsigned long long sum;
+  const unsigned long long at = work.tiles[blockIdx.x] + cta_scan(n, sum) - n;
+  if (L.payload_at + static_cast<long long>(*work.total) > L.capacity) return;
+  if (b < L.nb) store_bytes(out + L.offsets_at + 8 * b, 8, at);
+  const int lane = threadIdx.x & 31;
+  const long long first = b - lane;  // this warp's 32 blocks
+  for (int i = 0; i < 32 && first + i < L.nb; ++i) {
+    const unsigned long long dst = __shfl_sync(kFull, at, i);
+    const uint32_t len = __shfl_sync(kFull, n, i);
+    warp_copy(out + L.payload_at + dst, work.scratch + (first + i) * L.block, len);
   }
 }
 
@@ -535,12 +564,12 @@ struct DecIn {
   unsigned long long rb[kGroups][F::RAWB > 0 ? F::RAWB : 1];
 };
 
-template <class F>
+template <class F, bool FULL>
 __device__ inline void dec_load(const uint8_t* buf, const Layout& L, long long start, int r,
                                 DecIn<F>& x, int cnt[kGroups], long long e0[kGroups]) {
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    cnt[g] = group_count(L, start, r, g, e0[g]);
+    cnt[g] = group_count<FULL>(L, start, r, g, e0[g]);
     const long long e = cnt[g] ? e0[g] : 0;
     uint32_t pl = 0, tb = 0;
     if (cnt[g]) {
@@ -572,29 +601,24 @@ __device__ inline void prefix_bytes(uint32_t planes, uint32_t pre[2]) {
 }
 
 // BF16 under a byte-escape table: exponents by a byte-permute lookup (8 prefixes -> 8 symbols),
-// escapes patched from the stage (stream byte `at` onwards), output by permutes.
-__device__ inline void dec_group_fast(uint32_t planes, unsigned long long rb, int cnt, uint32_t at,
+// escapes (`esc`: bit k set for element k) patched from the stage from stream byte `at` on,
+// output by permutes.
+__device__ inline void dec_group_fast(const uint32_t pre[2], uint32_t esc,
+                                      unsigned long long rb, int cnt, uint32_t at,
                                       const uint8_t* stage, const Fast& f, uint16_t* out,
                                       int& err) {
-  uint32_t pre[2], ex[2];
-  prefix_bytes(planes, pre);
+  unsigned long long ex8 = 0;  // the 8 exponent bytes
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const uint32_t y = pre[h] | (pre[h] >> 4);
-    const uint32_t sel = __byte_perm(y, 0u, 0x4420);
-    const uint32_t valid = valid_bytes(cnt, h);
-    if (__byte_perm(f.bad_lo, f.bad_hi, sel) & valid) err |= kErrRank;
-    uint32_t e = __byte_perm(f.sym_lo, f.sym_hi, sel);
-    const uint32_t esc = __vcmpeq4(pre[h], f.lit) & valid;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      if ((esc >> (8 * k)) & 1u) {
-        e = (e & ~(0xffu << (8 * k))) | static_cast<uint32_t>(stage[at ^ 3u]) << (8 * k);
-        at += 1;
-      }
-    }
-    ex[h] = e;
+    const uint32_t sel = __byte_perm(pre[h] | (pre[h] >> 4), 0u, 0x4420);
+    if (__byte_perm(f.bad_lo, f.bad_hi, sel) & valid_bytes(cnt, h)) err |= kErrRank;
+    ex8 |= static_cast<unsigned long long>(__byte_perm(f.sym_lo, f.sym_hi, sel)) << (32 * h);
   }
+  for (; esc; esc &= esc - 1) {
+    const int sh = 8 * (__ffs(esc) - 1);
+    ex8 = (ex8 & ~(0xffull << sh)) | static_cast<unsigned long long>(stage[at++ ^ 3u]) << sh;
+  }
+  const uint32_t ex[2] = {static_cast<uint32_t>(ex8), static_cast<uint32_t>(ex8 >> 32)};
   const uint32_t raw[2] = {static_cast<uint32_t>(rb), static_cast<uint32_t>(rb >> 32)};
   uint32_t v[4];
 #pragma unroll
@@ -605,7 +629,9 @@ __device__ inline void dec_group_fast(uint32_t planes, unsigned long long rb, in
   if (cnt == 8 && aligned(out, 16)) {
     *reinterpret_cast<uint4*>(out) = make_uint4(v[0], v[1], v[2], v[3]);
   } else {
-    for (int k = 0; k < cnt; ++k) out[k] = static_cast<uint16_t>(v[k >> 1] >> (16 * (k & 1)));
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (k < cnt) out[k] = static_cast<uint16_t>(v[k >> 1] >> (16 * (k & 1)));
   }
 }
 
@@ -617,25 +643,29 @@ struct DecTab {
 
 // One round of decoding; returns the round's payload bits. `bits` is where the round starts in
 // the block's stream.
-template <class F, bool Z>
-__device__ inline uint32_t dec_round(const DecIn<F>& x, const int cnt[kGroups],
-                                     const long long e0[kGroups], typename F::T* out,
-                                     const DecTab& t, uint32_t nranked, const Fast& f,
-                                     uint32_t bits, const uint32_t* stage, int& err) {
-  uint32_t nbits[kGroups], pos[kGroups];
+template <class F, bool Z, bool FULL>
+__device__ inline uint32_t dec_round(const uint8_t* buf, typename F::T* out, const Layout& L,
+                                     long long start, int r, const DecTab& t, uint32_t nranked,
+                                     const Fast& f, uint32_t bits, const uint32_t* stage,
+                                     int& err) {
+  DecIn<F> x;
+  int cnt[kGroups];
+  long long e0[kGroups];
+  dec_load<F, FULL>(buf, L, start, r, x, cnt, e0);
+  uint32_t nbits[kGroups], pos[kGroups], pre[kGroups][2], esc[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     nbits[g] = 0;
     if constexpr (Z) {
-      uint32_t pre[2];
-      prefix_bytes(x.planes[g], pre);
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        nbits[g] += 8 * __popc(__vcmpeq4(pre[h], f.lit) & valid_bytes(cnt[g], h));
+      prefix_bytes(x.planes[g], pre[g]);
+      const uint32_t lo = __vcmpeq4(pre[g][0], f.lit) & valid_bytes(cnt[g], false);
+      const uint32_t hi = __vcmpeq4(pre[g][1], f.lit) & valid_bytes(cnt[g], true);
+      esc[g] = gather4(lo, 0) | gather4(hi, 0) << 4;
+      nbits[g] = 8 * __popc(esc[g]);
     } else {
 #pragma unroll
       for (int k = 0; k < 8; ++k)
-        if (k < cnt[g]) nbits[g] += t.region[prefix_of(x.planes[g], k)] & 15u;
+        if (FULL || k < cnt[g]) nbits[g] += t.region[prefix_of(x.planes[g], k)] & 15u;
     }
   }
   const uint32_t total = round_positions(nbits, pos);
@@ -643,7 +673,7 @@ __device__ inline uint32_t dec_round(const DecIn<F>& x, const int cnt[kGroups],
   for (int g = 0; g < kGroups; ++g) {
     if (!cnt[g]) continue;
     if constexpr (Z) {
-      dec_group_fast(x.planes[g], x.rb[g][0], cnt[g], (bits + pos[g]) >> 3,
+      dec_group_fast(pre[g], esc[g], x.rb[g][0], cnt[g], (bits + pos[g]) >> 3,
                      reinterpret_cast<const uint8_t*>(stage), f,
                      reinterpret_cast<uint16_t*>(out) + e0[g], err);
       continue;
@@ -652,18 +682,18 @@ __device__ inline uint32_t dec_round(const DecIn<F>& x, const int cnt[kGroups],
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       const uint32_t region = t.region[prefix_of(x.planes[g], k)];
-      const uint32_t w = k < cnt[g] ? region & 15u : 0u;
+      const uint32_t w = FULL || k < cnt[g] ? region & 15u : 0u;
       const uint32_t val = read_bits(stage, at, w);
       const bool lit = region >> 15;
       const uint32_t rank = ((region >> 4) & 0x3ffu) + val;
-      if (k < cnt[g] && !lit && rank >= nranked) err |= kErrRank;
-      uint32_t r = 0;
+      if ((FULL || k < cnt[g]) && !lit && rank >= nranked) err |= kErrRank;
+      uint32_t raw = 0;
 #pragma unroll
       for (int j = 0; j < F::RAWB; ++j)
-        r |= static_cast<uint32_t>((x.rb[g][j] >> (8 * k)) & 0xffu) << (8 * j);
+        raw |= static_cast<uint32_t>((x.rb[g][j] >> (8 * k)) & 0xffu) << (8 * j);
 #pragma unroll
-      for (int j = 0; j < F::RAWb; ++j) r |= ((x.tb[g] >> (8 * j + k)) & 1u) << (8 * F::RAWB + j);
-      v[k] = F::join(lit ? val : t.rank[min(rank, 255u)], r);
+      for (int j = 0; j < F::RAWb; ++j) raw |= ((x.tb[g] >> (8 * j + k)) & 1u) << (8 * F::RAWB + j);
+      v[k] = F::join(lit ? val : t.rank[min(rank, 255u)], raw);
       at += w;
     }
     store8(out + e0[g], cnt[g], v);
@@ -672,14 +702,15 @@ __device__ inline uint32_t dec_round(const DecIn<F>& x, const int cnt[kGroups],
 }
 
 // Stage `len` payload bytes from `src` into big-endian words (stream byte i at stage byte i ^ 3),
-// zero past `len`; bytes outside [lo, hi) are never read.
-__device__ inline void stage_payload(uint32_t* stage, int words, const uint8_t* src, uint32_t len,
+// with two zero words after them (the bit reader looks one word ahead); bytes outside [lo, hi)
+// are never read.
+__device__ inline void stage_payload(uint32_t* stage, const uint8_t* src, uint32_t len,
                                      const uint8_t* lo, const uint8_t* hi) {
   const uint32_t lane = threadIdx.x & 31;
   const uint32_t shift = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(src) & 3u);
   const uint8_t* base = src - shift;
   const uint32_t used = (len + 3) / 4;
-  for (uint32_t k = lane; k < static_cast<uint32_t>(words); k += 32) {
+  for (uint32_t k = lane; k < used + 2; k += 32) {
     uint32_t v = 0;
     if (k < used) {
       const uint32_t a = load_word_within(base + 4 * k, lo, hi);
@@ -700,8 +731,8 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
               int* __restrict__ flag) {
   __shared__ DecTab t;
   extern __shared__ uint4 s_stage[];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, words = stage_words(L.block);
-  uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * stage_words(L.block);
   if constexpr (!Z) {
     if (threadIdx.x < 8) t.region[threadIdx.x] = tab[kRegionAt + threadIdx.x];
     for (int i = threadIdx.x; i < 256; i += blockDim.x) t.rank[i] = static_cast<uint8_t>(tab[kRankAt + i]);
@@ -721,16 +752,15 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
       continue;
     }
     const uint32_t len = static_cast<uint32_t>(hi - lo);
-    stage_payload(stage, words, pay + lo, len, pay, pay + L.payload_cap);
+    stage_payload(stage, pay + lo, len, pay, pay + L.payload_cap);
     __syncwarp();
     const long long start = b * L.block;
     uint32_t bits = 0;
     for (int r = 0; r < rounds(L); ++r) {
-      DecIn<F> x;
-      int cnt[kGroups];
-      long long e0[kGroups];
-      dec_load<F>(buf, L, start, r, x, cnt, e0);
-      bits += dec_round<F, Z>(x, cnt, e0, out, t, nranked, f, bits, stage, err);
+      if (full_round(L, start, r))
+        bits += dec_round<F, Z, true>(buf, out, L, start, r, t, nranked, f, bits, stage, err);
+      else
+        bits += dec_round<F, Z, false>(buf, out, L, start, r, t, nranked, f, bits, stage, err);
     }
     if (lane == 0) {
       const uint32_t nbytes = (bits + 7u) >> 3, tail = bits & 7u;
@@ -764,26 +794,20 @@ unsigned resident_grid(K kernel, int threads, size_t smem, long long ctas) {
   return static_cast<unsigned>(grid < ctas ? grid : ctas);
 }
 
-// `work`: [0, 8) the payload size (uint64), [16, 16 + 4 nb) the block byte counts (uint32), then
-// the scratch slots at scratch_at(nb) (`block` bytes per block, 16 bytes of slack after them).
-long long scratch_at(long long nb) { return (16 + 4 * nb + 15) / 16 * 16; }
-
 template <class F, bool Z = false>
 int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab, void* work,
                   cudaStream_t s) {
   const int warps = warps_for(L->block), threads = 32 * warps;
   const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4;
   const long long ctas = (L->nb + warps - 1) / warps;
-  uint8_t* w = static_cast<uint8_t*>(work);
-  auto* total = reinterpret_cast<unsigned long long*>(w);
-  auto* counts = reinterpret_cast<uint32_t*>(w + 16);
-  uint8_t* scratch = w + scratch_at(L->nb);
+  const Work w = work_of(work, L->nb);
+  cudaError_t e = cudaMemsetAsync(work, 0, counts_at(L->nb), s);
+  if (e != cudaSuccess) return e;
   uint8_t* o = static_cast<uint8_t*>(out);
   encode_kernel<F, Z><<<resident_grid(encode_kernel<F, Z>, threads, smem, ctas), threads, smem, s>>>(
-      static_cast<const typename F::T*>(in), o, *L, tab, scratch, counts);
-  scan_kernel<<<1, 1024, 0, s>>>(o, *L, counts, total);
-  compact_kernel<<<resident_grid(compact_kernel, 256, 0, (L->nb + 7) / 8), 256, 0, s>>>(
-      o, *L, scratch, counts, total);
+      static_cast<const typename F::T*>(in), o, *L, tab, w);
+  tile_scan_kernel<<<1, 1024, 0, s>>>(o, *L, w);
+  compact_kernel<<<static_cast<unsigned>(num_tiles(L->nb)), kTile, 0, s>>>(o, *L, w);
   return cudaGetLastError();
 }
 
