@@ -276,18 +276,21 @@ def launch_decode(
     _check_dense(*tensors)
     n = out.numel()
     fixed = _payload_at(fmt, n, block)
-    stream = buf[fixed:] if payload is None else payload
-    if buf.numel() < fixed or stream.numel() < payload_bytes:
+    if payload is None:  # the container's own payload section (no slicing: host time matters)
+        at, room = buf.data_ptr() + fixed, buf.numel() - fixed
+    else:
+        at, room = payload.data_ptr(), payload.numel()
+    if buf.numel() < fixed or room < payload_bytes:
         raise ValueError(
             f"compressed buffer too short: {buf.numel()} fixed-part bytes (need {fixed}) and "
-            f"{stream.numel()} payload bytes (need {payload_bytes})"
+            f"{max(room, 0)} payload bytes (need {payload_bytes})"
         )
-    lay = _layout(fmt, n, block, buf.numel(), payload_bytes, stream.numel())
+    lay = _layout(fmt, n, block, buf.numel(), payload_bytes, room)
     lib = _lib()
     assert lib is not None
     with _on(buf.device):
         _check(lib.zipccl_decode(
-            _kind(fmt, table, block), buf.data_ptr(), stream.data_ptr(), out.data_ptr(),
+            _kind(fmt, table, block), buf.data_ptr(), at, out.data_ptr(),
             ctypes.byref(lay), _table_tensor(table, buf.device).data_ptr(), flag.data_ptr(),
             int(clear), torch.cuda.current_stream().cuda_stream,
         ))

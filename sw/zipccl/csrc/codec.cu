@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include <mutex>
+
 constexpr int kGaps = 10;
 
 // Mirrors the ctypes structure in zipccl/_cuda.py: all fields 64-bit, no padding. (Outside the
@@ -534,23 +536,28 @@ tile_scan_kernel(uint8_t* __restrict__ out, const Layout L, Work work) {
     for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += blockDim.x) out[i] = 0;
 }
 
-// CTA t (kTile threads): the uint64 offsets of tile t's blocks, then each warp moves its blocks'
-// payloads from their scratch slots (all of them, or none when the payload overflows the buffer:
-// the host then stores the tensor raw).
+// CTA t (kTile threads): the uint64 offsets of tile t's blocks (written only when the payload
+// fits in the buffer; otherwise the host stores the tensor raw and nothing here is used).
 __global__ void __launch_bounds__(kTile)
-compact_kernel(uint8_t* __restrict__ out, const Layout L, const Work work) {
+offsets_kernel(uint8_t* __restrict__ out, const Layout L, const Work work) {
   const long long b = static_cast<long long>(blockIdx.x) * kTile + threadIdx.x;
   const uint32_t n = b < L.nb ? work.counts[b] : 0u;
   unsigned long long sum;
   const unsigned long long at = work.tiles[blockIdx.x] + cta_scan(n, sum) - n;
+  if (b < L.nb && L.payload_at + static_cast<long long>(*work.total) <= L.capacity)
+    store_bytes(out + L.offsets_at + 8 * b, 8, at);
+}
+
+// Each warp moves one block's payload from its scratch slot to its offset (or nothing, when the
+// payload overflows the buffer).
+__global__ void __launch_bounds__(256)
+compact_kernel(uint8_t* __restrict__ out, const Layout L, const Work work) {
   if (L.payload_at + static_cast<long long>(*work.total) > L.capacity) return;
-  if (b < L.nb) store_bytes(out + L.offsets_at + 8 * b, 8, at);
-  const int lane = threadIdx.x & 31;
-  const long long first = b - lane;  // this warp's 32 blocks
-  for (int i = 0; i < 32 && first + i < L.nb; ++i) {
-    const unsigned long long dst = __shfl_sync(kFull, at, i);
-    const uint32_t len = __shfl_sync(kFull, n, i);
-    warp_copy(out + L.payload_at + dst, work.scratch + (first + i) * L.block, len);
+  const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  for (long long b = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+       b < L.nb; b += warps) {
+    const unsigned long long at = load_bytes(out + L.offsets_at + 8 * b, 8);
+    warp_copy(out + L.payload_at + at, work.scratch + b * L.block, work.counts[b]);
   }
 }
 
@@ -784,13 +791,28 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
 // ------------------------------------------------------------------------------ launchers
 
 // Persistent grids: as many CTAs as can be resident at once (never more than needed).
+// The occupancy query costs microseconds of host time per call, so each kernel remembers its
+// answer per (device, threads, shared memory); one process sees few of each. (ctypes releases
+// the GIL around the launchers, hence the lock.)
 template <typename K>
 unsigned resident_grid(K kernel, int threads, size_t smem, long long ctas) {
-  int per_sm = 1, dev = 0, sms = 1;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+  struct Seen { int dev, threads; size_t smem; long long grid; };
+  static Seen seen[16];
+  static int nseen = 0;
+  static std::mutex lock;
+  const std::lock_guard<std::mutex> hold(lock);
+  int dev = 0;
   cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const long long grid = static_cast<long long>(per_sm > 0 ? per_sm : 1) * sms;
+  long long grid = 0;
+  for (int i = 0; i < nseen; ++i)
+    if (seen[i].dev == dev && seen[i].threads == threads && seen[i].smem == smem) grid = seen[i].grid;
+  if (!grid) {
+    int per_sm = 1, sms = 1;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    grid = static_cast<long long>(per_sm > 0 ? per_sm : 1) * sms;
+    if (nseen < 16) seen[nseen++] = {dev, threads, smem, grid};
+  }
   return static_cast<unsigned>(grid < ctas ? grid : ctas);
 }
 
@@ -807,7 +829,8 @@ int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab
   encode_kernel<F, Z><<<resident_grid(encode_kernel<F, Z>, threads, smem, ctas), threads, smem, s>>>(
       static_cast<const typename F::T*>(in), o, *L, tab, w);
   tile_scan_kernel<<<1, 1024, 0, s>>>(o, *L, w);
-  compact_kernel<<<static_cast<unsigned>(num_tiles(L->nb)), kTile, 0, s>>>(o, *L, w);
+  offsets_kernel<<<static_cast<unsigned>(num_tiles(L->nb)), kTile, 0, s>>>(o, *L, w);
+  compact_kernel<<<resident_grid(compact_kernel, 256, 0, (L->nb + 7) / 8), 256, 0, s>>>(o, *L, w);
   return cudaGetLastError();
 }
 
