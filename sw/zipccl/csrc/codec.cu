@@ -99,6 +99,7 @@ template <> struct Uint<32> { using T = uint32_t; };
 template <int BITS_, int MANT, int EXPB, bool BYTE>
 struct Fmt {
   static constexpr int BITS = BITS_;
+  static constexpr bool BYTE_CODED = BYTE;  // the whole element is the symbol (FP8)
   using T = typename Uint<BITS>::T;
   static constexpr int RAW = BYTE ? 0 : 1 + MANT;
   static constexpr int RAWB = RAW / 8;  // raw byte planes
@@ -708,6 +709,87 @@ __device__ inline uint32_t dec_round(const uint8_t* buf, typename F::T* out, con
   return total;
 }
 
+// Byte-coded formats (FP8): per-prefix widths and symbol-table offsets in registers, looked up
+// four elements at a time by byte permutes; one shared table maps offset + payload value to the
+// symbol, or flags an illegal rank (bit 8).
+struct ByteTab {
+  uint32_t w_lo, w_hi, off_lo, off_hi, offh_lo, offh_hi;
+};
+constexpr int kLiteralAt = 512;  // sym16 index of literal value 0; ranks below, illegal past count
+constexpr int kSym16 = 768;
+
+__device__ inline ByteTab load_byte_tab(const int32_t* tab) {
+  uint8_t w[8], lo[8], hi[8];
+  for (int p = 0; p < 8; ++p) {
+    const uint32_t r = tab[kRegionAt + p];
+    // A ranked region's base is < 256 or all its ranks are illegal: clamped to 256, base + value
+    // stays inside the illegal part of [0, kLiteralAt).
+    const uint32_t off = (r >> 15) ? kLiteralAt : min((r >> 4) & 0x3ffu, 256u);
+    w[p] = r & 15u, lo[p] = off & 0xffu, hi[p] = off >> 8;
+  }
+  auto word = [](const uint8_t* b) {
+    return b[0] | b[1] << 8 | b[2] << 16 | static_cast<uint32_t>(b[3]) << 24;
+  };
+  return {word(w), word(w + 4), word(lo), word(lo + 4), word(hi), word(hi + 4)};
+}
+
+template <bool FULL>
+__device__ inline uint32_t dec_round_byte(const uint8_t* buf, uint8_t* out, const Layout& L,
+                                          long long start, int r, const ByteTab& bt,
+                                          const uint16_t* s_sym, uint32_t bits,
+                                          const uint32_t* stage, int& err) {
+  uint32_t sel[kGroups][2], wb[kGroups][2], nbits[kGroups], pos[kGroups];
+  int cnt[kGroups];
+  long long e0[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    cnt[g] = group_count<FULL>(L, start, r, g, e0[g]);
+    uint32_t planes = 0;
+    if (cnt[g]) {
+#pragma unroll
+      for (int j = 0; j < 3; ++j)
+        planes |= static_cast<uint32_t>(buf[L.prefix_at[j] + e0[g] / 8]) << (8 * j);
+    }
+    uint32_t pre[2];
+    prefix_bytes(planes, pre);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sel[g][h] = __byte_perm(pre[h] | (pre[h] >> 4), 0u, 0x4420);
+      wb[g][h] = __byte_perm(bt.w_lo, bt.w_hi, sel[g][h]) & valid_bytes(cnt[g], h);
+    }
+    nbits[g] = ((wb[g][0] * 0x01010101u) >> 24) + ((wb[g][1] * 0x01010101u) >> 24);
+  }
+  const uint32_t total = round_positions(nbits, pos);
+  uint32_t bad = 0;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    if (!cnt[g]) continue;
+    const uint32_t at = bits + pos[g], i = at >> 5, sh = at & 31u;
+    const uint32_t s0 = stage[i], s1 = stage[i + 1], s2 = stage[i + 2];
+    unsigned long long win = static_cast<unsigned long long>(__funnelshift_l(s1, s0, sh)) << 32 |
+                             __funnelshift_l(s2, s1, sh);  // the group's bits, left-aligned
+    uint32_t v[2] = {0u, 0u};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t lo = __byte_perm(bt.off_lo, bt.off_hi, sel[g][h]);
+      const uint32_t hi = __byte_perm(bt.offh_lo, bt.offh_hi, sel[g][h]);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t w = (wb[g][h] >> (8 * k)) & 0xffu;
+        const uint32_t val = static_cast<uint32_t>((win >> (63u - w)) >> 1);
+        win <<= w;
+        const uint32_t off = ((lo >> (8 * k)) & 0xffu) | ((hi >> (8 * k)) & 0xffu) << 8;
+        const uint32_t e = s_sym[off + val];
+        if (FULL || 4 * h + k < cnt[g]) bad |= e;
+        v[h] |= (e & 0xffu) << (8 * k);
+      }
+    }
+    store_bytes(out + e0[g], cnt[g], v[0] | static_cast<unsigned long long>(v[1]) << 32);
+  }
+  if (bad & 0x100u) err |= kErrRank;
+  return total;
+}
+
 // Stage `len` payload bytes from `src` into big-endian words (stream byte i at stage byte i ^ 3),
 // with two zero words after them (the bit reader looks one word ahead); bytes outside [lo, hi)
 // are never read.
@@ -737,6 +819,7 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
               typename F::T* __restrict__ out, const Layout L, const int32_t* __restrict__ tab,
               int* __restrict__ flag) {
   __shared__ DecTab t;
+  __shared__ uint16_t s_sym[F::BYTE_CODED ? kSym16 : 1];
   extern __shared__ uint4 s_stage[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * stage_words(L.block);
@@ -747,6 +830,12 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
   }
   const uint32_t nranked = tab[kCountAt];
   const Fast f = Z ? load_fast(tab) : Fast{};
+  const ByteTab bt = F::BYTE_CODED ? load_byte_tab(tab) : ByteTab{};
+  if constexpr (F::BYTE_CODED) {
+    for (int i = threadIdx.x; i < kSym16; i += blockDim.x)
+      s_sym[i] = i >= kLiteralAt ? i - kLiteralAt : i < static_cast<int>(nranked) ? t.rank[i] : 0x100;
+    __syncthreads();
+  }
   const unsigned long long size = static_cast<unsigned long long>(L.payload_bytes);
   int err = 0;
   const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
@@ -764,10 +853,16 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
     const long long start = b * L.block;
     uint32_t bits = 0;
     for (int r = 0; r < rounds(L); ++r) {
-      if (full_round(L, start, r))
+      const bool full = full_round(L, start, r);
+      if constexpr (F::BYTE_CODED) {
+        uint8_t* o = reinterpret_cast<uint8_t*>(out);
+        bits += full ? dec_round_byte<true>(buf, o, L, start, r, bt, s_sym, bits, stage, err)
+                     : dec_round_byte<false>(buf, o, L, start, r, bt, s_sym, bits, stage, err);
+      } else if (full) {
         bits += dec_round<F, Z, true>(buf, out, L, start, r, t, nranked, f, bits, stage, err);
-      else
+      } else {
         bits += dec_round<F, Z, false>(buf, out, L, start, r, t, nranked, f, bits, stage, err);
+      }
     }
     if (lane == 0) {
       const uint32_t nbytes = (bits + 7u) >> 3, tail = bits & 7u;
