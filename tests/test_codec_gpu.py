@@ -176,3 +176,26 @@ def test_gpu_decode_from_separate_payload(dtype: torch.dtype) -> None:
         assert torch.equal(y.view(torch.uint8), x.view(torch.uint8))
     with pytest.raises(ValueError, match="too short"):
         _cuda.launch_decode(head, fmt, c.table, 1024, c.payload_bytes, y, flag, payload=pay[1:])
+
+
+def test_gpu_fp8_regions_past_the_ranks() -> None:
+    """FP8 tables with a region past the 200 ranked symbols (prefix 3: base 272, no symbol): data
+    round trips, and a codeword moved into that region is illegal on GPU and CPU alike."""
+    book = Codebook((8, 4, 8, 4, 1, 1, 1, 1), 0, tuple(range(200)))
+    g = torch.Generator().manual_seed(41)
+    small = torch.randint(0, 16, (40009,), generator=g, dtype=torch.uint8)
+    wide = torch.randint(16, 256, (40009,), generator=g, dtype=torch.uint8)
+    x = torch.where(torch.rand(40009, generator=g) < 0.8, small, wide).view(torch.float8_e4m3fn)
+    gpu_vs_cpu(x, table=book, block=1024)
+    c = zipccl.compress(x.to(CUDA), book, block=1024)
+    assert c.layout == "split"
+    sec = container.Sections.of(E4M3, x.numel(), 1024)
+    i = int(torch.nonzero(small[:1000] == x.view(torch.uint8)[:1000])[0])  # prefix 1, 4 bits
+    bad = c.buffer.clone()
+    for j, at in enumerate(sec.prefix):  # prefix 3 codes 4 bits too: the size stays
+        byte = int(bad[at + i // 8]) & ~(1 << (i % 8))
+        bad[at + i // 8] = byte | (((3 >> j) & 1) << (i % 8))
+    with pytest.raises(ValueError, match="illegal"):
+        zipccl.decompress(bad)
+    with pytest.raises(ValueError, match="illegal"):
+        zipccl.decompress(bad.cpu())
