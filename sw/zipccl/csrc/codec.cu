@@ -66,12 +66,13 @@ __host__ __device__ inline int stage_words(long long block) {
 }
 // The decoder's fast-path table in registers.
 struct Fast {
-  uint32_t lit, sym_lo, sym_hi, bad_lo, bad_hi;
+  uint32_t lit_planes, sym_lo, sym_hi, bad_lo, bad_hi;  // lit_planes: byte j = 0xff * bit j of L
 };
 
 __device__ inline Fast load_fast(const int32_t* tab) {
   Fast f;
-  f.lit = static_cast<uint32_t>(tab[kFastAt]) * 0x01010101u;
+  const uint32_t lit = static_cast<uint32_t>(tab[kFastAt]);
+  f.lit_planes = (lit & 1u ? 0xffu : 0u) | (lit & 2u ? 0xff00u : 0u) | (lit & 4u ? 0xff0000u : 0u);
   f.sym_lo = tab[kFastAt + 1], f.sym_hi = tab[kFastAt + 2];
   f.bad_lo = tab[kFastAt + 3], f.bad_hi = tab[kFastAt + 4];
   return f;
@@ -83,13 +84,6 @@ __device__ inline uint32_t valid_bytes(int cnt, bool hi) {
   return c >= 4 ? 0xffffffffu : c <= 0 ? 0u : (1u << (8 * c)) - 1u;
 }
 
-// Bit k of a byte -> bit 0 of byte k, for bits 0..3 (nibble) of `b`.
-__device__ inline uint32_t spread4(uint32_t b) { return ((b & 0xfu) * 0x00204081u) & 0x01010101u; }
-
-// Bit j of bytes 0..3 of `x` -> bits 0..3.
-__device__ inline uint32_t gather4(uint32_t x, int j) {
-  return ((((x >> j) & 0x01010101u) * 0x01020408u) >> 24) & 0xfu;
-}
 
 template <int BITS> struct Uint;
 template <> struct Uint<8> { using T = uint8_t; };
@@ -598,14 +592,13 @@ __device__ inline uint32_t prefix_of(uint32_t planes, int k) {
   return ((planes >> k) & 1u) | ((planes >> (8 + k)) & 1u) << 1 | ((planes >> (16 + k)) & 1u) << 2;
 }
 
-// The 8 prefixes of a group as bytes (elements 0..3 in pre[0], 4..7 in pre[1]).
-__device__ inline void prefix_bytes(uint32_t planes, uint32_t pre[2]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    pre[h] = 0;
-#pragma unroll
-    for (int j = 0; j < 3; ++j) pre[h] |= spread4(planes >> (8 * j + 4 * h)) << j;
-  }
+// The 8 prefixes of a group as bytes (elements 0..3 in pre[0], 4..7 in pre[1]), by three lookups
+// in a table that spreads bit k of a plane byte to bit 0 of byte k.
+__device__ inline void prefix_bytes(uint32_t planes, const unsigned long long* s_spread8,
+                                    uint32_t pre[2]) {
+  const unsigned long long pre8 = s_spread8[planes & 0xffu] | s_spread8[(planes >> 8) & 0xffu] << 1 |
+                                  s_spread8[planes >> 16] << 2;
+  pre[0] = static_cast<uint32_t>(pre8), pre[1] = static_cast<uint32_t>(pre8 >> 32);
 }
 
 // BF16 under a byte-escape table: exponents by a byte-permute lookup (8 prefixes -> 8 symbols),
@@ -654,21 +647,21 @@ struct DecTab {
 template <class F, bool Z, bool FULL>
 __device__ inline uint32_t dec_round(const uint8_t* buf, typename F::T* out, const Layout& L,
                                      long long start, int r, const DecTab& t, uint32_t nranked,
-                                     const Fast& f, uint32_t bits, const uint32_t* stage,
-                                     int& err) {
+                                     const Fast& f, const unsigned long long* s_spread8,
+                                     uint32_t bits, const uint32_t* stage, int& err) {
   DecIn<F> x;
   int cnt[kGroups];
   long long e0[kGroups];
   dec_load<F, FULL>(buf, L, start, r, x, cnt, e0);
-  uint32_t nbits[kGroups], pos[kGroups], pre[kGroups][2], esc[kGroups];
+  uint32_t nbits[kGroups], pos[kGroups], esc[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     nbits[g] = 0;
-    if constexpr (Z) {
-      prefix_bytes(x.planes[g], pre[g]);
-      const uint32_t lo = __vcmpeq4(pre[g][0], f.lit) & valid_bytes(cnt[g], false);
-      const uint32_t hi = __vcmpeq4(pre[g][1], f.lit) & valid_bytes(cnt[g], true);
-      esc[g] = gather4(lo, 0) | gather4(hi, 0) << 4;
+    if constexpr (Z) {  // escapes straight from the planes: bit k set where prefix k == L
+      const uint32_t p0 = x.planes[g] & 0xffu, p1 = (x.planes[g] >> 8) & 0xffu;
+      const uint32_t p2 = x.planes[g] >> 16;
+      esc[g] = ~(p0 ^ f.lit_planes) & ~(p1 ^ (f.lit_planes >> 8)) & ~(p2 ^ (f.lit_planes >> 16)) &
+               ((1u << cnt[g]) - 1u) & 0xffu;
       nbits[g] = 8 * __popc(esc[g]);
     } else {
 #pragma unroll
@@ -681,7 +674,9 @@ __device__ inline uint32_t dec_round(const uint8_t* buf, typename F::T* out, con
   for (int g = 0; g < kGroups; ++g) {
     if (!cnt[g]) continue;
     if constexpr (Z) {
-      dec_group_fast(pre[g], esc[g], x.rb[g][0], cnt[g], (bits + pos[g]) >> 3,
+      uint32_t pre[2];
+      prefix_bytes(x.planes[g], s_spread8, pre);
+      dec_group_fast(pre, esc[g], x.rb[g][0], cnt[g], (bits + pos[g]) >> 3,
                      reinterpret_cast<const uint8_t*>(stage), f,
                      reinterpret_cast<uint16_t*>(out) + e0[g], err);
       continue;
@@ -736,7 +731,8 @@ __device__ inline ByteTab load_byte_tab(const int32_t* tab) {
 template <bool FULL>
 __device__ inline uint32_t dec_round_byte(const uint8_t* buf, uint8_t* out, const Layout& L,
                                           long long start, int r, const ByteTab& bt,
-                                          const uint16_t* s_sym, uint32_t bits,
+                                          const uint16_t* s_sym,
+                                          const unsigned long long* s_spread8, uint32_t bits,
                                           const uint32_t* stage, int& err) {
   uint32_t sel[kGroups][2], wb[kGroups][2], nbits[kGroups], pos[kGroups];
   int cnt[kGroups];
@@ -751,7 +747,7 @@ __device__ inline uint32_t dec_round_byte(const uint8_t* buf, uint8_t* out, cons
         planes |= static_cast<uint32_t>(buf[L.prefix_at[j] + e0[g] / 8]) << (8 * j);
     }
     uint32_t pre[2];
-    prefix_bytes(planes, pre);
+    prefix_bytes(planes, s_spread8, pre);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       sel[g][h] = __byte_perm(pre[h] | (pre[h] >> 4), 0u, 0x4420);
@@ -820,10 +816,21 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
               int* __restrict__ flag) {
   __shared__ DecTab t;
   __shared__ uint16_t s_sym[F::BYTE_CODED ? kSym16 : 1];
+  constexpr bool kSpread = Z || F::BYTE_CODED;
+  __shared__ unsigned long long s_spread8[kSpread ? 256 : 1];  // bit k of a plane byte -> byte k
   extern __shared__ uint4 s_stage[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * stage_words(L.block);
-  if constexpr (!Z) {
+  if constexpr (kSpread) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+      unsigned long long v = 0;
+      for (int k = 0; k < 8; ++k) v |= static_cast<unsigned long long>((i >> k) & 1) << (8 * k);
+      s_spread8[i] = v;
+    }
+  }
+  if constexpr (Z) {
+    __syncthreads();
+  } else {
     if (threadIdx.x < 8) t.region[threadIdx.x] = tab[kRegionAt + threadIdx.x];
     for (int i = threadIdx.x; i < 256; i += blockDim.x) t.rank[i] = static_cast<uint8_t>(tab[kRankAt + i]);
     __syncthreads();
@@ -856,12 +863,16 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
       const bool full = full_round(L, start, r);
       if constexpr (F::BYTE_CODED) {
         uint8_t* o = reinterpret_cast<uint8_t*>(out);
-        bits += full ? dec_round_byte<true>(buf, o, L, start, r, bt, s_sym, bits, stage, err)
-                     : dec_round_byte<false>(buf, o, L, start, r, bt, s_sym, bits, stage, err);
+        bits += full ? dec_round_byte<true>(buf, o, L, start, r, bt, s_sym, s_spread8, bits,
+                                            stage, err)
+                     : dec_round_byte<false>(buf, o, L, start, r, bt, s_sym, s_spread8, bits,
+                                             stage, err);
       } else if (full) {
-        bits += dec_round<F, Z, true>(buf, out, L, start, r, t, nranked, f, bits, stage, err);
+        bits += dec_round<F, Z, true>(buf, out, L, start, r, t, nranked, f, s_spread8, bits,
+                                      stage, err);
       } else {
-        bits += dec_round<F, Z, false>(buf, out, L, start, r, t, nranked, f, bits, stage, err);
+        bits += dec_round<F, Z, false>(buf, out, L, start, r, t, nranked, f, s_spread8, bits,
+                                       stage, err);
       }
     }
     if (lane == 0) {
