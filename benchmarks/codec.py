@@ -93,8 +93,9 @@ def copy_bandwidth() -> float:
 
 def make(kind: str, dtype: torch.dtype, nbytes: int, minilm: dict[str, np.ndarray]) -> torch.Tensor:
     n = nbytes // torch.tensor([], dtype=dtype).element_size()
-    if kind == "normal":
-        return torch.randn(n, device="cuda").to(dtype)
+    if kind == "normal":  # seeded per size, so the nvCOMP process sees the same tensor
+        gen = torch.Generator(device="cuda").manual_seed(nbytes)
+        return torch.randn(n, device="cuda", generator=gen).to(dtype)
     arr = minilm[kind]
     src = torch.from_numpy(arr.view(np.int16) if arr.dtype == np.uint16 else arr).view(dtype).cuda()
     reps = -(-n // src.numel())
