@@ -22,6 +22,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 from golden.codebook import (
     ALPHABET,
@@ -49,16 +50,6 @@ _REGION_WIDTH_SHIFT = tl.constexpr(REGION_WIDTH_SHIFT)
 _REGION_LITERAL_SHIFT = tl.constexpr(REGION_LITERAL_SHIFT)
 _REGION_AT = tl.constexpr(ALPHABET)  # table tensor: encoder words, region words, rank words
 _RANK_AT = tl.constexpr(ALPHABET + NUM_REGIONS)
-
-# Decode problems, in the order _torch.decode_into raises them.
-PREFIX_PADDING = "prefix plane padding bits are not zero"
-BAD_OFFSETS = "payload block offsets disagree with the prefix planes"
-BLOCK_ERRORS = (
-    "payload padding bits are not zero",
-    "illegal codeword: a rank past the table's ranked symbols",
-    "raw bit plane padding bits are not zero",
-)
-
 
 def supports(block: int) -> bool:
     return MIN_BLOCK <= block <= MAX_BLOCK and block & (block - 1) == 0
@@ -104,18 +95,19 @@ def _store_planes(out_ptr, sec_ptr, FIRST: tl.constexpr, COUNT: tl.constexpr, va
 
 @triton.jit
 def _load_planes(buf_ptr, sec_ptr, FIRST: tl.constexpr, COUNT: tl.constexpr, idx, n, plane_len):
-    """Inverse of :func:`_store_planes` -> (values, 1 where a padding bit past ``n`` is set)."""
+    """Inverse of :func:`_store_planes` -> (values, mask whose bit k says plane k has a padding
+    bit past ``n`` set)."""
     valid = idx < n
     byte = idx >> 3
     values = tl.zeros_like(idx).to(tl.int32)
-    stray = tl.zeros_like(values)
+    stray = tl.sum(values, axis=0)
     for k in tl.static_range(COUNT):
         at = tl.load(sec_ptr + FIRST + k)
         plane = tl.load(buf_ptr + at + byte, mask=byte < plane_len, other=0).to(tl.int32)
         bit = (plane >> (idx & 7).to(tl.int32)) & 1
         values |= tl.where(valid, bit, 0) << k
-        stray |= tl.where(valid, 0, bit)
-    return values, tl.max(stray, axis=0)
+        stray |= tl.max(tl.where(valid, 0, bit), axis=0) << k
+    return values, stray
 
 
 # ---------------------------------------------------------------------- encode kernels
@@ -251,6 +243,22 @@ def _format_args(fmt: FloatFormat) -> dict[str, int | bool]:
     }
 
 
+def _plane_bits(mask: torch.Tensor, count: int) -> list[torch.Tensor]:
+    """Per plane k: whether any block set bit k of its padding mask."""
+    return [(mask & (1 << k) != 0).any() for k in range(count)]
+
+
+def _problems(fmt: FloatFormat, table: Codebook) -> list[str]:
+    """_torch.decode_into's messages, in the order it checks (one per flag of decode_into)."""
+    return [
+        *(f"prefix plane {k} padding bits are not zero" for k in range(PREFIX_BITS)),
+        "payload block offsets disagree with the prefix planes",
+        "payload padding bits are not zero",
+        f"illegal codeword: a rank past the table's {table.num_ranked} symbols",
+        *(f"raw bit plane {k} padding bits are not zero" for k in range(fmt.raw_bits % 8)),
+    ]
+
+
 def _warps(block: int) -> int:
     return max(1, min(MAX_WARPS, block // 256))
 
@@ -263,7 +271,7 @@ def _check(block: int, *tensors: torch.Tensor) -> None:
     device = tensors[0].device
     if any(t.device != device for t in tensors):
         raise ValueError("the Triton codec needs all tensors on one device")
-    if device.type != "cuda" and not triton.knobs.runtime.interpret:
+    if device.type != "cuda" and not isinstance(_encode_blocks, InterpretedFunction):
         raise ValueError(f"the Triton codec runs on CUDA tensors (or TRITON_INTERPRET=1), "
                          f"got {device}")
 
@@ -315,7 +323,7 @@ def decode_into(
     nb = num_blocks(n, block)
     if nb == 0:
         if payload_bytes:
-            raise ValueError(BAD_OFFSETS)
+            raise ValueError(_problems(fmt, table)[PREFIX_BITS])
         return
     planes = _sections(fmt, n, block, buf.device)
     words = _table_tensor(table, buf.device)
@@ -335,7 +343,10 @@ def decode_into(
         **_format_args(fmt), BLOCK=block, num_warps=_warps(block),
     )
     mismatch = (stored != expect).any() | (nbytes.sum() != payload_bytes)
-    found = torch.stack([stray.any(), mismatch, *flags.any(0)]).tolist()
-    for bad, why in zip(found, (PREFIX_PADDING, BAD_OFFSETS, *BLOCK_ERRORS), strict=True):
+    found = torch.stack([
+        *_plane_bits(stray, PREFIX_BITS), mismatch, flags[:, 0].any(), flags[:, 1].any(),
+        *_plane_bits(flags[:, 2], len(sec.raw_bits)),
+    ]).tolist()
+    for bad, why in zip(found, _problems(fmt, table), strict=True):
         if bad:
             raise ValueError(why)

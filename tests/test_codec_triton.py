@@ -1,0 +1,192 @@
+"""zipccl._triton: golden's bytes, round trips and _torch's errors, on CPU under TRITON_INTERPRET=1.
+
+The kernels always write the split sections, so the reference is golden's split-layout buffer
+even where golden itself would fall back to the raw layout (``golden_split``). Run with
+TRITON_INTERPRET=0 on a GPU machine, the same tests check the compiled kernels on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from unittest import mock
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on CPU
+
+import pytest
+
+pytest.importorskip("triton", reason="the Triton backend needs triton (the zipccl[triton] extra)")
+
+import numpy as np
+import torch
+import zipccl
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from triton.runtime.interpreter import InterpretedFunction
+from zipccl import _torch, _triton
+
+from golden import container
+from golden.codebook import Codebook
+from golden.formats import FloatFormat, get_format
+from golden.streams import num_blocks
+from tests.strategies import QLC, ZIPCCL, codebooks
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
+UINT = {8: torch.uint8, 16: torch.int16, 32: torch.int32}
+SENTINEL = 0xAB
+CHECKS = ("prefix plane", "payload block offsets", "payload padding", "illegal", "raw bit plane")
+INTERPRETED = isinstance(_triton._encode_blocks, InterpretedFunction)
+DEVICE = torch.device("cpu" if INTERPRETED else "cuda")
+if not INTERPRETED and not torch.cuda.is_available():
+    pytest.skip("compiled Triton kernels need a CUDA GPU", allow_module_level=True)
+
+
+def fmt_of(dtype: torch.dtype) -> FloatFormat:
+    return get_format(str(dtype).removeprefix("torch."))
+
+
+def bits_np(x: torch.Tensor) -> np.ndarray:
+    fmt = fmt_of(x.dtype)
+    return x.contiguous().cpu().view(UINT[fmt.bits]).numpy().view(fmt.uint)
+
+
+def gaussian(n: int, dtype: torch.dtype, seed: int, scale: float = 3.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, generator=g) * scale).to(dtype).to(DEVICE)
+
+
+def every_pattern(dtype: torch.dtype) -> torch.Tensor:
+    bits = fmt_of(dtype).bits
+    every = torch.arange(1 << bits, dtype=torch.int64)
+    every = torch.where(every >= 1 << (bits - 1), every - (1 << bits), every)
+    return every.to(UINT[bits]).view(dtype).to(DEVICE)
+
+
+def golden_split(x: torch.Tensor, table: Codebook, block: int) -> bytes:
+    """golden's split-layout buffer, even where golden would store the raw layout instead."""
+    with mock.patch.object(container, "raw_size", lambda *_: math.inf):
+        return container.encode(bits_np(x), fmt_of(x.dtype), table, block)
+
+
+def encode(backend: object, x: torch.Tensor, table: Codebook, block: int) -> bytes:
+    """A whole buffer: the backend's sections behind golden's header; checks nothing past the
+    payload stream was written."""
+    fmt = fmt_of(x.dtype)
+    sec = container.Sections.of(fmt, x.numel(), block)
+    out = torch.full((sec.payload + x.numel() + 8,), SENTINEL, dtype=torch.uint8, device=DEVICE)
+    payload = backend.encode_into(x, fmt, table, block, out)
+    end = sec.payload + payload
+    assert bool((out[end:] == SENTINEL).all())
+    head = container.Header(container.LAYOUT_SPLIT, fmt, tuple(x.shape), block, payload, table)
+    return head.pack() + bytes(out[container.HEADER_BYTES : end].cpu().numpy())
+
+
+def decode(backend: object, buf: bytes, dtype: torch.dtype) -> np.ndarray | str:
+    """The decoded bit patterns, or the ValueError's message."""
+    head = container.Header.unpack(buf[: container.HEADER_BYTES])
+    assert head.table is not None
+    data = torch.frombuffer(bytearray(buf), dtype=torch.uint8).to(DEVICE)
+    out = torch.empty(head.shape, dtype=dtype, device=DEVICE)
+    try:
+        backend.decode_into(data, head.fmt, head.table, head.block, head.payload_bytes, out)
+    except ValueError as exc:
+        return str(exc)
+    return bits_np(out)
+
+
+def check(x: torch.Tensor, table: Codebook, block: int) -> bytes:
+    """Triton bytes == _torch bytes == golden bytes; Triton and golden decode them exactly."""
+    ours = encode(_triton, x, table, block)
+    assert ours == encode(_torch, x, table, block)
+    assert ours == golden_split(x, table, block)
+    back = decode(_triton, ours, x.dtype)
+    assert isinstance(back, np.ndarray) and np.array_equal(back, bits_np(x))
+    assert np.array_equal(container.decode(ours)[1], bits_np(x))
+    return ours
+
+
+@pytest.mark.parametrize("block", [64, 256, 4096])
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 63, 64, 65, 1000, 3000])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sizes_and_blocks(dtype: torch.dtype, n: int, block: int) -> None:
+    x = gaussian(n, dtype, seed=n + block)
+    check(x, zipccl.histogram_table(x.cpu()), block)
+
+
+@pytest.mark.parametrize("table", [QLC, ZIPCCL], ids=["qlc", "zipccl"])
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32])
+def test_every_bit_pattern(dtype: torch.dtype, table: Codebook) -> None:
+    """NaN payloads, infinities, -0 and subnormals: every pattern of the format, shuffled."""
+    x = every_pattern(dtype)
+    order = torch.randperm(x.numel(), generator=torch.Generator().manual_seed(1))
+    check(x[order.to(DEVICE)], table, 4096)
+
+
+def test_shaped_input() -> None:
+    x = gaussian(5 * 7 * 9, torch.float32, seed=2).view(5, 7, 9)
+    head = container.Header.unpack(check(x, QLC, 64)[: container.HEADER_BYTES])
+    assert head.shape == (5, 7, 9)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    table=codebooks(),
+    dtype=st.sampled_from(DTYPES),
+    n=st.integers(0, 1500),
+    block=st.sampled_from([64, 128, 1024]),
+    seed=st.integers(0, 2**31 - 1),
+    scale=st.sampled_from([1e-3, 0.5, 40.0]),
+)
+def test_any_table(
+    table: Codebook, dtype: torch.dtype, n: int, block: int, seed: int, scale: float
+) -> None:
+    """Any complete table: widths 0..8, with or without a literal region, partial ranks."""
+    check(gaussian(n, dtype, seed, scale), table, block)
+
+
+def corrupt_cases(buf: bytes, fmt: FloatFormat, n: int, block: int, rng: np.random.Generator):
+    """Buffers with one byte changed where each kind of check looks (the last bytes of planes
+    and of blocks hold the padding bits), plus a wrong payload size."""
+    sec = container.Sections.of(fmt, n, block)
+    last = (n + 7) // 8 - 1
+    spots = [at + last for at in sec.prefix + sec.raw_bits]
+    ends = np.frombuffer(buf, "<u8", num_blocks(n, block), sec.offsets)[1:]
+    spots += [sec.payload + int(end) - 1 for end in ends] + [len(buf) - 1]
+    spots += list(rng.integers(sec.offsets, sec.payload, 4))
+    spots += list(rng.integers(sec.payload, len(buf), 40))
+    for at in spots:
+        bad = bytearray(buf)
+        bad[at] ^= int(rng.integers(1, 256))
+        yield bytes(bad)
+    head = container.Header.unpack(buf[: container.HEADER_BYTES])
+    longer = container.Header(head.layout, fmt, head.shape, block, head.payload_bytes + 1,
+                              head.table)
+    yield longer.pack() + buf[container.HEADER_BYTES :] + b"\0"
+
+
+def test_corruption_matches_torch() -> None:
+    """Corrupt buffers: the same ValueError as _torch (message and precedence), else the same
+    decoded bits; every kind of check is reached."""
+    table = Codebook((8, 1, 2, 3, 0, 0, 2, 1), 0, (15, 14, 16, 13, 17, 12, 18, 11, 19, 10, 9))
+    fmt, n, block = fmt_of(torch.float16), 1003, 256
+    buf = check(gaussian(n, torch.float16, seed=3, scale=0.01), table, block)
+    seen = set()
+    for bad in corrupt_cases(buf, fmt, n, block, np.random.default_rng(4)):
+        ours, want = decode(_triton, bad, torch.float16), decode(_torch, bad, torch.float16)
+        if isinstance(want, str):
+            assert ours == want
+            seen.add(next(kind for kind in CHECKS if want.startswith(kind)))
+        else:
+            assert isinstance(ours, np.ndarray) and np.array_equal(ours, want)
+    assert seen == set(CHECKS)
+
+
+def test_bad_arguments() -> None:
+    fmt, x = fmt_of(torch.bfloat16), gaussian(100, torch.bfloat16, seed=5)
+    out = torch.zeros(container.raw_size(fmt, 100), dtype=torch.uint8, device=DEVICE)
+    with pytest.raises(ValueError, match="power-of-two blocks"):
+        _triton.encode_into(x, fmt, ZIPCCL, 32768, out)
+    with pytest.raises(ValueError, match="at least"):
+        _triton.encode_into(x, fmt, ZIPCCL, 64, out[:600])
+    with pytest.raises(ValueError, match="power-of-two blocks"):
+        _triton.decode_into(out, fmt, ZIPCCL, 100, 0, torch.empty_like(x))
