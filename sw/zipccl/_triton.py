@@ -157,11 +157,11 @@ def _compact(scratch_ptr, nbytes_ptr, offsets_ptr, out_ptr, payload_at, BLOCK: t
 # ---------------------------------------------------------------------- decode kernels
 @triton.jit
 def _block_widths(buf_ptr, sec_ptr, table_ptr, idx, n, plane_len, FIRST: tl.constexpr):
-    """(prefix, payload width, region word, prefix padding flag) of one block's elements."""
+    """(payload width, region word, prefix padding mask) of one block's elements."""
     prefix, stray = _load_planes(buf_ptr, sec_ptr, FIRST, _PREFIX_BITS, idx, n, plane_len)
     region = tl.load(table_ptr + _REGION_AT + prefix)
     width = tl.where(idx < n, (region >> _REGION_WIDTH_SHIFT) & 15, 0)
-    return prefix, width, region, stray
+    return width, region, stray
 
 
 @triton.jit
@@ -170,7 +170,7 @@ def _decode_counts(buf_ptr, sec_ptr, table_ptr, bits_ptr, stray_ptr, n, plane_le
     """Each block's payload bit count from its prefixes, and its prefix padding flag."""
     pid = tl.program_id(0).to(tl.int64)
     idx = pid * BLOCK + tl.arange(0, BLOCK)
-    _, width, _, stray = _block_widths(buf_ptr, sec_ptr, table_ptr, idx, n, plane_len, FIRST)
+    width, _, stray = _block_widths(buf_ptr, sec_ptr, table_ptr, idx, n, plane_len, FIRST)
     tl.store(bits_ptr + pid, tl.sum(width, axis=0))
     tl.store(stray_ptr + pid, stray)
 
@@ -185,7 +185,7 @@ def _decode_blocks(buf_ptr, out_ptr, sec_ptr, table_ptr, bits_ptr, offsets_ptr, 
     pid = tl.program_id(0).to(tl.int64)
     idx = pid * BLOCK + tl.arange(0, BLOCK)
     valid = idx < n
-    _, width, region, _ = _block_widths(buf_ptr, sec_ptr, table_ptr, idx, n, plane_len,
+    width, region, _ = _block_widths(buf_ptr, sec_ptr, table_ptr, idx, n, plane_len,
                                         RAW_BYTES + RAW_PLANES)
     start = tl.load(offsets_ptr + pid)
     pos = start * 8 + tl.cumsum(width, axis=0) - width
