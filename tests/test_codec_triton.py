@@ -152,7 +152,7 @@ def corrupt_cases(buf: bytes, fmt: FloatFormat, n: int, block: int, rng: np.rand
     spots = [at + last for at in sec.prefix + sec.raw_bits]
     ends = np.frombuffer(buf, "<u8", num_blocks(n, block), sec.offsets)[1:]
     spots += [sec.payload + int(end) - 1 for end in ends] + [len(buf) - 1]
-    spots += list(rng.integers(sec.offsets, sec.payload, 4))
+    spots += list(sec.offsets + rng.integers(0, 8 * num_blocks(n, block), 4))
     spots += list(rng.integers(sec.payload, len(buf), 40))
     for at in spots:
         bad = bytearray(buf)

@@ -96,7 +96,7 @@ def _store_planes(out_ptr, sec_ptr, FIRST: tl.constexpr, COUNT: tl.constexpr, va
 @triton.jit
 def _load_planes(buf_ptr, sec_ptr, FIRST: tl.constexpr, COUNT: tl.constexpr, idx, n, plane_len):
     """Inverse of :func:`_store_planes` -> (values, mask whose bit k says plane k has a padding
-    bit past ``n`` set)."""
+    bit past ``n`` set). Values past ``n`` are the padding bits: callers mask them."""
     valid = idx < n
     byte = idx >> 3
     values = tl.zeros_like(idx).to(tl.int32)
@@ -105,7 +105,7 @@ def _load_planes(buf_ptr, sec_ptr, FIRST: tl.constexpr, COUNT: tl.constexpr, idx
         at = tl.load(sec_ptr + FIRST + k)
         plane = tl.load(buf_ptr + at + byte, mask=byte < plane_len, other=0).to(tl.int32)
         bit = (plane >> (idx & 7).to(tl.int32)) & 1
-        values |= tl.where(valid, bit, 0) << k
+        values |= bit << k
         stray |= tl.max(tl.where(valid, 0, bit), axis=0) << k
     return values, stray
 
