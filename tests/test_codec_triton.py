@@ -190,6 +190,16 @@ def test_corruption_matches_torch() -> None:
     assert seen == set(CHECKS)
 
 
+@pytest.mark.parametrize("backend", [_torch, _triton], ids=["torch", "triton"])
+def test_empty_tensor_with_a_payload_is_corrupt(backend: object) -> None:
+    fmt = fmt_of(torch.bfloat16)
+    buf = torch.zeros(container.Sections.of(fmt, 0, 64).payload + 1, dtype=torch.uint8,
+                      device=DEVICE)
+    empty = torch.empty(0, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match=r"^payload block offsets disagree"):
+        backend.decode_into(buf, fmt, ZIPCCL, 64, 1, empty)
+
+
 def test_bad_arguments() -> None:
     fmt, x = fmt_of(torch.bfloat16), gaussian(100, torch.bfloat16, seed=5)
     out = torch.zeros(container.raw_size(fmt, 100), dtype=torch.uint8, device=DEVICE)

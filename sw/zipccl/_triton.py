@@ -26,10 +26,12 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from golden.codebook import (
     ALPHABET,
+    ENC_PAYLOAD_BITS,
     ENC_PREFIX_SHIFT,
     ENC_WIDTH_SHIFT,
     NUM_REGIONS,
     PREFIX_BITS,
+    REGION_BASE_BITS,
     REGION_LITERAL_SHIFT,
     REGION_WIDTH_SHIFT,
     Codebook,
@@ -42,14 +44,22 @@ from zipccl._torch import _VIEW
 MIN_BLOCK, MAX_BLOCK = 64, 16384  # one block's codewords are one program's vectors
 MAX_WARPS = 16
 
-# Globals the kernels read must be constexpr.
+# Globals the kernels read must be constexpr. Word layouts: golden.codebook's RTL images.
 _PREFIX_BITS = tl.constexpr(PREFIX_BITS)
+_PREFIX_MASK = tl.constexpr((1 << PREFIX_BITS) - 1)
+_PAYLOAD_MASK = tl.constexpr((1 << ENC_PAYLOAD_BITS) - 1)
 _ENC_PREFIX_SHIFT = tl.constexpr(ENC_PREFIX_SHIFT)
 _ENC_WIDTH_SHIFT = tl.constexpr(ENC_WIDTH_SHIFT)
+_BASE_MASK = tl.constexpr((1 << REGION_BASE_BITS) - 1)
 _REGION_WIDTH_SHIFT = tl.constexpr(REGION_WIDTH_SHIFT)
+_REGION_WIDTH_MASK = tl.constexpr((1 << (REGION_LITERAL_SHIFT - REGION_WIDTH_SHIFT)) - 1)
 _REGION_LITERAL_SHIFT = tl.constexpr(REGION_LITERAL_SHIFT)
 _REGION_AT = tl.constexpr(ALPHABET)  # table tensor: encoder words, region words, rank words
 _RANK_AT = tl.constexpr(ALPHABET + NUM_REGIONS)
+_LAST_RANK = tl.constexpr(ALPHABET - 1)
+
+OFFSETS_DISAGREE = "payload block offsets disagree with the prefix planes"
+
 
 def supports(block: int) -> bool:
     return MIN_BLOCK <= block <= MAX_BLOCK and block & (block - 1) == 0
@@ -127,15 +137,16 @@ def _encode_blocks(x_ptr, out_ptr, sec_ptr, table_ptr, bits_ptr, scratch_ptr, n,
     _store_planes(out_ptr, sec_ptr, RAW_BYTES, RAW_PLANES, raw >> (8 * RAW_BYTES), pid,
                   plane_len, BLOCK)
     word = tl.load(table_ptr + sym)
-    prefix = tl.where(valid, (word >> _ENC_PREFIX_SHIFT) & 7, 0)
+    prefix = tl.where(valid, (word >> _ENC_PREFIX_SHIFT) & _PREFIX_MASK, 0)
     _store_planes(out_ptr, sec_ptr, RAW_BYTES + RAW_PLANES, _PREFIX_BITS, prefix, pid,
                   plane_len, BLOCK)
     width = tl.where(valid, word >> _ENC_WIDTH_SHIFT, 0)
     within = tl.cumsum(width, axis=0) - width
     tl.store(bits_ptr + pid, tl.sum(width, axis=0))
-    # MSB-first: the codeword ends 40 - r bits into a 40-bit window over words q and q + 1.
+    # MSB first: bit r of word q (r = within % 32) starts the payload. Place it in a 40-bit
+    # window whose top 32 bits are word q and low 8 the head of word q + 1 (w <= 8 spills).
     r = within & 31
-    window = (word & 0xFF).to(tl.int64) << (40 - r - width)
+    window = (word & _PAYLOAD_MASK).to(tl.int64) << (40 - r - width)
     slot = scratch_ptr + pid * (BLOCK // 4) + (within >> 5)
     tl.atomic_or(slot, (window >> 8).to(tl.int32), mask=width > 0, sem="relaxed")
     tl.atomic_or(slot + 1, ((window & 0xFF) << 24).to(tl.int32), mask=r + width > 32,
@@ -160,14 +171,14 @@ def _block_widths(buf_ptr, sec_ptr, table_ptr, idx, n, plane_len, FIRST: tl.cons
     """(payload width, region word, prefix padding mask) of one block's elements."""
     prefix, stray = _load_planes(buf_ptr, sec_ptr, FIRST, _PREFIX_BITS, idx, n, plane_len)
     region = tl.load(table_ptr + _REGION_AT + prefix)
-    width = tl.where(idx < n, (region >> _REGION_WIDTH_SHIFT) & 15, 0)
+    width = tl.where(idx < n, (region >> _REGION_WIDTH_SHIFT) & _REGION_WIDTH_MASK, 0)
     return width, region, stray
 
 
 @triton.jit
 def _decode_counts(buf_ptr, sec_ptr, table_ptr, bits_ptr, stray_ptr, n, plane_len,
                    FIRST: tl.constexpr, BLOCK: tl.constexpr):
-    """Each block's payload bit count from its prefixes, and its prefix padding flag."""
+    """Each block's payload bit count from its prefixes, and its prefix padding mask."""
     pid = tl.program_id(0).to(tl.int64)
     idx = pid * BLOCK + tl.arange(0, BLOCK)
     width, _, stray = _block_widths(buf_ptr, sec_ptr, table_ptr, idx, n, plane_len, FIRST)
@@ -186,7 +197,7 @@ def _decode_blocks(buf_ptr, out_ptr, sec_ptr, table_ptr, bits_ptr, offsets_ptr, 
     idx = pid * BLOCK + tl.arange(0, BLOCK)
     valid = idx < n
     width, region, _ = _block_widths(buf_ptr, sec_ptr, table_ptr, idx, n, plane_len,
-                                        RAW_BYTES + RAW_PLANES)
+                                     RAW_BYTES + RAW_PLANES)
     start = tl.load(offsets_ptr + pid)
     pos = start * 8 + tl.cumsum(width, axis=0) - width
     byte = pos >> 3
@@ -201,9 +212,9 @@ def _decode_blocks(buf_ptr, out_ptr, sec_ptr, table_ptr, bits_ptr, offsets_ptr, 
     end = tl.load(stream + last, mask=(tail > 0) & (last < payload_bytes), other=0)
     padding = tl.where(tail > 0, end.to(tl.int32) & ((1 << (8 - tail)) - 1), 0)
     literal = (region >> _REGION_LITERAL_SHIFT) & 1
-    rank = (region & 511) + value
+    rank = (region & _BASE_MASK) + value
     illegal = valid & (literal == 0) & (rank >= num_ranked)
-    ranked = tl.load(table_ptr + _RANK_AT + tl.minimum(rank, 255))
+    ranked = tl.load(table_ptr + _RANK_AT + tl.minimum(rank, _LAST_RANK))
     sym = tl.where(literal == 1, value, ranked)
     raw = tl.zeros_like(sym)
     for b in tl.static_range(RAW_BYTES):
@@ -252,7 +263,7 @@ def _problems(fmt: FloatFormat, table: Codebook) -> list[str]:
     """_torch.decode_into's messages, in the order it checks (one per flag of decode_into)."""
     return [
         *(f"prefix plane {k} padding bits are not zero" for k in range(PREFIX_BITS)),
-        "payload block offsets disagree with the prefix planes",
+        OFFSETS_DISAGREE,
         "payload padding bits are not zero",
         f"illegal codeword: a rank past the table's {table.num_ranked} symbols",
         *(f"raw bit plane {k} padding bits are not zero" for k in range(fmt.raw_bits % 8)),
@@ -323,7 +334,7 @@ def decode_into(
     nb = num_blocks(n, block)
     if nb == 0:
         if payload_bytes:
-            raise ValueError(_problems(fmt, table)[PREFIX_BITS])
+            raise ValueError(OFFSETS_DISAGREE)
         return
     planes = _sections(fmt, n, block, buf.device)
     words = _table_tensor(table, buf.device)
