@@ -157,6 +157,17 @@ def test_any_table(
     check(gaussian(n, dtype, seed, scale), table, block)
 
 
+def agree(buf: bytes, dtype: torch.dtype) -> str | None:
+    """_triton decodes ``buf`` as _torch does: the same ValueError (its message is returned) or
+    the same bits."""
+    ours, want = decode(_triton, buf, dtype), decode(_torch, buf, dtype)
+    if isinstance(want, str):
+        assert ours == want
+        return want
+    assert isinstance(ours, np.ndarray) and np.array_equal(ours, want)
+    return None
+
+
 def corrupt_cases(buf: bytes, fmt: FloatFormat, n: int, block: int, rng: np.random.Generator):
     """Buffers with one byte changed where each kind of check looks (the last bytes of planes
     and of blocks hold the padding bits), plus a wrong payload size."""
@@ -185,13 +196,24 @@ def test_corruption_matches_torch() -> None:
     buf = check(gaussian(n, torch.float16, seed=3, scale=0.01), table, block)
     seen = set()
     for bad in corrupt_cases(buf, fmt, n, block, np.random.default_rng(4)):
-        ours, want = decode(_triton, bad, torch.float16), decode(_torch, bad, torch.float16)
-        if isinstance(want, str):
-            assert ours == want
-            seen.add(next(kind for kind in CHECKS if want.startswith(kind)))
-        else:
-            assert isinstance(ours, np.ndarray) and np.array_equal(ours, want)
+        why = agree(bad, torch.float16)
+        if why is not None:
+            seen.add(next(kind for kind in CHECKS if why.startswith(kind)))
     assert seen == set(CHECKS)
+
+
+@settings(max_examples=20, deadline=None)
+@given(table=codebooks(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1),
+       flips=st.integers(1, 3))
+def test_random_corruption_matches_torch(
+    table: Codebook, dtype: torch.dtype, seed: int, flips: int
+) -> None:
+    """Any table and format, bytes flipped anywhere past the header: same error or same bits."""
+    buf = bytearray(encode(_triton, gaussian(700, dtype, seed, scale=0.3), table, 128))
+    rng = np.random.default_rng(seed)
+    for at in rng.integers(container.HEADER_BYTES, len(buf), flips):
+        buf[int(at)] ^= int(rng.integers(1, 256))
+    agree(bytes(buf), dtype)
 
 
 @pytest.mark.parametrize("backend", [_torch, _triton], ids=["torch", "triton"])
