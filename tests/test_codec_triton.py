@@ -11,7 +11,9 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from unittest import mock
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on CPU
@@ -77,7 +79,7 @@ def golden_split(x: torch.Tensor, table: Codebook, block: int) -> bytes:
         return container.encode(bits_np(x), fmt_of(x.dtype), table, block)
 
 
-def encode(backend: object, x: torch.Tensor, table: Codebook, block: int) -> bytes:
+def encode(backend: ModuleType, x: torch.Tensor, table: Codebook, block: int) -> bytes:
     """A whole buffer: the backend's sections behind golden's header; checks nothing past the
     payload stream was written."""
     fmt = fmt_of(x.dtype)
@@ -90,7 +92,7 @@ def encode(backend: object, x: torch.Tensor, table: Codebook, block: int) -> byt
     return head.pack() + bytes(out[container.HEADER_BYTES : end].cpu().numpy())
 
 
-def decode(backend: object, buf: bytes, dtype: torch.dtype) -> np.ndarray | str:
+def decode(backend: ModuleType, buf: bytes, dtype: torch.dtype) -> np.ndarray | str:
     """The decoded bit patterns, or the ValueError's message."""
     head = container.Header.unpack(buf[: container.HEADER_BYTES])
     assert head.table is not None
@@ -168,7 +170,9 @@ def agree(buf: bytes, dtype: torch.dtype) -> str | None:
     return None
 
 
-def corrupt_cases(buf: bytes, fmt: FloatFormat, n: int, block: int, rng: np.random.Generator):
+def corrupt_cases(
+    buf: bytes, fmt: FloatFormat, n: int, block: int, rng: np.random.Generator
+) -> Iterator[bytes]:
     """Buffers with one byte changed where each kind of check looks (the last bytes of planes
     and of blocks hold the padding bits), plus a wrong payload size."""
     sec = container.Sections.of(fmt, n, block)
@@ -217,7 +221,7 @@ def test_random_corruption_matches_torch(
 
 
 @pytest.mark.parametrize("backend", [_torch, _triton], ids=["torch", "triton"])
-def test_empty_tensor_with_a_payload_is_corrupt(backend: object) -> None:
+def test_empty_tensor_with_a_payload_is_corrupt(backend: ModuleType) -> None:
     fmt = fmt_of(torch.bfloat16)
     buf = torch.zeros(container.Sections.of(fmt, 0, 64).payload + 1, dtype=torch.uint8,
                       device=DEVICE)
@@ -231,7 +235,8 @@ def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
     """What the interpreter cannot check: the compiler accepts every kernel (no GPU needed)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)  # compile, don't hit a cache
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "sw"), env.get("PYTHONPATH", "")])
+    paths = [str(ROOT), str(ROOT / "sw"), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     done = subprocess.run(
         [sys.executable, "-m", "tests._triton_compile", str(container.DEFAULT_BLOCK)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
