@@ -704,34 +704,35 @@ __device__ inline uint32_t dec_round(const uint8_t* buf, typename F::T* out, con
   return total;
 }
 
-// Byte-coded formats (FP8): per-prefix widths and symbol-table offsets in registers, looked up
-// four elements at a time by byte permutes; one shared table maps offset + payload value to the
-// symbol, or flags an illegal rank (bit 8).
-struct ByteTab {
-  uint32_t w_lo, w_hi, off_lo, off_hi, offh_lo, offh_hi;
-};
-constexpr int kLiteralAt = 512;  // sym16 index of literal value 0; ranks below, illegal past count
-constexpr int kSym16 = 768;
+// Byte-coded formats (FP8): per-prefix widths in registers, looked up four elements at a time by
+// byte permutes; each element's bit offset in its half group by one multiply (a byte-wise prefix
+// sum of the widths); one shared table maps (prefix, payload value) to the symbol, or flags an
+// illegal rank (bit 8).
+constexpr int kSym2 = 8 * 256;
 
-__device__ inline ByteTab load_byte_tab(const int32_t* tab) {
-  uint8_t w[8], lo[8], hi[8];
-  for (int p = 0; p < 8; ++p) {
-    const uint32_t r = tab[kRegionAt + p];
-    // A ranked region's base is < 256 or all its ranks are illegal: clamped to 256, base + value
-    // stays inside the illegal part of [0, kLiteralAt).
-    const uint32_t off = (r >> 15) ? kLiteralAt : min((r >> 4) & 0x3ffu, 256u);
-    w[p] = r & 15u, lo[p] = off & 0xffu, hi[p] = off >> 8;
-  }
-  auto word = [](const uint8_t* b) {
-    return b[0] | b[1] << 8 | b[2] << 16 | static_cast<uint32_t>(b[3]) << 24;
-  };
-  return {word(w), word(w + 4), word(lo), word(lo + 4), word(hi), word(hi + 4)};
+__device__ inline uint16_t sym2_entry(const int32_t* tab, const DecTab& t, uint32_t nranked,
+                                      int i) {
+  const uint32_t r = tab[kRegionAt + (i >> 8)], v = i & 0xffu;
+  if (r >> 15) return static_cast<uint16_t>(v);  // literal region: the value is the symbol
+  const uint32_t rank = ((r >> 4) & 0x3ffu) + v;
+  return rank < nranked ? t.rank[rank] : 0x100;
+}
+
+__device__ inline uint32_t width_bytes(const int32_t* tab, int first) {
+  uint32_t w = 0;
+  for (int p = 0; p < 4; ++p) w |= (static_cast<uint32_t>(tab[kRegionAt + first + p]) & 15u) << (8 * p);
+  return w;
+}
+
+// The four symbol bytes of element entries e[0..3] (low bytes) as one word.
+__device__ inline uint32_t pack4(const uint32_t e[4]) {
+  return __byte_perm(__byte_perm(e[0], e[1], 0x0040), __byte_perm(e[2], e[3], 0x0040), 0x5410);
 }
 
 template <bool FULL>
 __device__ inline uint32_t dec_round_byte(const uint8_t* buf, uint8_t* out, const Layout& L,
-                                          long long start, int r, const ByteTab& bt,
-                                          const uint16_t* s_sym,
+                                          long long start, int r, uint32_t w_lo, uint32_t w_hi,
+                                          const uint16_t* s_sym2,
                                           const unsigned long long* s_spread8, uint32_t bits,
                                           const uint32_t* stage, int& err) {
   uint32_t sel[kGroups][2], wb[kGroups][2], nbits[kGroups], pos[kGroups];
@@ -750,8 +751,8 @@ __device__ inline uint32_t dec_round_byte(const uint8_t* buf, uint8_t* out, cons
     prefix_bytes(planes, s_spread8, pre);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      sel[g][h] = __byte_perm(pre[h] | (pre[h] >> 4), 0u, 0x4420);
-      wb[g][h] = __byte_perm(bt.w_lo, bt.w_hi, sel[g][h]) & valid_bytes(cnt[g], h);
+      sel[g][h] = __byte_perm(pre[h] | (pre[h] >> 4), 0u, 0x4420);  // nibble k: prefix k
+      wb[g][h] = __byte_perm(w_lo, w_hi, sel[g][h]) & valid_bytes(cnt[g], h);
     }
     nbits[g] = ((wb[g][0] * 0x01010101u) >> 24) + ((wb[g][1] * 0x01010101u) >> 24);
   }
@@ -760,27 +761,24 @@ __device__ inline uint32_t dec_round_byte(const uint8_t* buf, uint8_t* out, cons
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     if (!cnt[g]) continue;
-    const uint32_t at = bits + pos[g], i = at >> 5, sh = at & 31u;
-    const uint32_t s0 = stage[i], s1 = stage[i + 1], s2 = stage[i + 2];
-    unsigned long long win = static_cast<unsigned long long>(__funnelshift_l(s1, s0, sh)) << 32 |
-                             __funnelshift_l(s2, s1, sh);  // the group's bits, left-aligned
-    uint32_t v[2] = {0u, 0u};
+    uint32_t at = bits + pos[g], word[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const uint32_t lo = __byte_perm(bt.off_lo, bt.off_hi, sel[g][h]);
-      const uint32_t hi = __byte_perm(bt.offh_lo, bt.offh_hi, sel[g][h]);
+      const uint32_t i = at >> 5;
+      const uint32_t win = __funnelshift_l(stage[i + 1], stage[i], at & 31u);  // <= 32 bits
+      const uint32_t incl = wb[g][h] * 0x01010101u, excl = incl - wb[g][h];
+      uint32_t e[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const uint32_t w = (wb[g][h] >> (8 * k)) & 0xffu;
-        const uint32_t val = static_cast<uint32_t>((win >> (63u - w)) >> 1);
-        win <<= w;
-        const uint32_t off = ((lo >> (8 * k)) & 0xffu) | ((hi >> (8 * k)) & 0xffu) << 8;
-        const uint32_t e = s_sym[off + val];
-        if (FULL || 4 * h + k < cnt[g]) bad |= e;
-        v[h] |= (e & 0xffu) << (8 * k);
+        const uint32_t w = (wb[g][h] >> (8 * k)) & 0xffu, x = (excl >> (8 * k)) & 0xffu;
+        const uint32_t val = __funnelshift_l(win << x, 0u, w);  // the top w bits, 0 if w = 0
+        e[k] = s_sym2[((sel[g][h] >> (4 * k)) & 7u) << 8 | val];
+        if (FULL || 4 * h + k < cnt[g]) bad |= e[k];
       }
+      word[h] = pack4(e);
+      at += incl >> 24;
     }
-    store_bytes(out + e0[g], cnt[g], v[0] | static_cast<unsigned long long>(v[1]) << 32);
+    store_bytes(out + e0[g], cnt[g], word[0] | static_cast<unsigned long long>(word[1]) << 32);
   }
   if (bad & 0x100u) err |= kErrRank;
   return total;
@@ -816,7 +814,7 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
               typename F::T* __restrict__ out, const Layout L, const int32_t* __restrict__ tab,
               int* __restrict__ flag) {
   __shared__ DecTab t;
-  __shared__ uint16_t s_sym[F::BYTE_CODED ? kSym16 : 1];
+  __shared__ uint16_t s_sym2[F::BYTE_CODED ? kSym2 : 1];
   constexpr bool kSpread = Z || F::BYTE_CODED;
   __shared__ unsigned long long s_spread8[kSpread ? 256 : 1];  // bit k of a plane byte -> byte k
   extern __shared__ uint4 s_stage[];
@@ -838,10 +836,10 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
   }
   const uint32_t nranked = tab[kCountAt];
   const Fast f = Z ? load_fast(tab) : Fast{};
-  const ByteTab bt = F::BYTE_CODED ? load_byte_tab(tab) : ByteTab{};
+  const uint32_t w_lo = F::BYTE_CODED ? width_bytes(tab, 0) : 0u;
+  const uint32_t w_hi = F::BYTE_CODED ? width_bytes(tab, 4) : 0u;
   if constexpr (F::BYTE_CODED) {
-    for (int i = threadIdx.x; i < kSym16; i += blockDim.x)
-      s_sym[i] = i >= kLiteralAt ? i - kLiteralAt : i < static_cast<int>(nranked) ? t.rank[i] : 0x100;
+    for (int i = threadIdx.x; i < kSym2; i += blockDim.x) s_sym2[i] = sym2_entry(tab, t, nranked, i);
     __syncthreads();
   }
   const unsigned long long size = static_cast<unsigned long long>(L.payload_bytes);
@@ -864,10 +862,10 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
       const bool full = full_round(L, start, r);
       if constexpr (F::BYTE_CODED) {
         uint8_t* o = reinterpret_cast<uint8_t*>(out);
-        bits += full ? dec_round_byte<true>(buf, o, L, start, r, bt, s_sym, s_spread8, bits,
-                                            stage, err)
-                     : dec_round_byte<false>(buf, o, L, start, r, bt, s_sym, s_spread8, bits,
-                                             stage, err);
+        bits += full ? dec_round_byte<true>(buf, o, L, start, r, w_lo, w_hi, s_sym2, s_spread8,
+                                            bits, stage, err)
+                     : dec_round_byte<false>(buf, o, L, start, r, w_lo, w_hi, s_sym2, s_spread8,
+                                             bits, stage, err);
       } else if (full) {
         bits += dec_round<F, Z, true>(buf, out, L, start, r, t, nranked, f, s_spread8, bits,
                                       stage, err);
