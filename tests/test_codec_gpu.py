@@ -129,6 +129,22 @@ def test_gpu_more_than_2_gib() -> None:
     assert torch.equal(y.view(torch.int16), x.view(torch.int16))
 
 
+def with_prefix(buf: torch.Tensor, sec: container.Sections, i: int, prefix: int) -> torch.Tensor:
+    """A copy of ``buf`` in which element i's three prefix-plane bits spell ``prefix``."""
+    bad = buf.clone()
+    for j, at in enumerate(sec.prefix):
+        byte = int(bad[at + i // 8]) & ~(1 << (i % 8))
+        bad[at + i // 8] = byte | (((prefix >> j) & 1) << (i % 8))
+    return bad
+
+
+def assert_illegal(bad: torch.Tensor) -> None:
+    """The GPU and the CPU decoder both reject the buffer as holding an illegal codeword."""
+    for buf in (bad, bad.cpu()):
+        with pytest.raises(ValueError, match="illegal"):
+            zipccl.decompress(buf)
+
+
 @pytest.mark.parametrize("fast", ["1", "0"])
 @pytest.mark.parametrize("literal", [0, 5])
 def test_gpu_byte_escape_tables(fast: str, literal: int, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,16 +158,9 @@ def test_gpu_byte_escape_tables(fast: str, literal: int, monkeypatch: pytest.Mon
     gpu_vs_cpu(x, table=book)  # block 4096: the fast path's block
     c = zipccl.compress(x.to(CUDA), book)
     sec = container.Sections.of(BF16, x.numel(), c.block)
-    bad = c.buffer.clone()
     exps = (x.view(torch.int16).to(torch.int64) >> 7) & 0xFF
     i = int(torch.nonzero((exps >= 126) & (exps <= 128))[0])  # not an escape: size unchanged
-    for j, at in enumerate(sec.prefix):  # element i gets prefix 7: a region with no symbol
-        byte = int(bad[at + i // 8]) & ~(1 << (i % 8))
-        bad[at + i // 8] = byte | (((7 >> j) & 1) << (i % 8))
-    with pytest.raises(ValueError, match="illegal"):
-        zipccl.decompress(bad)
-    with pytest.raises(ValueError, match="illegal"):
-        zipccl.decompress(bad.cpu())
+    assert_illegal(with_prefix(c.buffer, sec, i, 7))  # prefix 7: a region with no symbol
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
@@ -191,11 +200,4 @@ def test_gpu_fp8_regions_past_the_ranks() -> None:
     assert c.layout == "split"
     sec = container.Sections.of(E4M3, x.numel(), 1024)
     i = int(torch.nonzero(small[:1000] == x.view(torch.uint8)[:1000])[0])  # prefix 1, 4 bits
-    bad = c.buffer.clone()
-    for j, at in enumerate(sec.prefix):  # prefix 3 codes 4 bits too: the size stays
-        byte = int(bad[at + i // 8]) & ~(1 << (i % 8))
-        bad[at + i // 8] = byte | (((3 >> j) & 1) << (i % 8))
-    with pytest.raises(ValueError, match="illegal"):
-        zipccl.decompress(bad)
-    with pytest.raises(ValueError, match="illegal"):
-        zipccl.decompress(bad.cpu())
+    assert_illegal(with_prefix(c.buffer, sec, i, 3))  # prefix 3 codes 4 bits too: same size
