@@ -23,12 +23,14 @@ from pathlib import Path
 import torch
 
 from golden.codebook import ALPHABET, NUM_REGIONS, Codebook
-from golden.container import Sections, align
+from golden.container import CRC_AT, HEADER_BYTES, PAYLOAD_BYTES_AT, Sections, align
 from golden.formats import FloatFormat
 from golden.streams import num_blocks
 
 SOURCE = Path(__file__).with_name("csrc") / "codec.cu"
 MAX_BLOCK = 16384  # one warp stages a block's payload in shared memory
+MAX_HEADER = 512  # codec.cu kMaxHeader: the kernel that writes the header stages it in shared
+assert CRC_AT + 4 == HEADER_BYTES <= MAX_HEADER
 GAPS = 10
 KIND = {"bfloat16": 0, "float16": 1, "float32": 2, "float8_e4m3fn": 3, "float8_e5m2": 3}
 FAST_BF16 = 4  # BF16 under a byte-escape table (ZIPCCL_FAST=0 selects the generic kernels)
@@ -56,6 +58,8 @@ class Layout(ctypes.Structure):
         ("capacity", ctypes.c_longlong),
         ("payload_bytes", ctypes.c_longlong),
         ("payload_cap", ctypes.c_longlong),
+        ("size_field_at", ctypes.c_longlong),
+        ("crc_at", ctypes.c_longlong),
         ("gap_lo", ctypes.c_longlong * GAPS),
         ("gap_hi", ctypes.c_longlong * GAPS),
     ]
@@ -100,7 +104,7 @@ def _lib() -> ctypes.CDLL | None:
         warnings.warn(f"zipccl: CUDA kernels unavailable, using torch ops ({detail})", stacklevel=3)
         return None
     ptr, layout = ctypes.c_void_p, ctypes.POINTER(Layout)
-    lib.zipccl_encode.argtypes = [ctypes.c_int, ptr, ptr, layout, ptr, ptr, ptr]
+    lib.zipccl_encode.argtypes = [ctypes.c_int, ptr, ptr, layout, ptr, ptr, ptr, ptr]
     lib.zipccl_decode.argtypes = [ctypes.c_int, ptr, ptr, ptr, layout, ptr, ptr, ctypes.c_int, ptr]
     lib.zipccl_encode.restype = lib.zipccl_decode.restype = ctypes.c_int
     lib.zipccl_work_bytes.argtypes = [ctypes.c_longlong, ctypes.c_longlong]
@@ -120,6 +124,9 @@ def byte_escape(table: Codebook) -> bool:
     return table.literal is not None and all(
         w == 0 for p, w in enumerate(table.widths) if p != table.literal
     )
+
+
+_byte_escape = functools.lru_cache(maxsize=64)(byte_escape)
 
 
 def _fast_words(table: Codebook) -> list[int]:
@@ -155,7 +162,7 @@ def _table_words(table: Codebook) -> tuple[int, ...]:
 
 def _kind(fmt: FloatFormat, table: Codebook, block: int) -> int:
     """Kernel choice: BF16 under a byte-escape table takes the SIMD fast path."""
-    fast = fmt.name == "bfloat16" and byte_escape(table)
+    fast = fmt.name == "bfloat16" and _byte_escape(table)
     return FAST_BF16 if fast and os.environ.get("ZIPCCL_FAST", "1") != "0" else KIND[fmt.name]
 
 
@@ -176,6 +183,29 @@ def _table_tensor(table: Codebook, device: torch.device) -> torch.Tensor:
         if len(_TABLES) > _TABLES_KEPT:
             _TABLES.popitem(last=False)
     return hit[1]
+
+
+def _stream(device: torch.device) -> int:
+    """The current stream's raw handle; torch's private one-call getter where it exists (the
+    public ``torch.cuda.current_stream()`` builds a Stream object: ~10 µs per call)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+_HEADERS: collections.OrderedDict[tuple[bytes, torch.device], torch.Tensor] = (
+    collections.OrderedDict()
+)
+
+
+def _header_tensor(header: bytes, device: torch.device) -> torch.Tensor:
+    """Device copy of a header template, cached (the newest 64): one upload per tensor shape."""
+    key = (header, device)
+    hit = _HEADERS.get(key)
+    if hit is None:
+        hit = _HEADERS[key] = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device)
+        if len(_HEADERS) > _TABLES_KEPT:
+            _HEADERS.popitem(last=False)
+    return hit
 
 
 def _on(device: torch.device) -> contextlib.AbstractContextManager:
@@ -210,6 +240,7 @@ def _layout(fmt: FloatFormat, n: int, block: int, capacity: int, payload_bytes: 
             getattr(lay, name)[i] = at
     lay.offsets_at, lay.payload_at = sec.offsets, sec.payload
     lay.capacity, lay.payload_bytes, lay.payload_cap = capacity, payload_bytes, payload_cap
+    lay.size_field_at, lay.crc_at = PAYLOAD_BYTES_AT, CRC_AT
     return lay
 
 
@@ -229,30 +260,46 @@ def _check(rc: int) -> None:
 
 
 def launch_encode(
-    x: torch.Tensor, fmt: FloatFormat, table: Codebook, block: int, out: torch.Tensor
+    x: torch.Tensor,
+    fmt: FloatFormat,
+    table: Codebook,
+    block: int,
+    out: torch.Tensor,
+    header: bytes | None = None,
 ) -> torch.Tensor:
-    """Queue the encode (three kernels, no host sync); returns a one-element int64 device tensor
-    that will hold payload_bytes. The payload is written only if it fits in ``out``."""
+    """Queue the encode (four kernels, no host sync); returns a one-element int64 device tensor
+    that will hold payload_bytes. The payload is written only if it fits in ``out``. ``header``:
+    golden's split-layout header with payload_bytes 0, written with the real size and CRC."""
     _check_dense(x, out)
     n = x.numel()
     lay = _layout(fmt, n, block, out.numel(), 0, 0)
     lib = _lib()
     assert lib is not None
-    work = torch.empty(lib.zipccl_work_bytes(lay.nb, block), dtype=torch.uint8, device=x.device)
+    words = -(-lib.zipccl_work_bytes(lay.nb, block) // 8)
+    work = torch.empty(words, dtype=torch.int64, device=x.device)
+    head = _header_tensor(header, x.device).data_ptr() if header is not None else None
     with _on(x.device):
         _check(lib.zipccl_encode(
             _kind(fmt, table, block), x.data_ptr(), out.data_ptr(), ctypes.byref(lay),
-            _table_tensor(table, x.device).data_ptr(), work.data_ptr(),
-            torch.cuda.current_stream().cuda_stream,
+            _table_tensor(table, x.device).data_ptr(), work.data_ptr(), head, _stream(x.device),
         ))
-    return work[:8].view(torch.int64)
+    return work[:1]
+
+
+WRITES_HEADER = True  # encode_into takes codec's header template and writes the header itself
 
 
 def encode_into(
-    x: torch.Tensor, fmt: FloatFormat, table: Codebook, block: int, out: torch.Tensor
+    x: torch.Tensor,
+    fmt: FloatFormat,
+    table: Codebook,
+    block: int,
+    out: torch.Tensor,
+    header: bytes | None = None,
 ) -> int:
-    """Same contract as ``_torch.encode_into``; one host sync to read the payload size."""
-    return int(launch_encode(x, fmt, table, block, out).item())
+    """Same contract as ``_torch.encode_into``, plus the header written on the device when a
+    template is given; one host sync to read the payload size."""
+    return int(launch_encode(x, fmt, table, block, out, header).item())
 
 
 def launch_decode(
@@ -292,7 +339,7 @@ def launch_decode(
         _check(lib.zipccl_decode(
             _kind(fmt, table, block), buf.data_ptr(), at, out.data_ptr(),
             ctypes.byref(lay), _table_tensor(table, buf.device).data_ptr(), flag.data_ptr(),
-            int(clear), torch.cuda.current_stream().cuda_stream,
+            int(clear), _stream(buf.device),
         ))
 
 

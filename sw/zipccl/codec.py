@@ -273,22 +273,22 @@ def _pack_header(head: Header) -> bytes:
     return bytes(data)
 
 
-_STAGING: dict[torch.device, tuple[torch.Tensor, torch.cuda.Event]] = {}
+_STAGING: dict[torch.device, tuple[torch.Tensor, np.ndarray, torch.cuda.Event]] = {}
 
 
 def _write_header(out: torch.Tensor, head: Header) -> None:
     """Copy the header in; on CUDA through one pinned staging buffer per device, reused once the
     previous copy out of it has run (an event guards it), so the copy itself is asynchronous."""
-    data = torch.frombuffer(bytearray(_pack_header(head)), dtype=torch.uint8)
+    data = np.frombuffer(_pack_header(head), dtype=np.uint8)
     if not out.is_cuda:
-        out[:HEADER_BYTES].copy_(data)
+        out[:HEADER_BYTES].numpy()[:] = data
         return
     if out.device not in _STAGING:
         pinned = torch.empty(HEADER_BYTES, dtype=torch.uint8).pin_memory()
-        _STAGING[out.device] = (pinned, torch.cuda.Event())
-    stage, done = _STAGING[out.device]
+        _STAGING[out.device] = (pinned, pinned.numpy(), torch.cuda.Event())
+    stage, host, done = _STAGING[out.device]
     done.synchronize()
-    stage.copy_(data)
+    host[:] = data
     out[:HEADER_BYTES].copy_(stage, non_blocking=True)
     done.record(torch.cuda.current_stream(out.device))
 
@@ -320,17 +320,24 @@ def compress_into(
     x = tensor.contiguous()
     book = _resolve_table(x, table)
     shape = tuple(tensor.shape)
-    payload = None
+    payload, header_written = None, False
     if _fixed(fmt, numel, block) < cap:
-        payload = _backend(x.device, block).encode_into(x, fmt, book, block, out)
+        backend = _backend(x.device, block)
+        if getattr(backend, "WRITES_HEADER", False):  # the kernels write it: no host copy
+            template = _header_template(LAYOUT_SPLIT, fmt, shape, block, book)
+            payload = backend.encode_into(x, fmt, book, block, out, template)
+            header_written = True
+        else:
+            payload = backend.encode_into(x, fmt, book, block, out)
     if payload is None or _fixed(fmt, numel, block) + payload >= cap:
         head = Header(LAYOUT_RAW, fmt, shape, block, 0, None)
         out[HEADER_BYTES:cap].copy_(x.reshape(-1).view(torch.uint8))
-        size = cap
+        size, header_written = cap, False
     else:
         head = Header(LAYOUT_SPLIT, fmt, shape, block, payload, book)
         size = _fixed(fmt, numel, block) + payload
-    _write_header(out, head)
+    if not header_written:
+        _write_header(out, head)
     return Compressed._of(out[:size], head)
 
 

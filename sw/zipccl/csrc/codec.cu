@@ -31,6 +31,7 @@ struct Layout {
   long long n, nb, block, ngaps;
   long long raw_byte_at[3], raw_bit_at[3], prefix_at[3];
   long long offsets_at, payload_at, capacity, payload_bytes, payload_cap;
+  long long size_field_at, crc_at;  // golden.container's header: payload_bytes and CRC-32 fields
   long long gap_lo[kGaps], gap_hi[kGaps];
 };
 
@@ -512,10 +513,40 @@ __device__ inline unsigned long long cta_scan(unsigned long long v, unsigned lon
   return x;
 }
 
+constexpr int kMaxHeader = 512;  // zipccl/_cuda.py checks golden's header fits
+
+// Header bytes [0, L.crc_at) from `head` (golden's header with payload_bytes 0) with the payload
+// size patched in, then their CRC-32 (zlib's: reflected 0xEDB88320) at L.crc_at.
+__device__ inline void write_header(uint8_t* out, const Layout& L, const uint8_t* head,
+                                    unsigned long long total) {
+  __shared__ uint32_t s_crc[256];
+  __shared__ uint8_t s_head[kMaxHeader];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    uint32_t c = static_cast<uint32_t>(i);
+    for (int k = 0; k < 8; ++k) c = c & 1u ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    s_crc[i] = c;
+  }
+  for (int i = threadIdx.x; i < L.crc_at; i += blockDim.x) {
+    const long long f = i - L.size_field_at;
+    s_head[i] = f >= 0 && f < 8 ? static_cast<uint8_t>(total >> (8 * f)) : head[i];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t c = 0xffffffffu;
+    for (int i = 0; i < L.crc_at; ++i) c = s_crc[(c ^ s_head[i]) & 0xffu] ^ (c >> 8);
+    c ^= 0xffffffffu;
+    for (int k = 0; k < 4; ++k) s_head[L.crc_at + k] = static_cast<uint8_t>(c >> (8 * k));
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < L.crc_at + 4; i += blockDim.x) out[i] = s_head[i];
+}
+
 // One CTA: the tile sums become exclusive tile bases (in place) and `*total` the payload size;
-// the alignment gaps between sections are zeroed (they are zero in golden's buffers).
+// the alignment gaps between sections are zeroed (they are zero in golden's buffers); `head`, if
+// given, becomes the buffer's split-layout header (the host replaces it when it stores raw).
 __global__ void __launch_bounds__(1024)
-tile_scan_kernel(uint8_t* __restrict__ out, const Layout L, Work work) {
+tile_scan_kernel(uint8_t* __restrict__ out, const Layout L, Work work,
+                 const uint8_t* __restrict__ head) {
   const long long nt = num_tiles(L.nb);
   unsigned long long carry = 0;
   for (long long base = 0; base < nt; base += blockDim.x) {
@@ -527,6 +558,7 @@ tile_scan_kernel(uint8_t* __restrict__ out, const Layout L, Work work) {
     carry += sum;
   }
   if (threadIdx.x == 0) *work.total = carry;
+  if (head) write_header(out, L, head, carry);
   for (int g = 0; g < L.ngaps; ++g)
     for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += blockDim.x) out[i] = 0;
 }
@@ -923,7 +955,7 @@ unsigned resident_grid(K kernel, int threads, size_t smem, long long ctas) {
 
 template <class F, bool Z = false>
 int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab, void* work,
-                  cudaStream_t s) {
+                  const uint8_t* head, cudaStream_t s) {
   const int warps = warps_for(L->block), threads = 32 * warps;
   const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4;
   const long long ctas = (L->nb + warps - 1) / warps;
@@ -933,7 +965,7 @@ int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab
   uint8_t* o = static_cast<uint8_t*>(out);
   encode_kernel<F, Z><<<resident_grid(encode_kernel<F, Z>, threads, smem, ctas), threads, smem, s>>>(
       static_cast<const typename F::T*>(in), o, *L, tab, w);
-  tile_scan_kernel<<<1, 1024, 0, s>>>(o, *L, w);
+  tile_scan_kernel<<<1, 1024, 0, s>>>(o, *L, w, head);
   offsets_kernel<<<static_cast<unsigned>(num_tiles(L->nb)), kTile, 0, s>>>(o, *L, w);
   compact_kernel<<<resident_grid(compact_kernel, 256, 0, (L->nb + 7) / 8), 256, 0, s>>>(o, *L, w);
   return cudaGetLastError();
@@ -959,16 +991,18 @@ extern "C" long long zipccl_work_bytes(long long nb, long long block) {
 }
 
 // kind: 0 bfloat16, 1 float16, 2 float32, 3 FP8 (both formats code the whole byte),
-// 4 bfloat16 under a byte-escape table (the fast path).
+// 4 bfloat16 under a byte-escape table (the fast path). `head`: golden's split-layout header with
+// payload_bytes 0 (device memory), written with the real size and CRC; or null.
 extern "C" int zipccl_encode(int kind, const void* in, void* out, const Layout* L,
-                             const int32_t* tab, void* work, void* stream) {
+                             const int32_t* tab, void* work, const void* head, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const uint8_t* h = static_cast<const uint8_t*>(head);
   switch (kind) {
-    case 0: return launch_encode<BF16>(in, out, L, tab, work, s);
-    case 1: return launch_encode<FP16>(in, out, L, tab, work, s);
-    case 2: return launch_encode<FP32>(in, out, L, tab, work, s);
-    case 3: return launch_encode<FP8>(in, out, L, tab, work, s);
-    case 4: return launch_encode<BF16, true>(in, out, L, tab, work, s);
+    case 0: return launch_encode<BF16>(in, out, L, tab, work, h, s);
+    case 1: return launch_encode<FP16>(in, out, L, tab, work, h, s);
+    case 2: return launch_encode<FP32>(in, out, L, tab, work, h, s);
+    case 3: return launch_encode<FP8>(in, out, L, tab, work, h, s);
+    case 4: return launch_encode<BF16, true>(in, out, L, tab, work, h, s);
     default: return cudaErrorInvalidValue;
   }
 }
