@@ -34,6 +34,7 @@ returning).
 from __future__ import annotations
 
 import functools
+import math
 import os
 import struct
 import zlib
@@ -137,18 +138,44 @@ def _preset(fmt: FloatFormat) -> Codebook:
     return presets.qlc_e4m3() if fmt.name == "float8_e4m3fn" else presets.qlc_e5m2()
 
 
+def sample_stats(tensor: torch.Tensor) -> theory.TensorStats:
+    """golden.theory.tensor_stats of the deterministic sample, computed on the tensor's device.
+
+    Only three scalars reach the host (the sum of squares of the finite non-zero values, their
+    count and the zero count: one small copy, one sync) instead of the whole float64 sample.
+    Squares of BF16/FP16/FP32 values are exact in float64, so only the summation order can
+    differ from golden's: on CPU the sum is numpy's pairwise one over the same values, which makes
+    the statistics golden's bit for bit; on CUDA torch's float64 reduction adds in another order,
+    so the RMS may differ from golden's in the last ulp (and, rarely, give another table). The
+    table travels in the buffer's header, so decoding never depends on how it was chosen.
+    """
+    v = _sample(tensor).to(torch.float64)
+    if v.numel() == 0:
+        return theory.TensorStats(0.0, 0.0)
+    zero = v == 0
+    live = v.isfinite() & ~zero
+    if v.device.type == "cpu":
+        picked = v[live].numpy()
+        total, count, zeros = float(np.add.reduce(picked * picked)), picked.size, zero.sum()
+    else:  # no boolean indexing (it syncs): zeros where dead, then one copy of three sums
+        sums = torch.stack([torch.where(live, v * v, 0.0).sum(),
+                            live.sum(dtype=torch.float64), zero.sum(dtype=torch.float64)])
+        total, count, zeros = sums.tolist()
+    rms = math.sqrt(total / count) if count else 0.0
+    return theory.TensorStats(rms, int(zeros) / v.numel())
+
+
 def default_table(tensor: torch.Tensor) -> Codebook:
     """The table ``compress`` uses when given none; no histogram on the hot path.
 
-    Exponent formats: golden.theory.zipccl_table from the deterministic sample's RMS (finite
-    non-zero values, in float64 on the host, exactly as golden computes it) and zero fraction.
+    Exponent formats: golden.theory.zipccl_table from :func:`sample_stats` (the deterministic
+    sample's RMS over finite non-zero values and its zero fraction), cached per statistics.
     FP8: golden.presets' QLC table for the format (fitted to absmax-scaled activations).
     """
     fmt = _fmt(tensor.dtype)
     if fmt.byte_coded:
         return _preset(fmt)
-    stats = theory.tensor_stats(_sample(tensor).to(torch.float64).cpu().numpy())
-    return _theory_table(fmt, stats)
+    return _theory_table(fmt, sample_stats(tensor))
 
 
 def histogram_table(tensor: torch.Tensor) -> Codebook:
