@@ -67,6 +67,7 @@ from zipccl._comm import (
     CollectiveMismatchError,
     DoneWork,
     Group,
+    Streams,
     dtype_code,
     dtype_name,
     exchange,
@@ -295,7 +296,9 @@ def _pieces(numel: int, chunks: int) -> list[tuple[int, int]]:
 
 @dataclass
 class _Packed:
-    """One compressed piece, laid out as fixed part (padded to ``fixed``) + payload."""
+    """One compressed piece in its store: fixed part (``fixed`` bytes) + payload (``nbytes`` in
+    all). The store holds max_compressed_bytes, so any receiver-agreed width past the fixed part
+    is a view of it (the padding past ``nbytes`` is never decoded)."""
 
     store: torch.Tensor
     fixed: int
@@ -309,13 +312,30 @@ class _Packed:
     def tail(self) -> torch.Tensor:
         return self.store[self.fixed : max(self.fixed, self.nbytes)]
 
+    def padded_tail(self, width: int) -> torch.Tensor:
+        return self.store[self.fixed : self.fixed + width]
 
-def _pack(x: torch.Tensor, table: Codebook | None) -> _Packed:
-    fixed = codec.fixed_part_bytes(x.dtype, x.numel())
-    cap = max(fixed, codec.max_compressed_bytes(x.dtype, x.numel()))
-    store = torch.empty(cap, dtype=torch.uint8, device=x.device)
+
+def _store_bytes(dtype: torch.dtype, numel: int) -> int:
+    return max(codec.fixed_part_bytes(dtype, numel), codec.max_compressed_bytes(dtype, numel))
+
+
+def _buffers(sizes: Sequence[int], device: torch.device) -> list[torch.Tensor]:
+    """Views of one uint8 allocation, one per size: a call's buffers in one go, not per chunk."""
+    return _segments(torch.empty(sum(sizes), dtype=torch.uint8, device=device), sizes)
+
+
+def _pack(x: torch.Tensor, table: Codebook | None, store: torch.Tensor) -> _Packed:
+    """Compress ``x`` into ``store`` (at least _store_bytes long)."""
     c = codec.compress_into(x, store, table)
-    return _Packed(store, fixed, c.nbytes)
+    return _Packed(store, codec.fixed_part_bytes(x.dtype, x.numel()), c.nbytes)
+
+
+def _joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One send buffer of the pieces in order: the piece itself when it is the only non-empty one
+    (every all-to-all of two ranks), else a concatenating copy."""
+    live = [p for p in parts if p.numel()]
+    return live[0] if len(live) == 1 else torch.cat(list(parts))
 
 
 _TABLES: dict[int, Codebook] = {}
@@ -357,12 +377,14 @@ def _total(h: Header) -> int:
 
 
 class _Decoder:
-    """Decodes the received buffers of one call.
+    """Decodes the received buffers of one call, each given as its fixed part and its payload.
 
-    With the codec's CUDA kernels every decode is queued without a host sync: problems are OR-ed
-    into one device flag that :meth:`check` reads once, after the whole call. Elsewhere it is
-    ``codec.decompress``, which checks each buffer as it goes. The headers were parsed and checked
-    already (``_headers``), so the Compressed is built from them, not parsed a second time.
+    Raw buffers are two copies straight into the output. Split ones: with the codec's CUDA
+    kernels the payload is passed as a separate stream (no joining copy) and every decode is
+    queued without a host sync: problems are OR-ed into one device flag that :meth:`check` reads
+    once, after the whole call. Elsewhere the two pieces are joined into one buffer for
+    ``codec.decompress``, which checks it as it goes. The headers were parsed and checked already
+    (``_headers``), so nothing is parsed a second time.
     """
 
     def __init__(self, g: Group) -> None:
@@ -371,17 +393,26 @@ class _Decoder:
 
     def __call__(self, fixed: torch.Tensor, payload: torch.Tensor, h: Header,
                  out: torch.Tensor) -> None:
-        """Join a received fixed part and payload into one buffer and decode it into ``out``."""
+        """Decode the buffer ``fixed`` + ``payload`` (either may run past its end) into the
+        contiguous ``out``."""
+        if h.fmt != codec._fmt(out.dtype) or h.numel != out.numel():
+            raise ValueError(f"received a compressed buffer of {h.numel} {h.fmt.name} values "
+                             f"where {out.numel()} {out.dtype} values were expected")
         nbytes = _total(h)
-        buf = torch.empty(nbytes, dtype=torch.uint8, device=fixed.device)
         head = min(nbytes, fixed.numel())
-        buf[:head].copy_(fixed[:head])
-        buf[head:].copy_(payload[: nbytes - head])
-        backend = codec._backend(buf.device, h.block)
-        if self.flag is None or h.layout == LAYOUT_RAW or not hasattr(backend, "launch_decode"):
-            codec.decompress(codec.Compressed._of(buf, h), out=out)
+        fixed, payload = fixed[:head], payload[: nbytes - head]
+        if h.layout == LAYOUT_RAW:
+            data = out.view(-1).view(torch.uint8)
+            data[: head - HEADER_BYTES].copy_(fixed[HEADER_BYTES:])
+            data[head - HEADER_BYTES :].copy_(payload)
             return
-        backend.launch_decode(buf, h.fmt, h.table, h.block, h.payload_bytes, out, self.flag)
+        backend = codec._backend(fixed.device, h.block)
+        if self.flag is None or not hasattr(backend, "launch_decode"):
+            joined = torch.cat([fixed, payload])
+            codec.decompress(codec.Compressed._of(joined, h), out=out)
+            return
+        backend.launch_decode(fixed, h.fmt, h.table, h.block, h.payload_bytes, out, self.flag,
+                              payload=payload)
         self.used = backend
 
     def check(self) -> None:
@@ -453,31 +484,35 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
     keep: list[object] = []  # every temporary lives until the caller's stream is re-joined
     table = _own_table(a, inp)
     unpack = _Decoder(g)
+    pieces = _pieces(n, a.chunks)
+    fixed = [codec.fixed_part_bytes(inp.dtype, m) for _, m in pieces]
+    stores = _buffers([_store_bytes(inp.dtype, m) for _, m in pieces], g.device)
+    received = _buffers([g.world * f for f in fixed], g.device)
 
     def start(k: int) -> object:
         s, m = pieces[k]
         with streams.on(streams.compress):
-            p = _pack(inp[s : s + m], table)
-            fixed = torch.empty(g.world * p.fixed, dtype=torch.uint8, device=g.device)
-            work = dist.all_gather_into_tensor(fixed, p.head, group=g.pg, async_op=True)
-        keep.extend((p, fixed))
+            p = _pack(inp[s : s + m], table, stores[k])
+            work = dist.all_gather_into_tensor(received[k], p.head, group=g.pg, async_op=True)
         STATS.sent += p.fixed
-        return s, m, p, fixed, work
+        return k, p, work
 
     def finish(state: object) -> None:
-        s, m, p, fixed, work = state
+        k, p, work = state
+        s, m = pieces[k]
+        heads = received[k].view(g.world, p.fixed)
         with streams.on(streams.decompress):
             work.wait()
-            heads = fixed.view(g.world, p.fixed)
             found = _headers(heads)
-            width = max(max(0, _total(h) - p.fixed) for h in found)
-            payload = torch.empty(g.world * width, dtype=torch.uint8, device=g.device)
-            send = torch.zeros(width, dtype=torch.uint8, device=g.device)
-            send[: p.tail.numel()].copy_(p.tail)
-            if width:
-                dist.all_gather_into_tensor(payload, send, group=g.pg, async_op=True).wait()
-            STATS.sent += width
-            keep.extend((payload, send))
+        width = max(max(0, _total(h) - p.fixed) for h in found)
+        payload = torch.empty(g.world * width, dtype=torch.uint8, device=g.device)
+        keep.append(payload)
+        done = _phase2(streams, lambda: dist.all_gather_into_tensor(
+            payload, p.padded_tail(width), group=g.pg, async_op=True)) if width else None
+        STATS.sent += width
+        with streams.on(streams.decompress):
+            if done is not None:
+                done.wait()
             tails = payload.view(g.world, width)
             for r in range(g.world):
                 if r == g.rank:
@@ -485,10 +520,19 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
                 else:
                     unpack(heads[r], tails[r], found[r], rows[r, s : s + m])
 
-    pieces = _pieces(n, a.chunks)
     with ordered(g, streams):
         _pipeline(a.chunks, start, finish)
     unpack.check()
+
+
+def _phase2(streams: Streams, send: Callable[[], object]) -> object:
+    """Issue a payload collective from the compress stream, not the decompress one: NCCL makes its
+    stream wait for the issuing stream, and the decompress stream still holds the previous
+    chunk's decodes, which the wire need not wait for (the compress stream's pending work, the
+    next chunk's encode, precedes that chunk's fixed parts on the wire anyway). The caller waits
+    for the returned work on the decompress stream."""
+    with streams.on(streams.compress):
+        return send()
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
@@ -595,52 +639,59 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
                     source: torch.Tensor) -> None:
     """Two-phase compressed all-to-all of flat segments (views of ``source``): fixed parts, then
     payloads with the exact sizes read from the received headers."""
-    g = a.g
+    g, dtype = a.g, source.dtype
     streams = streams_for(g)
     keep: list[object] = []
-    fixed_of = codec.fixed_part_bytes
     table = _own_table(a, source)
     unpack = _Decoder(g)
+    sent_at = [_pieces(seg.numel(), a.chunks) for seg in send]  # [peer][chunk] = (start, numel)
+    got_at = [_pieces(seg.numel(), a.chunks) for seg in recv]
+
+    def per_peer(at: list[list[tuple[int, int]]], size: Callable[[torch.dtype, int], int],
+                 k: int) -> list[int]:
+        return [size(dtype, pieces[k][1]) if pieces[k][1] and r != g.rank else 0
+                for r, pieces in enumerate(at)]
+
+    out_sizes = [per_peer(got_at, codec.fixed_part_bytes, k) for k in range(a.chunks)]
+    store_sizes = [per_peer(sent_at, _store_bytes, k) for k in range(a.chunks)]
+    received = _buffers([sum(sizes) for sizes in out_sizes], g.device)
+    stores = _buffers([b for sizes in store_sizes for b in sizes], g.device)  # [k * W + peer]
+    empty = source.new_empty(0, dtype=torch.uint8)
 
     def start(k: int) -> object:
         with streams.on(streams.compress):
-            packs, heads = [], []
-            for j, seg in enumerate(send):
-                s, m = _pieces(seg.numel(), a.chunks)[k]
-                p = _pack(seg[s : s + m], table) if m and j != g.rank else None
-                packs.append(p)
-                heads.append(p.head if p is not None else seg.new_empty(0, dtype=torch.uint8))
-            in_sizes = [h.numel() for h in heads]
-            out_pieces = [_pieces(seg.numel(), a.chunks)[k] for seg in recv]
-            out_sizes = [fixed_of(seg.dtype, m) if m and i != g.rank else 0
-                         for i, ((_, m), seg) in enumerate(zip(out_pieces, recv, strict=True))]
-            fixed = torch.empty(sum(out_sizes), dtype=torch.uint8, device=g.device)
-            work = dist.all_to_all_single(fixed, torch.cat(heads), out_sizes, in_sizes,
-                                          group=g.pg, async_op=True)
-            STATS.sent += sum(in_sizes)
-        keep.extend((packs, fixed))
-        return k, packs, fixed, out_sizes, out_pieces, work
+            packs = [_pack(send[j][s : s + m], table, stores[k * g.world + j])
+                     if store_sizes[k][j] else None
+                     for j, (s, m) in enumerate(at[k] for at in sent_at)]
+            heads = [p.head if p is not None else empty for p in packs]
+            work = dist.all_to_all_single(received[k], _joined(heads), out_sizes[k],
+                                          [h.numel() for h in heads], group=g.pg, async_op=True)
+        STATS.sent += sum(h.numel() for h in heads)
+        return k, packs, work
 
     def finish(state: object) -> None:
-        k, packs, fixed, out_sizes, out_pieces, work = state
+        k, packs, work = state
+        got = _segments(received[k], out_sizes[k])
+        live = [i for i, size in enumerate(out_sizes[k]) if size]
         with streams.on(streams.decompress):
             work.wait()
-            got = _segments(fixed, out_sizes)
-            live = [i for i, size in enumerate(out_sizes) if size]
-            found = dict(zip(live, _headers(torch.stack([got[i][:HEADER_BYTES] for i in live]))
-                             if live else [], strict=True))
-            recv_tail = [max(0, _total(found[i]) - out_sizes[i]) if i in found else 0
-                         for i in range(g.world)]
-            tails = [p.tail if p is not None else fixed.new_empty(0) for p in packs]
-            payload = torch.empty(sum(recv_tail), dtype=torch.uint8, device=g.device)
-            dist.all_to_all_single(payload, torch.cat(tails), recv_tail,
-                                   [t.numel() for t in tails], group=g.pg, async_op=True).wait()
-            STATS.sent += sum(t.numel() for t in tails)
-            keep.append(payload)
-            for i, (tail, (s, m)) in enumerate(zip(_segments(payload, recv_tail), out_pieces,
-                                                   strict=True)):
+            heads = _headers(torch.stack([got[i][:HEADER_BYTES] for i in live])) if live else []
+        found = dict(zip(live, heads, strict=True))
+        recv_tail = [max(0, _total(found[i]) - out_sizes[k][i]) if i in found else 0
+                     for i in range(g.world)]
+        tails = [p.tail if p is not None else empty for p in packs]
+        payload = torch.empty(sum(recv_tail), dtype=torch.uint8, device=g.device)
+        keep.append(payload)
+        done = _phase2(streams, lambda: dist.all_to_all_single(
+            payload, _joined(tails), recv_tail, [t.numel() for t in tails], group=g.pg,
+            async_op=True))
+        STATS.sent += sum(t.numel() for t in tails)
+        with streams.on(streams.decompress):
+            done.wait()
+            for i, tail in enumerate(_segments(payload, recv_tail)):
+                s, m = got_at[i][k]
                 if i == g.rank:
-                    ss, mm = _pieces(send[i].numel(), a.chunks)[k]
+                    ss, mm = sent_at[i][k]
                     recv[i][s : s + m].copy_(send[i][ss : ss + mm])
                 elif m:
                     unpack(got[i], tail, found[i], recv[i][s : s + m])
@@ -789,39 +840,39 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, src: int, group_src: i
     sender = g.rank == group_src
     table = _own_table(a, flat) if sender else None
     unpack = _Decoder(g)
+    pieces = _pieces(flat.numel(), a.chunks)
+    sizes = (_store_bytes if sender else codec.fixed_part_bytes)
+    buffers = _buffers([sizes(flat.dtype, m) for _, m in pieces], g.device)
 
     def start(k: int) -> object:
         s, m = pieces[k]
-        fixed = codec.fixed_part_bytes(flat.dtype, m)
         with streams.on(streams.compress):
-            p = _pack(flat[s : s + m], table) if sender else None
-            head = p.head if p is not None else torch.empty(fixed, dtype=torch.uint8,
-                                                            device=g.device)
+            p = _pack(flat[s : s + m], table, buffers[k]) if sender else None
+            head = p.head if p is not None else buffers[k]
             work = dist.broadcast(head, src, group=g.pg, async_op=True)
-        keep.extend((p, head))
         STATS.sent += head.numel() if sender else 0
         return s, m, p, head, work
 
     def finish(state: object) -> None:
         s, m, p, head, work = state
-        if sender:
-            with streams.on(streams.decompress):
-                work.wait()
-                if p.tail.numel():
-                    dist.broadcast(p.tail, src, group=g.pg, async_op=True).wait()
-                STATS.sent += p.tail.numel()
-            return
         with streams.on(streams.decompress):
             work.wait()
-            found = _headers(head[None, :HEADER_BYTES])[0]
+            found = None if sender else _headers(head[None, :HEADER_BYTES])[0]
+        if sender:
+            tail = p.tail
+            STATS.sent += tail.numel()
+        else:
             tail = torch.empty(max(0, _total(found) - head.numel()), dtype=torch.uint8,
                                device=g.device)
-            if tail.numel():
-                dist.broadcast(tail, src, group=g.pg, async_op=True).wait()
             keep.append(tail)
-            unpack(head, tail, found, flat[s : s + m])
+        done = _phase2(streams, lambda: dist.broadcast(tail, src, group=g.pg, async_op=True)
+                       ) if tail.numel() else None
+        with streams.on(streams.decompress):
+            if done is not None:
+                done.wait()
+            if not sender:
+                unpack(head, tail, found, flat[s : s + m])
 
-    pieces = _pieces(flat.numel(), a.chunks)
     with ordered(g, streams):
         _pipeline(a.chunks, start, finish)
     unpack.check()
