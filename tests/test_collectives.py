@@ -531,6 +531,53 @@ def test_split_layout_every_op(pair, trio):
         assert all(ranks.run(sc_all_reduce, bf16, 12001, "SUM", False, env=SPLIT))
 
 
+def sc_host_reads(rank: int, world: int, numel: int) -> list[int]:
+    """Host reads (``collectives._read``: each one device-to-host copy, a sync on CUDA) of one
+    compressed all-gather, all-to-all and broadcast, each of ``numel`` BF16 values per rank."""
+    reads = []
+    real = collectives._read
+
+    def counted(*args: object) -> object:
+        reads[-1] += 1
+        return real(*args)
+
+    collectives._read = counted
+    try:
+        for fn in (sc_all_gather, sc_all_to_all, sc_broadcast):
+            reads.append(0)
+            assert fn(rank, world, torch.bfloat16, numel // 2 if fn is sc_all_to_all else numel,
+                      False)
+    finally:
+        collectives._read = real
+    return reads
+
+
+def test_one_host_read_per_chunk(pair):
+    """The pipeline reads received headers and later chunks' payload sizes in one copy: chunks
+    + 1 reads per call (sc_all_gather makes two calls, sc_all_to_all two, sc_broadcast one)."""
+    chunks = 5  # 20000 BF16 values in 8000-byte chunks
+    for reads in pair.run(sc_host_reads, 20000, env=SPLIT):
+        assert reads[0] == 2 * (chunks + 1), reads
+        assert reads[2] == chunks + 1, reads
+        assert reads[1] <= 2 * (chunks + 1), reads
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("numel", [0, 1, 700, 5000])
+@pytest.mark.parametrize("huge", [False, True])
+def test_queued_encode_gives_codec_bytes(dtype, numel, huge):
+    """collectives' queued encode (_launch, then _seal with the size on the host) writes exactly
+    codec.compress_into's buffer, raw and split layouts alike."""
+    x = data(numel, numel, dtype, huge)
+    table = codec.default_table(x)
+    want = codec.compress_into(x, torch.empty(collectives._store_bytes(dtype, numel),
+                                              dtype=torch.uint8), table)
+    store = torch.empty(collectives._store_bytes(dtype, numel), dtype=torch.uint8)
+    got = collectives._seal(x, table, store, int(collectives._launch(x, table, store)))
+    assert got.store[: got.nbytes].equal(want.buffer) and got.fixed == codec.fixed_part_bytes(
+        dtype, numel)
+
+
 def test_native_fallbacks_when_always(pair):
     assert all(pair.run(sc_native_fallbacks, env=ALWAYS))
 

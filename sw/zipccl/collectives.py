@@ -56,11 +56,20 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from golden.codebook import Codebook
-from golden.container import HEADER_BYTES, LAYOUT_RAW, Header, raw_size, split_size
+from golden.container import (
+    DEFAULT_BLOCK,
+    HEADER_BYTES,
+    LAYOUT_RAW,
+    LAYOUT_SPLIT,
+    Header,
+    raw_size,
+    split_size,
+)
 from zipccl import codec, switch
 from zipccl._comm import (
     CODEC_DTYPES,
@@ -325,10 +334,32 @@ def _buffers(sizes: Sequence[int], device: torch.device) -> list[torch.Tensor]:
     return _segments(torch.empty(sum(sizes), dtype=torch.uint8, device=device), sizes)
 
 
-def _pack(x: torch.Tensor, table: Codebook | None, store: torch.Tensor) -> _Packed:
-    """Compress ``x`` into ``store`` (at least _store_bytes long)."""
-    c = codec.compress_into(x, store, table)
-    return _Packed(store, codec.fixed_part_bytes(x.dtype, x.numel()), c.nbytes)
+def _launch(x: torch.Tensor, table: Codebook, store: torch.Tensor) -> torch.Tensor:
+    """Queue the encode of the contiguous ``x`` into ``store`` without a host sync; returns its
+    payload size as a one-element int64 tensor on x's device (the CUDA kernel's own work entry;
+    other backends compute it at once). 0 where the split layout cannot beat raw at all."""
+    fmt = codec._fmt(x.dtype)
+    if codec._fixed(fmt, x.numel(), DEFAULT_BLOCK) >= raw_size(fmt, x.numel()):
+        return torch.zeros(1, dtype=torch.int64, device=x.device)
+    backend = codec._backend(x.device, DEFAULT_BLOCK)
+    if hasattr(backend, "launch_encode"):
+        return backend.launch_encode(x, fmt, table, DEFAULT_BLOCK, store)[1:2]
+    size = backend.encode_into(x, fmt, table, DEFAULT_BLOCK, store)
+    return torch.tensor([size], dtype=torch.int64, device=x.device)
+
+
+def _seal(x: torch.Tensor, table: Codebook, store: torch.Tensor, payload: int) -> _Packed:
+    """Finish a queued encode once its payload size is on the host: golden's header (codec's
+    own writer), or the raw layout where split does not shrink -- codec.compress_into's bytes."""
+    fmt, shape = codec._fmt(x.dtype), tuple(x.shape)
+    fixed, cap = codec._fixed(fmt, x.numel(), DEFAULT_BLOCK), raw_size(fmt, x.numel())
+    if fixed + payload >= cap:
+        head = Header(LAYOUT_RAW, fmt, shape, DEFAULT_BLOCK, 0, None)
+        store[HEADER_BYTES:cap].copy_(x.reshape(-1).view(torch.uint8))
+    else:
+        head = Header(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, payload, table)
+    codec._write_header(store, head)
+    return _Packed(store, fixed, cap if head.layout == LAYOUT_RAW else fixed + payload)
 
 
 def _joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -359,11 +390,10 @@ def _own_table(a: _Agreed, source: torch.Tensor) -> Codebook | None:
     return _canonical(codec.default_table(source))
 
 
-def _headers(heads: torch.Tensor) -> list[Header]:
-    """The received buffers' headers, from their first HEADER_BYTES rows (one D2H copy)."""
-    rows = heads[:, :HEADER_BYTES].cpu().numpy()
+def _headers(rows: np.ndarray) -> list[Header]:
+    """The received buffers' headers, from host rows of HEADER_BYTES bytes each."""
     try:
-        found = [Header.unpack(row.tobytes()) for row in rows]
+        found = [Header.unpack(row.tobytes()) for row in rows.reshape(-1, HEADER_BYTES)]
     except ValueError as exc:
         raise ValueError(f"received a corrupt compressed header: {exc}") from None
     return [replace(h, table=_canonical(h.table)) for h in found]
@@ -420,17 +450,61 @@ class _Decoder:
             self.used.raise_on_flag(int(self.flag.item()))
 
 
-def _pipeline(chunks: int, start: Callable[[int], object],
-              finish: Callable[[object], None]) -> None:
-    """start(k+1) is issued before finish(k), so their GPU work overlaps on separate streams."""
-    pending = None
+AHEAD = 2  # chunks encoded and sent before the first one is received
+
+
+def _read(streams: Streams, parts: Sequence[torch.Tensor]) -> np.ndarray:
+    """The bytes of device tensors on the host in one copy: the pipeline's one sync per chunk.
+    Runs on the decompress stream after the compress stream's queued work (the encodes)."""
+    if not sum(t.numel() for t in parts):
+        return np.empty(0, dtype=np.uint8)
+    if streams.decompress is not None:
+        streams.decompress.wait_stream(streams.compress)
+    with streams.on(streams.decompress):
+        flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in parts])
+        return flat.cpu().numpy()
+
+
+def _sizes(raw: np.ndarray) -> list[int]:
+    return np.frombuffer(raw.tobytes(), dtype="<i8").tolist()
+
+
+@dataclass
+class _Stages:
+    """One protocol's steps for chunk k, which :func:`_pipeline` interleaves.
+
+    encode(k): queue chunk k's encodes, return their payload sizes (device int64, maybe empty);
+    send(k, sizes): seal chunk k with the sizes now on the host and issue its first phase;
+    heads(state): the header bytes the first phase delivers (device uint8 tensors, maybe none),
+    after waiting for it on the decompress stream; finish(state, header bytes): the rest.
+    """
+
+    encode: Callable[[int], torch.Tensor]
+    send: Callable[[int, list[int]], object]
+    heads: Callable[[object], list[torch.Tensor]]
+    finish: Callable[[object, np.ndarray], None]
+
+
+def _pipeline(chunks: int, streams: Streams, st: _Stages) -> None:
+    """Chunk k+AHEAD is encoded while chunk k travels, and one copy to the host per chunk reads
+    both chunk k's received headers and chunk k+AHEAD's payload sizes: one host sync per chunk
+    (plus one for the first AHEAD chunks' sizes), and the wire always has a later chunk's first
+    phase queued behind the one the host waits for."""
+    first = [st.encode(k) for k in range(min(AHEAD, chunks))]
+    sizes = _sizes(_read(streams, first))
+    sent = []
+    for k, queued in enumerate(first):
+        sent.append(st.send(k, sizes[: queued.numel()]))
+        sizes = sizes[queued.numel() :]
     for k in range(chunks):
-        state = start(k)
-        if pending is not None:
-            finish(pending)
-        pending = state
-    if pending is not None:
-        finish(pending)
+        later = st.encode(k + AHEAD) if k + AHEAD < chunks else None
+        heads = st.heads(sent[k])
+        got = sum(h.numel() for h in heads)
+        raw = _read(streams, heads if later is None else [*heads, later])
+        st.finish(sent[k], raw[:got])
+        if later is not None:
+            sent.append(st.send(k + AHEAD, _sizes(raw[got:])))
+        sent[k] = None
 
 
 def _done(async_op: bool) -> DoneWork | None:
@@ -489,21 +563,29 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
     stores = _buffers([_store_bytes(inp.dtype, m) for _, m in pieces], g.device)
     received = _buffers([g.world * f for f in fixed], g.device)
 
-    def start(k: int) -> object:
+    def encode(k: int) -> torch.Tensor:
         s, m = pieces[k]
         with streams.on(streams.compress):
-            p = _pack(inp[s : s + m], table, stores[k])
+            return _launch(inp[s : s + m], table, stores[k])
+
+    def send(k: int, sizes: list[int]) -> object:
+        s, m = pieces[k]
+        with streams.on(streams.compress):
+            p = _seal(inp[s : s + m], table, stores[k], sizes[0])
             work = dist.all_gather_into_tensor(received[k], p.head, group=g.pg, async_op=True)
         STATS.sent += p.fixed
         return k, p, work
 
-    def finish(state: object) -> None:
+    def heads(state: object) -> list[torch.Tensor]:
         k, p, work = state
-        s, m = pieces[k]
-        heads = received[k].view(g.world, p.fixed)
         with streams.on(streams.decompress):
             work.wait()
-            found = _headers(heads)
+        return [received[k].view(g.world, p.fixed)[:, :HEADER_BYTES]]
+
+    def finish(state: object, raw: np.ndarray) -> None:
+        k, p, _ = state
+        s, m = pieces[k]
+        found = _headers(raw)
         width = max(max(0, _total(h) - p.fixed) for h in found)
         payload = torch.empty(g.world * width, dtype=torch.uint8, device=g.device)
         keep.append(payload)
@@ -513,15 +595,15 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
         with streams.on(streams.decompress):
             if done is not None:
                 done.wait()
-            tails = payload.view(g.world, width)
+            fixed_parts, tails = received[k].view(g.world, p.fixed), payload.view(g.world, width)
             for r in range(g.world):
                 if r == g.rank:
                     rows[r, s : s + m].copy_(inp[s : s + m])
                 else:
-                    unpack(heads[r], tails[r], found[r], rows[r, s : s + m])
+                    unpack(fixed_parts[r], tails[r], found[r], rows[r, s : s + m])
 
     with ordered(g, streams):
-        _pipeline(a.chunks, start, finish)
+        _pipeline(a.chunks, streams, _Stages(encode, send, heads, finish))
     unpack.check()
 
 
@@ -658,25 +740,39 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
     stores = _buffers([b for sizes in store_sizes for b in sizes], g.device)  # [k * W + peer]
     empty = source.new_empty(0, dtype=torch.uint8)
 
-    def start(k: int) -> object:
+    def outgoing(k: int) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+        """(peer, piece, store) of chunk k for every peer this rank sends data."""
+        return [(j, send[j][at[k][0] : sum(at[k])], stores[k * g.world + j])
+                for j, at in enumerate(sent_at) if store_sizes[k][j]]
+
+    def encode(k: int) -> torch.Tensor:
         with streams.on(streams.compress):
-            packs = [_pack(send[j][s : s + m], table, stores[k * g.world + j])
-                     if store_sizes[k][j] else None
-                     for j, (s, m) in enumerate(at[k] for at in sent_at)]
+            queued = [_launch(x, table, store) for _, x, store in outgoing(k)]
+            return _joined(queued) if queued else empty.long()
+
+    def start(k: int, sizes: list[int]) -> object:
+        packs: list[_Packed | None] = [None] * g.world
+        with streams.on(streams.compress):
+            for (j, x, store), size in zip(outgoing(k), sizes, strict=True):
+                packs[j] = _seal(x, table, store, size)
             heads = [p.head if p is not None else empty for p in packs]
             work = dist.all_to_all_single(received[k], _joined(heads), out_sizes[k],
                                           [h.numel() for h in heads], group=g.pg, async_op=True)
         STATS.sent += sum(h.numel() for h in heads)
         return k, packs, work
 
-    def finish(state: object) -> None:
-        k, packs, work = state
-        got = _segments(received[k], out_sizes[k])
-        live = [i for i, size in enumerate(out_sizes[k]) if size]
+    def heads(state: object) -> list[torch.Tensor]:
+        k, _, work = state
         with streams.on(streams.decompress):
             work.wait()
-            heads = _headers(torch.stack([got[i][:HEADER_BYTES] for i in live])) if live else []
-        found = dict(zip(live, heads, strict=True))
+        got = _segments(received[k], out_sizes[k])
+        return [got[i][:HEADER_BYTES] for i, size in enumerate(out_sizes[k]) if size]
+
+    def finish(state: object, raw: np.ndarray) -> None:
+        k, packs, _ = state
+        got = _segments(received[k], out_sizes[k])
+        live = [i for i, size in enumerate(out_sizes[k]) if size]
+        found = dict(zip(live, _headers(raw), strict=True))
         recv_tail = [max(0, _total(found[i]) - out_sizes[k][i]) if i in found else 0
                      for i in range(g.world)]
         tails = [p.tail if p is not None else empty for p in packs]
@@ -697,7 +793,7 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
                     unpack(got[i], tail, found[i], recv[i][s : s + m])
 
     with ordered(g, streams):
-        _pipeline(a.chunks, start, finish)
+        _pipeline(a.chunks, streams, _Stages(encode, start, heads, finish))
     unpack.check()
 
 
@@ -843,21 +939,33 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, src: int, group_src: i
     pieces = _pieces(flat.numel(), a.chunks)
     sizes = (_store_bytes if sender else codec.fixed_part_bytes)
     buffers = _buffers([sizes(flat.dtype, m) for _, m in pieces], g.device)
+    empty = torch.empty(0, dtype=torch.uint8, device=g.device)
 
-    def start(k: int) -> object:
+    def encode(k: int) -> torch.Tensor:
+        if not sender:
+            return empty.long()
         s, m = pieces[k]
         with streams.on(streams.compress):
-            p = _pack(flat[s : s + m], table, buffers[k]) if sender else None
+            return _launch(flat[s : s + m], table, buffers[k])
+
+    def send(k: int, payload: list[int]) -> object:
+        s, m = pieces[k]
+        with streams.on(streams.compress):
+            p = _seal(flat[s : s + m], table, buffers[k], payload[0]) if sender else None
             head = p.head if p is not None else buffers[k]
             work = dist.broadcast(head, src, group=g.pg, async_op=True)
         STATS.sent += head.numel() if sender else 0
         return s, m, p, head, work
 
-    def finish(state: object) -> None:
-        s, m, p, head, work = state
+    def heads(state: object) -> list[torch.Tensor]:
+        *_, head, work = state
         with streams.on(streams.decompress):
             work.wait()
-            found = None if sender else _headers(head[None, :HEADER_BYTES])[0]
+        return [] if sender else [head[:HEADER_BYTES]]
+
+    def finish(state: object, raw: np.ndarray) -> None:
+        s, m, p, head, _ = state
+        found = None if sender else _headers(raw)[0]
         if sender:
             tail = p.tail
             STATS.sent += tail.numel()
@@ -874,7 +982,7 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, src: int, group_src: i
                 unpack(head, tail, found, flat[s : s + m])
 
     with ordered(g, streams):
-        _pipeline(a.chunks, start, finish)
+        _pipeline(a.chunks, streams, _Stages(encode, send, heads, finish))
     unpack.check()
 
 
