@@ -184,14 +184,15 @@ def _env() -> tuple[object, ...]:
 def _local_strategy(group: dist.ProcessGroup | None, t: torch.Tensor, name: str,
                     nbytes: int | None, red_code: int, env: tuple[object, ...] | None = None
                     ) -> str:
-    """:func:`_strategy` from this rank's own (op, dtype, size, reduce op), cached per group and
-    environment (``env``: :func:`_env`, read again when None).
+    """:func:`_strategy` from this rank's own (op, dtype, size, reduce op), cached per group
+    (switch.group_key: a re-created default group is a new key) and environment (``env``:
+    :func:`_env`, read again when None).
 
     ``nbytes`` None: an all-to-all with explicit splits, whose sizes differ per rank; it is native
     only where the profile never compresses that op and dtype, else AGREE (needs the exchange).
     """
     env = env or _env()
-    key = (group, name, t.dtype, nbytes, red_code, env[0], env[2], env[3])
+    key = (switch.group_key(group), name, t.dtype, nbytes, red_code, env[0], env[2], env[3])
     found = switch.ROUTES.get(key)
     if found is None:
         g = resolve(group, t)
