@@ -139,30 +139,36 @@ def _preset(fmt: FloatFormat) -> Codebook:
 
 
 def sample_stats(tensor: torch.Tensor) -> theory.TensorStats:
-    """golden.theory.tensor_stats of the deterministic sample, computed on the tensor's device.
+    """golden.theory.tensor_stats of the deterministic sample, computed where the tensor lives.
 
-    Only three scalars reach the host (the sum of squares of the finite non-zero values, their
-    count and the zero count: one small copy, one sync) instead of the whole float64 sample.
-    Squares of BF16/FP16/FP32 values are exact in float64, so only the summation order can
-    differ from golden's: on CPU the sum is numpy's pairwise one over the same values, which makes
-    the statistics golden's bit for bit; on CUDA torch's float64 reduction adds in another order,
-    so the RMS may differ from golden's in the last ulp (and, rarely, give another table). The
-    table travels in the buffer's header, so decoding never depends on how it was chosen.
+    On CPU that is golden's own numpy code on the float64 sample (no copy: it is on the host
+    already), so the statistics -- and the table -- are golden's bit for bit. Elsewhere
+    :func:`_device_stats`: only three scalars reach the host instead of the whole sample.
     """
     v = _sample(tensor).to(torch.float64)
+    if v.device.type == "cpu":
+        return theory.tensor_stats(v.numpy())
+    return _device_stats(v)
+
+
+def _device_stats(v: torch.Tensor) -> theory.TensorStats:
+    """golden's statistics of the float64 values ``v`` from three sums on v's device (the sum of
+    squares of the finite non-zero values, their count, the zero count: one small copy, one sync;
+    no boolean indexing, which would sync too).
+
+    Squares of BF16/FP16/FP32 values are exact in float64, so only the summation order differs
+    from golden's numpy pairwise sum: the RMS may differ from golden's in the last ulp (and,
+    rarely, give another table). The table travels in the buffer's header, so decoding never
+    depends on how it was chosen.
+    """
     if v.numel() == 0:
         return theory.TensorStats(0.0, 0.0)
     zero = v == 0
     live = v.isfinite() & ~zero
-    if v.device.type == "cpu":
-        picked = v[live].numpy()
-        total, count, zeros = float(np.add.reduce(picked * picked)), picked.size, zero.sum()
-    else:  # no boolean indexing (it syncs): zeros where dead, then one copy of three sums
-        sums = torch.stack([torch.where(live, v * v, 0.0).sum(),
-                            live.sum(dtype=torch.float64), zero.sum(dtype=torch.float64)])
-        total, count, zeros = sums.tolist()
-    rms = math.sqrt(total / count) if count else 0.0
-    return theory.TensorStats(rms, int(zeros) / v.numel())
+    sums = torch.stack([torch.where(live, v * v, 0.0).sum(), live.sum(dtype=torch.float64),
+                        zero.sum(dtype=torch.float64)])
+    total, count, zeros = sums.tolist()
+    return theory.TensorStats(math.sqrt(total / count) if count else 0.0, zeros / v.numel())
 
 
 def default_table(tensor: torch.Tensor) -> Codebook:

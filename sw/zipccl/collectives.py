@@ -30,7 +30,7 @@ prefix planes, block offsets -- whose size follows from dtype and numel alone, t
 
 * all-gather / broadcast: phase 1 moves the fixed parts (sizes known to all, no size exchange
   first); the headers they carry tell every rank every payload length, so phase 2 moves the
-  payloads (all-gather: padded to the largest; broadcast: exact).
+  payloads (all-gather: padded to the largest, the padding never decoded; broadcast: exact).
 * all-to-all (uneven splits): phase 1 all-to-all of the fixed parts of every (src, dst) piece,
   whose sizes both ends compute from the agreed splits; phase 2 all-to-all of the payloads with
   the exact split sizes read from the received headers.
@@ -43,10 +43,28 @@ prefix planes, block offsets -- whose size follows from dtype and numel alone, t
   where the cost model prefers it, trading rank-order determinism for speed.
 * all-reduce: reduce-scatter + all-gather on a flat copy padded to a multiple of W.
 
-Large messages go in chunks (``ZIPCCL_CHUNK_BYTES``, default 32 MiB on CUDA): chunk k+1 is
-compressed on one CUDA stream while chunk k travels on NCCL's stream and is then decompressed on a
-third. Two host syncs per chunk remain (the payload size the codec reads back to write its header,
-and the received headers), so the overlap is between GPU work and the wire, not the host.
+Large messages go in chunks (``ZIPCCL_CHUNK_BYTES``, default 32 MiB on CUDA), pipelined over
+three CUDA streams: compress, NCCL's own, decompress. Host-side costs of one compressed call:
+
+* once per call: the theory table (``codec.sample_stats`` on the device: three scalars to the
+  host, one sync), one allocation for all chunks' compressed stores and one for all chunks'
+  received fixed parts, the descriptor exchange where verified (one sync), and one read of the
+  decoders' error flag at the end (one sync);
+* per chunk: the encode is queued ``AHEAD`` (2) chunks early without a host sync (the CUDA
+  kernel leaves the payload size on the device), and *one* device-to-host copy -- the only host
+  sync per chunk -- reads chunk k's received headers together with chunk k+2's payload sizes;
+  then chunk k+2 is sealed (golden's header, or the raw layout where split does not shrink) and
+  its fixed parts sent, so the wire always has a later chunk queued behind the one the host waits
+  for. Plus one sync for the first two chunks' sizes: chunks + 1 in all. Per chunk there is
+  still one allocation (the payloads' receive buffer, sized by the headers), and with W > 2 an
+  all-to-all seals W - 1 pieces, between which codec's header writer waits for its one pinned
+  staging buffer's 512-byte copy;
+* phase-2 collectives are issued from the compress stream, so the wire never waits for the
+  decompress stream's decodes; their send buffers are views of the stores (no copy; an
+  all-to-all of two ranks sends without a concatenating copy too);
+* decoding takes each received buffer as its fixed part plus its payload: on CUDA the kernel
+  reads the two apart, a raw buffer is two copies into the output; only the torch backend (CPU)
+  joins them into one buffer first.
 """
 
 from __future__ import annotations

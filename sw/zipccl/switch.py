@@ -301,7 +301,7 @@ def _cache_path(g: Group) -> Path:
     return root / f"profile-{digest}.json"
 
 
-_PROFILE_VERSION = 4  # 4: native ops timed interleaved, 11 rounds, three CPU sizes
+_PROFILE_VERSION = 4  # 4: native ops timed interleaved over 11 rounds; three CPU sizes
 
 
 def _once(fn: Callable[[], object], cuda: bool) -> float:
@@ -339,7 +339,7 @@ def _timed_together(fns: dict[object, Callable[[], object]], cuda: bool,
 
 
 def _sizes(g: Group) -> list[int]:
-    return [1 << 20, 8 << 20, 32 << 20] if g.cuda else [64 << 10, 256 << 10, 1 << 20]
+    return [1 << 20, 8 << 20, 32 << 20] if g.cuda else [64 << 10, 192 << 10, 512 << 10]
 
 
 def _measure(g: Group) -> Profile:
