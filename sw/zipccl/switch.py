@@ -1,13 +1,15 @@
 """The adaptive switch: when does compressing a collective pay?
 
-On first use per process group the switch profiles the native collectives (latency alpha and
-bandwidth beta per op, least squares over a few sizes), the codec (compress / decompress alpha and
-beta on BF16 N(0,1), and the ratio it reaches per dtype) and the fp32 local reduction. The ranks
-take the element-wise maximum of their measurements, so every rank holds the *same* profile and
-therefore makes the same choice for the same agreed (op, size, dtype) -- a divergent choice would
-deadlock. Rank 0 caches the profile as JSON (``$ZIPCCL_CACHE_DIR``, default ``~/.cache/zipccl``),
-keyed by backend, world size, device, torch version and the NCCL transport variables, and
-broadcasts it on later runs.
+On first use per process group (the group object; None means the current default group, so a
+re-created one is profiled afresh) the switch profiles the native collectives (latency alpha and
+bandwidth beta per op, least squares over three sizes; every (op, size) timed in interleaved
+rounds, fastest of 11, so a burst of load on a shared machine cannot skew one op), the codec
+(compress / decompress alpha and beta on BF16 N(0,1), and the ratio it reaches per dtype) and
+the fp32 local reduction. The ranks take the element-wise maximum of their measurements, so
+every rank holds the *same* profile and therefore makes the same choice for the same agreed (op,
+size, dtype) -- a divergent choice would deadlock. Rank 0 caches the profile as JSON
+(``$ZIPCCL_CACHE_DIR``, default ``~/.cache/zipccl``), keyed by backend, world size, device, torch
+version and the NCCL transport variables, and broadcasts it on later runs.
 
 Cost model for a message of ``n`` bytes per rank (``W`` ranks, ``r`` the dtype's ratio)::
 
@@ -18,7 +20,8 @@ Cost model for a message of ``n`` bytes per rank (``W`` ranks, ``r`` the dtype's
 
 ``ZIPCCL_MODE=never`` is plain torch.distributed; ``always`` compresses every float collective;
 ``auto`` (default) compresses only where the model predicts a win of at least ``MARGIN``, so a
-mispredicted small call costs at most noise.
+mispredicted small call costs at most noise; likewise it takes zipccl's uncompressed a2a_reduce
+over a native reduction only for a win of ``MARGIN``.
 
 Native reductions are offered only where they give the rank-order fp32 result bit for bit (two
 ranks) unless ``ZIPCCL_NATIVE_REDUCE=1``, which offers the backend's own reduce-scatter /
