@@ -761,8 +761,12 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
 
     def outgoing(k: int) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
         """(peer, piece, store) of chunk k for every peer this rank sends data."""
-        return [(j, send[j][at[k][0] : sum(at[k])], stores[k * g.world + j])
-                for j, at in enumerate(sent_at) if store_sizes[k][j]]
+        found = []
+        for j, at in enumerate(sent_at):
+            s, m = at[k]
+            if store_sizes[k][j]:
+                found.append((j, send[j][s : s + m], stores[k * g.world + j]))
+        return found
 
     def encode(k: int) -> torch.Tensor:
         with streams.on(streams.compress):
@@ -956,8 +960,8 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, src: int, group_src: i
     table = _own_table(a, flat) if sender else None
     unpack = _Decoder(g)
     pieces = _pieces(flat.numel(), a.chunks)
-    sizes = (_store_bytes if sender else codec.fixed_part_bytes)
-    buffers = _buffers([sizes(flat.dtype, m) for _, m in pieces], g.device)
+    size_of = _store_bytes if sender else codec.fixed_part_bytes  # receivers: fixed parts
+    buffers = _buffers([size_of(flat.dtype, m) for _, m in pieces], g.device)
     empty = torch.empty(0, dtype=torch.uint8, device=g.device)
 
     def encode(k: int) -> torch.Tensor:
