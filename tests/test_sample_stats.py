@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from zipccl import codec
 
 from golden import theory
+from golden.formats import get_format
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -94,3 +95,29 @@ def test_default_table_uses_the_statistics() -> None:
     x = specials(70000, torch.bfloat16)
     want = theory.zipccl_table(codec._fmt(x.dtype), golden_stats(x))
     assert codec.default_table(x) == want
+
+
+FORMATS = [get_format(name) for name in ("bfloat16", "float16", "float32")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(-46, 39), st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0, 1)),
+       st.sampled_from(FORMATS))
+def test_theory_table_equals_golden(log_sigma: float, zeros: float, fmt) -> None:
+    """The windowed table computation gives golden's table for any statistics (or defers)."""
+    stats = theory.TensorStats(10.0**log_sigma, zeros)
+    assert codec._theory_table.__wrapped__(fmt, stats) == theory.zipccl_table(fmt, stats)
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
+def test_theory_table_window_used_for_ordinary_statistics(fmt) -> None:
+    """Weights, activations and gradients (some zeros; RMS 1e-6..300, FP16: 0.01..300 -- below
+    that its mode nears the subnormals, where the window holds too few bins) take the short
+    path; degenerate statistics defer to golden."""
+    sigmas = (1e-6, 1e-4, 0.02, 1.0, 300.0) if fmt.exp_bits == 8 else (0.01, 1.0, 300.0)
+    for sigma in sigmas:
+        for zeros in (0.0, 0.3, 0.9):
+            assert codec._top_exponents(fmt, theory.TensorStats(sigma, zeros)) is not None
+    for sigma in (0.0, float("inf"), float("nan")):
+        assert codec._top_exponents(fmt, theory.TensorStats(sigma, 0.0)) is None
+    assert codec._top_exponents(fmt, theory.TensorStats(1.0, 1.0)) is None  # all zeros
