@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from zipccl import codec, collectives, switch
 from zipccl.collectives import STATS
 
+from golden.container import HEADER_BYTES
 from golden.theory import zipccl_layout
 from tests._collectives_cluster import Cluster
 
@@ -695,3 +696,21 @@ def test_auto_profile_cached_and_agreed(pair, tmp_path):
                                               "ZIPCCL_CACHE_DIR": str(tmp_path)})
     assert profiles[0] == profiles[1]
     assert len(list(tmp_path.glob("profile-*.json"))) == 1
+
+
+def test_decoder_rejects_a_header_for_other_values():
+    """A received header must describe the output it is decoded into (dtype and count)."""
+    from zipccl._comm import Group
+
+    x = data(5, 3000, torch.bfloat16, huge=False)
+    c = codec.compress(x)
+    assert c.layout == "split"
+    fixed = codec.fixed_part_bytes(x.dtype, x.numel())
+    head = collectives._headers(c.buffer[:HEADER_BYTES].numpy())[0]
+    unpack = collectives._Decoder(Group(None, 0, 2, torch.device("cpu"), "gloo"))
+    out = torch.empty_like(x)
+    unpack(c.buffer[:fixed], c.buffer[fixed:], head, out)  # the pieces as they arrive
+    assert same_bits(out, x)
+    for wrong in (torch.empty(2999, dtype=x.dtype), torch.empty(3000, dtype=torch.float16)):
+        with pytest.raises(ValueError, match=r"where .* values were expected"):
+            unpack(c.buffer[:fixed], c.buffer[fixed:], head, wrong)
