@@ -8,9 +8,12 @@ One launch per transport (NCCL reads its transport variables once per process gr
     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 torchrun ... sweep --transport socket --out OUT
     python benchmarks/collectives.py table OUT > benchmarks/results/collectives-tables.md
 
-Host overhead of the native fast path, on CPU with gloo (no GPU needed)::
+Host overhead of the native fast path and of the compressed protocol (``always``), and the
+codec's fixed costs (``probe``: microseconds per call at each ``--kib``), on CPU with gloo (no GPU
+needed)::
 
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 benchmarks/collectives.py overhead --out OUT
+    OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 benchmarks/collectives.py probe --out OUT
 
 For every op, per-rank size and data (BF16 N(0,1); real MiniLM BF16 weights from
 ``.data/minilm.npz`` tiled to size, rotated per rank so the ranks differ) the same process times
@@ -20,9 +23,11 @@ device syncs after a barrier, speedup over native, and bytes each rank sent to o
 first (bit for bit for data moves; for reductions against the fp32 rank-order reference).
 
 ``overhead``: per-call wall time of small BF16 collectives (default 4 KiB, 64 KiB, 1 MiB per rank)
-through torch.distributed directly, zipccl auto (default verification policy) and zipccl auto with
-``ZIPCCL_VERIFY=1``, calls interleaved, median of ``--calls`` each; plus zipccl's own host time on
-the native path with the torch op stubbed out. Host-side overhead only, not a GPU figure.
+through torch.distributed directly, zipccl auto (default verification policy), zipccl auto with
+``ZIPCCL_VERIFY=1`` and zipccl always (the compressed protocol), calls interleaved, median of
+``--calls`` each; plus zipccl's own host time on the native path with the torch op stubbed out.
+Host-side overhead only, not a GPU figure. ``--stub-codec`` replaces the CPU codec's kernels by
+no-ops, so ``always`` shows the compressed protocol's own host cost rather than the torch codec's.
 
 ``--train`` then trains a small GPT (bf16 params, DDP, 200 steps) without and with
 ``zipccl.ddp_hook`` (twice, to show the zipccl runs repeat exactly) and records step times and
@@ -124,7 +129,18 @@ def reference(op: str, x: torch.Tensor, world: int, rank: int) -> torch.Tensor:
 
 OVERHEAD_MODES = {"native": {"ZIPCCL_MODE": "never"}, "auto": {"ZIPCCL_MODE": "auto"},
                   "auto_verify": {"ZIPCCL_MODE": "auto", "ZIPCCL_VERIFY": "1"},
+                  "always": {"ZIPCCL_MODE": "always"},  # the whole compressed protocol
                   "native_again": {"ZIPCCL_MODE": "never"}}  # control: the noise floor
+
+
+def stub_codec() -> None:
+    """The torch backend's kernels replaced by no-ops that claim a 2 % payload: ``always`` then
+    times what zipccl adds around the codec (table, buffers, copies, headers, both phases,
+    syncs), not the CPU codec's own compute, which dwarfs it. Results are garbage: timing only."""
+    from zipccl import _torch
+
+    _torch.encode_into = lambda x, fmt, table, block, out: x.numel() // 50
+    _torch.decode_into = lambda *args: None
 
 
 def overhead(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
@@ -136,6 +152,8 @@ def overhead(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
     """
     from zipccl import switch
 
+    if args.stub_codec:
+        stub_codec()
     if args.native_profile:  # instant links, slow codec: auto keeps every call native
         fast, slow = switch.Line(1e-6, 1e15), switch.Line(1e-3, 1e9)
         switch.set_profile(None, switch.Profile({op: fast for op in switch.OPS}, slow, slow, slow,
@@ -144,7 +162,7 @@ def overhead(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
     for kib in args.kib:
         x = make_data("normal", kib << 10, rank, Path())
         for op in (*OPS, "all_to_all_splits"):
-            fns = {m: op_call(op, x, world, zipccl if "auto" in m else dist, fresh=False)[0]
+            fns = {m: op_call(op, x, world, dist if "native" in m else zipccl, fresh=False)[0]
                    for m in OVERHEAD_MODES}
             times: dict[str, list[float]] = {m: [] for m in OVERHEAD_MODES}
             strategy = {}
@@ -198,15 +216,17 @@ def host_cost(op: str, zipped: Callable[[], object], native: Callable[[], object
 
 def overhead_table(rows: list[dict]) -> str:
     lines = ["| op | KiB/rank | native us | native again / native | auto us | auto / native |"
-             " auto path | zipccl host us | auto, VERIFY=1 us | VERIFY=1 / native |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             " auto path | zipccl host us | auto, VERIFY=1 us | VERIFY=1 / native |"
+             " always us | always / native |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         n = r["native_us"]
         host = f"{r['host_us']:.2f}" if r["strategy"] == "native" else "-"  # stub: native only
         lines.append(f"| {r['op']} | {r['kib']} | {n:.1f} | {r['native_again_us'] / n:.2f} | "
                      f"{r['auto_us']:.1f} | {r['auto_us'] / n:.2f} | {r['strategy']} | "
                      f"{host} | {r['auto_verify_us']:.1f} | "
-                     f"{r['auto_verify_us'] / n:.2f} |")
+                     f"{r['auto_verify_us'] / n:.2f} | {r['always_us']:.1f} | "
+                     f"{r['always_us'] / n:.2f} |")
     return "\n".join(lines)
 
 
@@ -223,12 +243,13 @@ def timed(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times)
 
 
-def probe(rank: int) -> dict[str, float]:
-    """Fixed costs behind the protocols: the descriptor exchange and the codec's calls (32 MiB)."""
+def probe(rank: int, kib: int = 32 << 10) -> dict[str, float]:
+    """Fixed costs behind the protocols: the descriptor exchange and the codec's calls (default
+    32 MiB), median seconds."""
     from zipccl import _comm, codec
 
     g = _comm.resolve(None)
-    x = make_data("normal", 32 * MIB, rank, Path())
+    x = make_data("normal", kib << 10, rank, Path())
     table = codec.default_table(x)
     c = codec.compress(x, table)
     out = torch.empty_like(x)
@@ -403,11 +424,13 @@ def table(out: Path) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", choices=["sweep", "table", "overhead"])
+    ap.add_argument("what", choices=["sweep", "table", "overhead", "probe"])
     ap.add_argument("--kib", type=int, nargs="+", default=[4, 64, 1024])
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--native-profile", action="store_true",
                     help="overhead: a synthetic profile under which auto keeps every call native")
+    ap.add_argument("--stub-codec", action="store_true",
+                    help="overhead: the CPU codec's kernels as no-ops (protocol cost only)")
     ap.add_argument("out", nargs="?", type=Path)
     ap.add_argument("--out", dest="out_dir", type=Path)
     ap.add_argument("--transport", default="nvlink")
@@ -432,7 +455,7 @@ def main() -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     global DEV
-    if args.cpu or args.what == "overhead":
+    if args.cpu or args.what in ("overhead", "probe"):
         DEV = torch.device("cpu")
         dist.init_process_group("gloo")
     else:
@@ -446,6 +469,13 @@ def main() -> None:
             (args.out_dir / "overhead-cpu.json").write_text(json.dumps(
                 {"rows": rows, "world": world, "torch": torch.__version__}, indent=1))
             print(overhead_table(rows), flush=True)
+        dist.destroy_process_group()
+        return
+    if args.what == "probe":  # the codec's fixed costs at each --kib on this device
+        probed = {kib: probe(rank, kib) for kib in args.kib}
+        if rank == 0:
+            print(json.dumps({kib: {k: round(1e6 * v, 1) for k, v in p.items()}
+                              for kib, p in probed.items()}), flush=True)
         dist.destroy_process_group()
         return
     if args.trace:

@@ -18,9 +18,10 @@ import torch.distributed as dist
 import zipccl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from zipccl import collectives, switch
+from zipccl import codec, collectives, switch
 from zipccl.collectives import STATS
 
+from golden.container import HEADER_BYTES
 from golden.theory import zipccl_layout
 from tests._collectives_cluster import Cluster
 
@@ -47,13 +48,15 @@ def trio():
 # --------------------------------------------------------------------------- data
 
 
-def data(seed: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """N(0, 1) values plus the awkward ones (zeros, +-inf, NaN, subnormals, huge)."""
+def data(seed: int, numel: int, dtype: torch.dtype, huge: bool = True) -> torch.Tensor:
+    """N(0, 1) values plus the awkward ones (zeros, +-inf, NaN, subnormals, huge). The huge value
+    sets the theory table's RMS, so every buffer falls back to the raw layout; ``huge=False``
+    puts -300 there instead, and BF16 of >= 1500 values then takes the split layout."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(numel, generator=gen)
     if numel >= 16:
         x[:8] = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40,
-                              -3e38, 1e-8])
+                              -3e38 if huge else -300.0, 1e-8])
     if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         x = x.clamp(-448, 448)
     return x.to(dtype)
@@ -78,8 +81,9 @@ def wire(t: torch.Tensor) -> torch.Tensor:
 # Each runs on every rank as fn(rank, world, *args) and returns something small to compare.
 
 
-def sc_all_gather(rank: int, world: int, dtype: torch.dtype, numel: int) -> bool:
-    x = data(100 + rank, numel, dtype)
+def sc_all_gather(rank: int, world: int, dtype: torch.dtype, numel: int,
+                  huge: bool = True) -> bool:
+    x = data(100 + rank, numel, dtype, huge)
     got = torch.empty(world * numel, dtype=dtype)
     zipccl.all_gather_into_tensor(got, x)
     want = torch.empty_like(got)
@@ -90,16 +94,17 @@ def sc_all_gather(rank: int, world: int, dtype: torch.dtype, numel: int) -> bool
     return same_bits(got, want) and same_bits(torch.cat(listed), want)
 
 
-def sc_all_to_all(rank: int, world: int, dtype: torch.dtype, row: int) -> bool:
+def sc_all_to_all(rank: int, world: int, dtype: torch.dtype, row: int,
+                  huge: bool = True) -> bool:
     # rank i sends (i + j) % 3 rows to rank j (some zero), each row of ``row`` elements
     ins = [(rank + j) % 3 for j in range(world)]
     outs = [(i + rank) % 3 for i in range(world)]
-    x = data(200 + rank, sum(ins) * row, dtype).view(sum(ins), row)
+    x = data(200 + rank, sum(ins) * row, dtype, huge).view(sum(ins), row)
     got = torch.empty(sum(outs), row, dtype=dtype)
     zipccl.all_to_all_single(got, x, outs, ins)
     want = torch.empty_like(got)
     dist.all_to_all_single(wire(want), wire(x), outs, ins)
-    even = data(300 + rank, world * 700, dtype)
+    even = data(300 + rank, world * 700 * (1 if huge else 4), dtype, huge)
     got2, want2 = torch.empty_like(even), torch.empty_like(even)
     zipccl.all_to_all_single(got2, even)
     dist.all_to_all_single(wire(want2), wire(even))
@@ -121,9 +126,10 @@ def sc_all_to_all_random(rank: int, world: int, seed: int) -> bool:
     return same_bits(got, want)
 
 
-def sc_broadcast(rank: int, world: int, dtype: torch.dtype, numel: int) -> bool:
+def sc_broadcast(rank: int, world: int, dtype: torch.dtype, numel: int,
+                 huge: bool = True) -> bool:
     src = world - 1
-    x = data(400 + rank, numel, dtype).view(-1, 1) if numel else torch.empty(0, dtype=dtype)
+    x = data(400 + rank, numel, dtype, huge).view(-1, 1) if numel else torch.empty(0, dtype=dtype)
     want = x.clone()
     zipccl.broadcast(x, src=src)
     dist.broadcast(wire(want), src)
@@ -139,9 +145,10 @@ def sc_reduce_scatter(rank: int, world: int, dtype: torch.dtype, numel: int, op:
     return same_reduction(got, zipccl.reference_reduce(parts, red))
 
 
-def sc_all_reduce(rank: int, world: int, dtype: torch.dtype, numel: int, op: str) -> bool:
+def sc_all_reduce(rank: int, world: int, dtype: torch.dtype, numel: int, op: str,
+                  huge: bool = True) -> bool:
     red = getattr(dist.ReduceOp, op)
-    inputs = [data(600 + r, numel, dtype).view(-1, 1) for r in range(world)]
+    inputs = [data(600 + r, numel, dtype, huge).view(-1, 1) for r in range(world)]
     t = inputs[rank].clone()
     zipccl.all_reduce(t, op=red)
     return same_reduction(t, zipccl.reference_reduce(inputs, red))
@@ -509,6 +516,70 @@ def test_many_ranks_every_op(world: int) -> None:
         ranks.close()
 
 
+SPLIT = {"ZIPCCL_MODE": "always", "ZIPCCL_CHUNK_BYTES": "8000"}
+
+
+def test_split_layout_every_op(pair, trio):
+    """Moderate data takes the split layout (two phases, payloads, the split decode) in every op,
+    in chunks; the default data's huge value makes every buffer raw."""
+    assert codec.compress(data(100, 4000, torch.bfloat16, huge=False)).layout == "split"
+    assert codec.compress(data(100, 4000, torch.bfloat16)).layout == "raw"
+    bf16 = torch.bfloat16
+    for ranks in (pair, trio):
+        assert all(ranks.run(sc_all_gather, bf16, 9001, False, env=SPLIT))
+        assert all(ranks.run(sc_all_to_all, bf16, 1500, False, env=SPLIT))
+        assert all(ranks.run(sc_broadcast, bf16, 9001, False, env=SPLIT))
+        assert all(ranks.run(sc_all_reduce, bf16, 12001, "SUM", False, env=SPLIT))
+
+
+def sc_host_reads(rank: int, world: int, numel: int) -> list[int]:
+    """Host reads (``collectives._read``: each one device-to-host copy, a sync on CUDA) of one
+    compressed all-gather, all-to-all and broadcast, each of ``numel`` BF16 values per rank."""
+    reads = []
+    real = collectives._read
+
+    def counted(streams: object, parts: list[torch.Tensor]) -> object:
+        reads[-1] += sum(t.numel() for t in parts) > 0  # an empty read copies nothing
+        return real(streams, parts)
+
+    collectives._read = counted
+    try:
+        for fn in (sc_all_gather, sc_all_to_all, sc_broadcast):
+            reads.append(0)
+            assert fn(rank, world, torch.bfloat16, numel // 2 if fn is sc_all_to_all else numel,
+                      False)
+    finally:
+        collectives._read = real
+    return reads
+
+
+def test_one_host_read_per_chunk(pair):
+    """The pipeline reads received headers and later chunks' payload sizes in one copy: chunks
+    + 1 reads per call. 8000-byte chunks: sc_all_gather makes two calls of 20000 BF16 values (5
+    chunks each); sc_all_to_all an uneven one (the larger rank sends 3 rows of 10000: 8 chunks)
+    and an even one of 5600 values (2 chunks); sc_broadcast one of 20000 values, which the
+    receiver (rank 0) reads once per chunk (headers only) and the sender (rank 1) for the sizes
+    only: one read for the first two chunks, then one per later chunk."""
+    reads = pair.run(sc_host_reads, 20000, env=SPLIT)
+    assert reads == [[12, 12, 5], [12, 12, 4]], reads
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("numel", [0, 1, 700, 5000])
+@pytest.mark.parametrize("huge", [False, True])
+def test_queued_encode_gives_codec_bytes(dtype, numel, huge):
+    """collectives' queued encode (_launch, then _seal with the size on the host) writes exactly
+    codec.compress_into's buffer, raw and split layouts alike."""
+    x = data(numel, numel, dtype, huge)
+    table = codec.default_table(x)
+    want = codec.compress_into(x, torch.empty(collectives._store_bytes(dtype, numel),
+                                              dtype=torch.uint8), table)
+    store = torch.empty(collectives._store_bytes(dtype, numel), dtype=torch.uint8)
+    got = collectives._seal(x, table, store, int(collectives._launch(x, table, store)))
+    assert got.store[: got.nbytes].equal(want.buffer) and got.fixed == codec.fixed_part_bytes(
+        dtype, numel)
+
+
 def test_native_fallbacks_when_always(pair):
     assert all(pair.run(sc_native_fallbacks, env=ALWAYS))
 
@@ -625,3 +696,21 @@ def test_auto_profile_cached_and_agreed(pair, tmp_path):
                                               "ZIPCCL_CACHE_DIR": str(tmp_path)})
     assert profiles[0] == profiles[1]
     assert len(list(tmp_path.glob("profile-*.json"))) == 1
+
+
+def test_decoder_rejects_a_header_for_other_values():
+    """A received header must describe the output it is decoded into (dtype and count)."""
+    from zipccl._comm import Group
+
+    x = data(5, 3000, torch.bfloat16, huge=False)
+    c = codec.compress(x)
+    assert c.layout == "split"
+    fixed = codec.fixed_part_bytes(x.dtype, x.numel())
+    head = collectives._headers(c.buffer[:HEADER_BYTES].numpy())[0]
+    unpack = collectives._Decoder(Group(None, 0, 2, torch.device("cpu"), "gloo"))
+    out = torch.empty_like(x)
+    unpack(c.buffer[:fixed], c.buffer[fixed:], head, out)  # the pieces as they arrive
+    assert same_bits(out, x)
+    for wrong in (torch.empty(2999, dtype=x.dtype), torch.empty(3000, dtype=torch.float16)):
+        with pytest.raises(ValueError, match=r"where .* values were expected"):
+            unpack(c.buffer[:fixed], c.buffer[fixed:], head, wrong)

@@ -163,3 +163,47 @@ def test_exchange_cost_charged_to_zipccl_protocols():
     assert all(costly[k] == pytest.approx(base[k] + 1e-3) for k in base if k != NATIVE)
     assert switch.choose(slow, call) == NATIVE
     assert Profile.from_json(slow.to_json()) == slow
+
+
+def test_zipccl_protocols_need_a_clear_win_over_native():
+    """a2a_reduce predicted a little faster than the native reduce-scatter (within MARGIN) stays
+    native: a noisy profile must not trade the backend's reduction for zipccl's own protocol."""
+    p = profile(20.0)
+    call = Call("reduce_scatter", 4 << 10, torch.bfloat16, 2, 1, True)
+    a2a = switch.predict(p, call)[switch.A2A_REDUCE]
+    wire = call.nbytes / (20 * GB)
+    for slower, want in ((1.05, NATIVE), (1.5, switch.A2A_REDUCE)):
+        p.native["reduce_scatter"] = Line(slower * a2a - wire, 20 * GB)
+        assert switch.predict(p, call)[NATIVE] == pytest.approx(slower * a2a)
+        assert switch.choose(p, call) == want
+
+
+def test_timed_together_interleaves_in_a_fixed_order():
+    calls: list[str] = []
+    fns = {k: (lambda k=k: calls.append(k)) for k in "abc"}
+    best = switch._timed_together(fns, cuda=False, rounds=3)
+    assert set(best) == set("abc") and all(t >= 0 for t in best.values())
+    assert "".join(calls) == "abc" + "abc" + "bca" + "cab"
+
+
+def test_group_key_follows_the_default_group(tmp_path):
+    """Profiles and routes of a destroyed default group are not reused for a re-created one."""
+    import torch.distributed as dist
+
+    def init(name: str) -> None:
+        dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / name), 1), rank=0,
+                                world_size=1)
+
+    init("first")
+    first = switch.group_key(None)
+    try:
+        assert first is dist.group.WORLD and switch.group_key(first) is first
+        switch.set_profile(None, profile(20.0))
+        assert first in switch._PROFILES
+        dist.destroy_process_group()
+        init("second")
+        assert switch.group_key(None) is not first
+        assert switch.group_key(None) not in switch._PROFILES
+    finally:
+        switch.set_profile(first, None)
+        dist.destroy_process_group()

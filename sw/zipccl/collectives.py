@@ -30,7 +30,7 @@ prefix planes, block offsets -- whose size follows from dtype and numel alone, t
 
 * all-gather / broadcast: phase 1 moves the fixed parts (sizes known to all, no size exchange
   first); the headers they carry tell every rank every payload length, so phase 2 moves the
-  payloads (all-gather: padded to the largest; broadcast: exact).
+  payloads (all-gather: padded to the largest, the padding never decoded; broadcast: exact).
 * all-to-all (uneven splits): phase 1 all-to-all of the fixed parts of every (src, dst) piece,
   whose sizes both ends compute from the agreed splits; phase 2 all-to-all of the payloads with
   the exact split sizes read from the received headers.
@@ -43,10 +43,28 @@ prefix planes, block offsets -- whose size follows from dtype and numel alone, t
   where the cost model prefers it, trading rank-order determinism for speed.
 * all-reduce: reduce-scatter + all-gather on a flat copy padded to a multiple of W.
 
-Large messages go in chunks (``ZIPCCL_CHUNK_BYTES``, default 32 MiB on CUDA): chunk k+1 is
-compressed on one CUDA stream while chunk k travels on NCCL's stream and is then decompressed on a
-third. Two host syncs per chunk remain (the payload size the codec reads back to write its header,
-and the received headers), so the overlap is between GPU work and the wire, not the host.
+Large messages go in chunks (``ZIPCCL_CHUNK_BYTES``, default 32 MiB on CUDA), pipelined over
+three CUDA streams: compress, NCCL's own, decompress. Host-side costs of one compressed call:
+
+* once per call: the theory table (``codec.sample_stats`` on the device: three scalars to the
+  host, one sync), one allocation for all chunks' compressed stores and one for all chunks'
+  received fixed parts, the descriptor exchange where verified (one sync), and one read of the
+  decoders' error flag at the end (one sync);
+* per chunk: the encode is queued ``AHEAD`` (2) chunks early without a host sync (the CUDA
+  kernel leaves the payload size on the device), and *one* device-to-host copy -- the only host
+  sync per chunk -- reads chunk k's received headers together with chunk k+2's payload sizes;
+  then chunk k+2 is sealed (golden's header, or the raw layout where split does not shrink) and
+  its fixed parts sent, so the wire always has a later chunk queued behind the one the host waits
+  for. Plus one sync for the first two chunks' sizes: chunks + 1 in all. Per chunk there is
+  still one allocation (the payloads' receive buffer, sized by the headers), and with W > 2 an
+  all-to-all seals W - 1 pieces, between which codec's header writer waits for its one pinned
+  staging buffer's 512-byte copy;
+* phase-2 collectives are issued from the compress stream, so the wire never waits for the
+  decompress stream's decodes; their send buffers are views of the stores (no copy; an
+  all-to-all of two ranks sends without a concatenating copy too);
+* decoding takes each received buffer as its fixed part plus its payload: on CUDA the kernel
+  reads the two apart, a raw buffer is two copies into the output; only the torch backend (CPU)
+  joins them into one buffer first.
 """
 
 from __future__ import annotations
@@ -56,17 +74,27 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from golden.codebook import Codebook
-from golden.container import HEADER_BYTES, LAYOUT_RAW, Header, raw_size, split_size
+from golden.container import (
+    DEFAULT_BLOCK,
+    HEADER_BYTES,
+    LAYOUT_RAW,
+    LAYOUT_SPLIT,
+    Header,
+    raw_size,
+    split_size,
+)
 from zipccl import codec, switch
 from zipccl._comm import (
     CODEC_DTYPES,
     CollectiveMismatchError,
     DoneWork,
     Group,
+    Streams,
     dtype_code,
     dtype_name,
     exchange,
@@ -174,14 +202,15 @@ def _env() -> tuple[object, ...]:
 def _local_strategy(group: dist.ProcessGroup | None, t: torch.Tensor, name: str,
                     nbytes: int | None, red_code: int, env: tuple[object, ...] | None = None
                     ) -> str:
-    """:func:`_strategy` from this rank's own (op, dtype, size, reduce op), cached per group and
-    environment (``env``: :func:`_env`, read again when None).
+    """:func:`_strategy` from this rank's own (op, dtype, size, reduce op), cached per group
+    (switch.group_key: a re-created default group is a new key) and environment (``env``:
+    :func:`_env`, read again when None).
 
     ``nbytes`` None: an all-to-all with explicit splits, whose sizes differ per rank; it is native
     only where the profile never compresses that op and dtype, else AGREE (needs the exchange).
     """
     env = env or _env()
-    key = (group, name, t.dtype, nbytes, red_code, env[0], env[2], env[3])
+    key = (switch.group_key(group), name, t.dtype, nbytes, red_code, env[0], env[2], env[3])
     found = switch.ROUTES.get(key)
     if found is None:
         g = resolve(group, t)
@@ -295,7 +324,9 @@ def _pieces(numel: int, chunks: int) -> list[tuple[int, int]]:
 
 @dataclass
 class _Packed:
-    """One compressed piece, laid out as fixed part (padded to ``fixed``) + payload."""
+    """One compressed piece in its store: fixed part (``fixed`` bytes) + payload (``nbytes`` in
+    all). The store holds max_compressed_bytes, so any receiver-agreed width past the fixed part
+    is a view of it (the padding past ``nbytes`` is never decoded)."""
 
     store: torch.Tensor
     fixed: int
@@ -309,13 +340,52 @@ class _Packed:
     def tail(self) -> torch.Tensor:
         return self.store[self.fixed : max(self.fixed, self.nbytes)]
 
+    def padded_tail(self, width: int) -> torch.Tensor:
+        return self.store[self.fixed : self.fixed + width]
 
-def _pack(x: torch.Tensor, table: Codebook | None) -> _Packed:
-    fixed = codec.fixed_part_bytes(x.dtype, x.numel())
-    cap = max(fixed, codec.max_compressed_bytes(x.dtype, x.numel()))
-    store = torch.empty(cap, dtype=torch.uint8, device=x.device)
-    c = codec.compress_into(x, store, table)
-    return _Packed(store, fixed, c.nbytes)
+
+def _store_bytes(dtype: torch.dtype, numel: int) -> int:
+    return max(codec.fixed_part_bytes(dtype, numel), codec.max_compressed_bytes(dtype, numel))
+
+
+def _buffers(sizes: Sequence[int], device: torch.device) -> list[torch.Tensor]:
+    """Views of one uint8 allocation, one per size: a call's buffers in one go, not per chunk."""
+    return _segments(torch.empty(sum(sizes), dtype=torch.uint8, device=device), sizes)
+
+
+def _launch(x: torch.Tensor, table: Codebook, store: torch.Tensor) -> torch.Tensor:
+    """Queue the encode of the contiguous ``x`` into ``store`` without a host sync; returns its
+    payload size as a one-element int64 tensor on x's device (the CUDA kernel's own work entry;
+    other backends compute it at once). 0 where the split layout cannot beat raw at all."""
+    fmt = codec._fmt(x.dtype)
+    if codec._fixed(fmt, x.numel(), DEFAULT_BLOCK) >= raw_size(fmt, x.numel()):
+        return torch.zeros(1, dtype=torch.int64, device=x.device)
+    backend = codec._backend(x.device, DEFAULT_BLOCK)
+    if hasattr(backend, "launch_encode"):
+        return backend.launch_encode(x, fmt, table, DEFAULT_BLOCK, store)[1:2]
+    size = backend.encode_into(x, fmt, table, DEFAULT_BLOCK, store)
+    return torch.tensor([size], dtype=torch.int64, device=x.device)
+
+
+def _seal(x: torch.Tensor, table: Codebook, store: torch.Tensor, payload: int) -> _Packed:
+    """Finish a queued encode once its payload size is on the host: golden's header (codec's
+    own writer), or the raw layout where split does not shrink -- codec.compress_into's bytes."""
+    fmt, shape = codec._fmt(x.dtype), tuple(x.shape)
+    fixed, cap = codec._fixed(fmt, x.numel(), DEFAULT_BLOCK), raw_size(fmt, x.numel())
+    if fixed + payload >= cap:
+        head = Header(LAYOUT_RAW, fmt, shape, DEFAULT_BLOCK, 0, None)
+        store[HEADER_BYTES:cap].copy_(x.reshape(-1).view(torch.uint8))
+    else:
+        head = Header(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, payload, table)
+    codec._write_header(store, head)
+    return _Packed(store, fixed, cap if head.layout == LAYOUT_RAW else fixed + payload)
+
+
+def _joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One send buffer of the pieces in order: the piece itself when it is the only non-empty one
+    (every all-to-all of two ranks), else a concatenating copy."""
+    live = [p for p in parts if p.numel()]
+    return live[0] if len(live) == 1 else torch.cat(list(parts))
 
 
 _TABLES: dict[int, Codebook] = {}
@@ -339,11 +409,10 @@ def _own_table(a: _Agreed, source: torch.Tensor) -> Codebook | None:
     return _canonical(codec.default_table(source))
 
 
-def _headers(heads: torch.Tensor) -> list[Header]:
-    """The received buffers' headers, from their first HEADER_BYTES rows (one D2H copy)."""
-    rows = heads[:, :HEADER_BYTES].cpu().numpy()
+def _headers(rows: np.ndarray) -> list[Header]:
+    """The received buffers' headers, from host rows of HEADER_BYTES bytes each."""
     try:
-        found = [Header.unpack(row.tobytes()) for row in rows]
+        found = [Header.unpack(row.tobytes()) for row in rows.reshape(-1, HEADER_BYTES)]
     except ValueError as exc:
         raise ValueError(f"received a corrupt compressed header: {exc}") from None
     return [replace(h, table=_canonical(h.table)) for h in found]
@@ -357,12 +426,14 @@ def _total(h: Header) -> int:
 
 
 class _Decoder:
-    """Decodes the received buffers of one call.
+    """Decodes the received buffers of one call, each given as its fixed part and its payload.
 
-    With the codec's CUDA kernels every decode is queued without a host sync: problems are OR-ed
-    into one device flag that :meth:`check` reads once, after the whole call. Elsewhere it is
-    ``codec.decompress``, which checks each buffer as it goes. The headers were parsed and checked
-    already (``_headers``), so the Compressed is built from them, not parsed a second time.
+    Raw buffers are two copies straight into the output. Split ones: with the codec's CUDA
+    kernels the payload is passed as a separate stream (no joining copy) and every decode is
+    queued without a host sync: problems are OR-ed into one device flag that :meth:`check` reads
+    once, after the whole call. Elsewhere the two pieces are joined into one buffer for
+    ``codec.decompress``, which checks it as it goes. The headers were parsed and checked already
+    (``_headers``), so nothing is parsed a second time.
     """
 
     def __init__(self, g: Group) -> None:
@@ -371,17 +442,26 @@ class _Decoder:
 
     def __call__(self, fixed: torch.Tensor, payload: torch.Tensor, h: Header,
                  out: torch.Tensor) -> None:
-        """Join a received fixed part and payload into one buffer and decode it into ``out``."""
+        """Decode the buffer ``fixed`` + ``payload`` (either may run past its end) into the
+        contiguous ``out``."""
+        if h.fmt != codec._fmt(out.dtype) or h.numel != out.numel():
+            raise ValueError(f"received a compressed buffer of {h.numel} {h.fmt.name} values "
+                             f"where {out.numel()} {out.dtype} values were expected")
         nbytes = _total(h)
-        buf = torch.empty(nbytes, dtype=torch.uint8, device=fixed.device)
         head = min(nbytes, fixed.numel())
-        buf[:head].copy_(fixed[:head])
-        buf[head:].copy_(payload[: nbytes - head])
-        backend = codec._backend(buf.device, h.block)
-        if self.flag is None or h.layout == LAYOUT_RAW or not hasattr(backend, "launch_decode"):
-            codec.decompress(codec.Compressed._of(buf, h), out=out)
+        fixed, payload = fixed[:head], payload[: nbytes - head]
+        if h.layout == LAYOUT_RAW:
+            data = out.view(-1).view(torch.uint8)
+            data[: head - HEADER_BYTES].copy_(fixed[HEADER_BYTES:])
+            data[head - HEADER_BYTES :].copy_(payload)
             return
-        backend.launch_decode(buf, h.fmt, h.table, h.block, h.payload_bytes, out, self.flag)
+        backend = codec._backend(fixed.device, h.block)
+        if self.flag is None or not hasattr(backend, "launch_decode"):
+            joined = torch.cat([fixed, payload])
+            codec.decompress(codec.Compressed._of(joined, h), out=out)
+            return
+        backend.launch_decode(fixed, h.fmt, h.table, h.block, h.payload_bytes, out, self.flag,
+                              payload=payload)
         self.used = backend
 
     def check(self) -> None:
@@ -389,17 +469,61 @@ class _Decoder:
             self.used.raise_on_flag(int(self.flag.item()))
 
 
-def _pipeline(chunks: int, start: Callable[[int], object],
-              finish: Callable[[object], None]) -> None:
-    """start(k+1) is issued before finish(k), so their GPU work overlaps on separate streams."""
-    pending = None
+AHEAD = 2  # chunks encoded and sent before the first one is received
+
+
+def _read(streams: Streams, parts: Sequence[torch.Tensor]) -> np.ndarray:
+    """The bytes of device tensors on the host in one copy: the pipeline's one sync per chunk.
+    Runs on the decompress stream after the compress stream's queued work (the encodes)."""
+    if not sum(t.numel() for t in parts):
+        return np.empty(0, dtype=np.uint8)
+    if streams.decompress is not None:
+        streams.decompress.wait_stream(streams.compress)
+    with streams.on(streams.decompress):
+        flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in parts])
+        return flat.cpu().numpy()
+
+
+def _sizes(raw: np.ndarray) -> list[int]:
+    return np.frombuffer(raw.tobytes(), dtype="<i8").tolist()
+
+
+@dataclass
+class _Stages:
+    """One protocol's steps for chunk k, which :func:`_pipeline` interleaves.
+
+    encode(k): queue chunk k's encodes, return their payload sizes (device int64, maybe empty);
+    send(k, sizes): seal chunk k with the sizes now on the host and issue its first phase;
+    heads(state): the header bytes the first phase delivers (device uint8 tensors, maybe none),
+    after waiting for it on the decompress stream; finish(state, header bytes): the rest.
+    """
+
+    encode: Callable[[int], torch.Tensor]
+    send: Callable[[int, list[int]], object]
+    heads: Callable[[object], list[torch.Tensor]]
+    finish: Callable[[object, np.ndarray], None]
+
+
+def _pipeline(chunks: int, streams: Streams, st: _Stages) -> None:
+    """Chunk k+AHEAD is encoded while chunk k travels, and one copy to the host per chunk reads
+    both chunk k's received headers and chunk k+AHEAD's payload sizes: one host sync per chunk
+    (plus one for the first AHEAD chunks' sizes), and the wire always has a later chunk's first
+    phase queued behind the one the host waits for."""
+    first = [st.encode(k) for k in range(min(AHEAD, chunks))]
+    sizes = _sizes(_read(streams, first))
+    sent = []
+    for k, queued in enumerate(first):
+        sent.append(st.send(k, sizes[: queued.numel()]))
+        sizes = sizes[queued.numel() :]
     for k in range(chunks):
-        state = start(k)
-        if pending is not None:
-            finish(pending)
-        pending = state
-    if pending is not None:
-        finish(pending)
+        later = st.encode(k + AHEAD) if k + AHEAD < chunks else None
+        heads = st.heads(sent[k])
+        got = sum(h.numel() for h in heads)
+        raw = _read(streams, heads if later is None else [*heads, later])
+        st.finish(sent[k], raw[:got])
+        if later is not None:
+            sent.append(st.send(k + AHEAD, _sizes(raw[got:])))
+        sent[k] = None
 
 
 def _done(async_op: bool) -> DoneWork | None:
@@ -453,42 +577,63 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
     keep: list[object] = []  # every temporary lives until the caller's stream is re-joined
     table = _own_table(a, inp)
     unpack = _Decoder(g)
+    pieces = _pieces(n, a.chunks)
+    fixed = [codec.fixed_part_bytes(inp.dtype, m) for _, m in pieces]
+    stores = _buffers([_store_bytes(inp.dtype, m) for _, m in pieces], g.device)
+    received = _buffers([g.world * f for f in fixed], g.device)
 
-    def start(k: int) -> object:
+    def encode(k: int) -> torch.Tensor:
         s, m = pieces[k]
         with streams.on(streams.compress):
-            p = _pack(inp[s : s + m], table)
-            fixed = torch.empty(g.world * p.fixed, dtype=torch.uint8, device=g.device)
-            work = dist.all_gather_into_tensor(fixed, p.head, group=g.pg, async_op=True)
-        keep.extend((p, fixed))
-        STATS.sent += p.fixed
-        return s, m, p, fixed, work
+            return _launch(inp[s : s + m], table, stores[k])
 
-    def finish(state: object) -> None:
-        s, m, p, fixed, work = state
+    def send(k: int, sizes: list[int]) -> object:
+        s, m = pieces[k]
+        with streams.on(streams.compress):
+            p = _seal(inp[s : s + m], table, stores[k], sizes[0])
+            work = dist.all_gather_into_tensor(received[k], p.head, group=g.pg, async_op=True)
+        STATS.sent += p.fixed
+        return k, p, work
+
+    def heads(state: object) -> list[torch.Tensor]:
+        k, p, work = state
         with streams.on(streams.decompress):
             work.wait()
-            heads = fixed.view(g.world, p.fixed)
-            found = _headers(heads)
-            width = max(max(0, _total(h) - p.fixed) for h in found)
-            payload = torch.empty(g.world * width, dtype=torch.uint8, device=g.device)
-            send = torch.zeros(width, dtype=torch.uint8, device=g.device)
-            send[: p.tail.numel()].copy_(p.tail)
-            if width:
-                dist.all_gather_into_tensor(payload, send, group=g.pg, async_op=True).wait()
-            STATS.sent += width
-            keep.extend((payload, send))
-            tails = payload.view(g.world, width)
+        return [received[k].view(g.world, p.fixed)[:, :HEADER_BYTES]]
+
+    def finish(state: object, raw: np.ndarray) -> None:
+        k, p, _ = state
+        s, m = pieces[k]
+        found = _headers(raw)
+        width = max(max(0, _total(h) - p.fixed) for h in found)
+        payload = torch.empty(g.world * width, dtype=torch.uint8, device=g.device)
+        keep.append(payload)
+        done = _phase2(streams, lambda: dist.all_gather_into_tensor(
+            payload, p.padded_tail(width), group=g.pg, async_op=True)) if width else None
+        STATS.sent += width
+        with streams.on(streams.decompress):
+            if done is not None:
+                done.wait()
+            fixed_parts, tails = received[k].view(g.world, p.fixed), payload.view(g.world, width)
             for r in range(g.world):
                 if r == g.rank:
                     rows[r, s : s + m].copy_(inp[s : s + m])
                 else:
-                    unpack(heads[r], tails[r], found[r], rows[r, s : s + m])
+                    unpack(fixed_parts[r], tails[r], found[r], rows[r, s : s + m])
 
-    pieces = _pieces(n, a.chunks)
     with ordered(g, streams):
-        _pipeline(a.chunks, start, finish)
+        _pipeline(a.chunks, streams, _Stages(encode, send, heads, finish))
     unpack.check()
+
+
+def _phase2(streams: Streams, send: Callable[[], object]) -> object:
+    """Issue a payload collective from the compress stream, not the decompress one: NCCL makes its
+    stream wait for the issuing stream, and the decompress stream still holds the previous
+    chunk's decodes, which the wire need not wait for (the compress stream's pending work, the
+    next chunk's encode, precedes that chunk's fixed parts on the wire anyway). The caller waits
+    for the returned work on the decompress stream."""
+    with streams.on(streams.compress):
+        return send()
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
@@ -595,58 +740,83 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
                     source: torch.Tensor) -> None:
     """Two-phase compressed all-to-all of flat segments (views of ``source``): fixed parts, then
     payloads with the exact sizes read from the received headers."""
-    g = a.g
+    g, dtype = a.g, source.dtype
     streams = streams_for(g)
     keep: list[object] = []
-    fixed_of = codec.fixed_part_bytes
     table = _own_table(a, source)
     unpack = _Decoder(g)
+    sent_at = [_pieces(seg.numel(), a.chunks) for seg in send]  # [peer][chunk] = (start, numel)
+    got_at = [_pieces(seg.numel(), a.chunks) for seg in recv]
 
-    def start(k: int) -> object:
+    def per_peer(at: list[list[tuple[int, int]]], size: Callable[[torch.dtype, int], int],
+                 k: int) -> list[int]:
+        return [size(dtype, pieces[k][1]) if pieces[k][1] and r != g.rank else 0
+                for r, pieces in enumerate(at)]
+
+    out_sizes = [per_peer(got_at, codec.fixed_part_bytes, k) for k in range(a.chunks)]
+    store_sizes = [per_peer(sent_at, _store_bytes, k) for k in range(a.chunks)]
+    received = _buffers([sum(sizes) for sizes in out_sizes], g.device)
+    stores = _buffers([b for sizes in store_sizes for b in sizes], g.device)  # [k * W + peer]
+    empty = source.new_empty(0, dtype=torch.uint8)
+
+    def outgoing(k: int) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+        """(peer, piece, store) of chunk k for every peer this rank sends data."""
+        found = []
+        for j, at in enumerate(sent_at):
+            s, m = at[k]
+            if store_sizes[k][j]:
+                found.append((j, send[j][s : s + m], stores[k * g.world + j]))
+        return found
+
+    def encode(k: int) -> torch.Tensor:
         with streams.on(streams.compress):
-            packs, heads = [], []
-            for j, seg in enumerate(send):
-                s, m = _pieces(seg.numel(), a.chunks)[k]
-                p = _pack(seg[s : s + m], table) if m and j != g.rank else None
-                packs.append(p)
-                heads.append(p.head if p is not None else seg.new_empty(0, dtype=torch.uint8))
-            in_sizes = [h.numel() for h in heads]
-            out_pieces = [_pieces(seg.numel(), a.chunks)[k] for seg in recv]
-            out_sizes = [fixed_of(seg.dtype, m) if m and i != g.rank else 0
-                         for i, ((_, m), seg) in enumerate(zip(out_pieces, recv, strict=True))]
-            fixed = torch.empty(sum(out_sizes), dtype=torch.uint8, device=g.device)
-            work = dist.all_to_all_single(fixed, torch.cat(heads), out_sizes, in_sizes,
-                                          group=g.pg, async_op=True)
-            STATS.sent += sum(in_sizes)
-        keep.extend((packs, fixed))
-        return k, packs, fixed, out_sizes, out_pieces, work
+            queued = [_launch(x, table, store) for _, x, store in outgoing(k)]
+            return _joined(queued) if queued else empty.long()
 
-    def finish(state: object) -> None:
-        k, packs, fixed, out_sizes, out_pieces, work = state
+    def start(k: int, sizes: list[int]) -> object:
+        packs: list[_Packed | None] = [None] * g.world
+        with streams.on(streams.compress):
+            for (j, x, store), size in zip(outgoing(k), sizes, strict=True):
+                packs[j] = _seal(x, table, store, size)
+            heads = [p.head if p is not None else empty for p in packs]
+            work = dist.all_to_all_single(received[k], _joined(heads), out_sizes[k],
+                                          [h.numel() for h in heads], group=g.pg, async_op=True)
+        STATS.sent += sum(h.numel() for h in heads)
+        return k, packs, work
+
+    def heads(state: object) -> list[torch.Tensor]:
+        k, _, work = state
         with streams.on(streams.decompress):
             work.wait()
-            got = _segments(fixed, out_sizes)
-            live = [i for i, size in enumerate(out_sizes) if size]
-            found = dict(zip(live, _headers(torch.stack([got[i][:HEADER_BYTES] for i in live]))
-                             if live else [], strict=True))
-            recv_tail = [max(0, _total(found[i]) - out_sizes[i]) if i in found else 0
-                         for i in range(g.world)]
-            tails = [p.tail if p is not None else fixed.new_empty(0) for p in packs]
-            payload = torch.empty(sum(recv_tail), dtype=torch.uint8, device=g.device)
-            dist.all_to_all_single(payload, torch.cat(tails), recv_tail,
-                                   [t.numel() for t in tails], group=g.pg, async_op=True).wait()
-            STATS.sent += sum(t.numel() for t in tails)
-            keep.append(payload)
-            for i, (tail, (s, m)) in enumerate(zip(_segments(payload, recv_tail), out_pieces,
-                                                   strict=True)):
+        got = _segments(received[k], out_sizes[k])
+        return [got[i][:HEADER_BYTES] for i, size in enumerate(out_sizes[k]) if size]
+
+    def finish(state: object, raw: np.ndarray) -> None:
+        k, packs, _ = state
+        got = _segments(received[k], out_sizes[k])
+        live = [i for i, size in enumerate(out_sizes[k]) if size]
+        found = dict(zip(live, _headers(raw), strict=True))
+        recv_tail = [max(0, _total(found[i]) - out_sizes[k][i]) if i in found else 0
+                     for i in range(g.world)]
+        tails = [p.tail if p is not None else empty for p in packs]
+        payload = torch.empty(sum(recv_tail), dtype=torch.uint8, device=g.device)
+        keep.append(payload)
+        done = _phase2(streams, lambda: dist.all_to_all_single(
+            payload, _joined(tails), recv_tail, [t.numel() for t in tails], group=g.pg,
+            async_op=True))
+        STATS.sent += sum(t.numel() for t in tails)
+        with streams.on(streams.decompress):
+            done.wait()
+            for i, tail in enumerate(_segments(payload, recv_tail)):
+                s, m = got_at[i][k]
                 if i == g.rank:
-                    ss, mm = _pieces(send[i].numel(), a.chunks)[k]
+                    ss, mm = sent_at[i][k]
                     recv[i][s : s + m].copy_(send[i][ss : ss + mm])
                 elif m:
                     unpack(got[i], tail, found[i], recv[i][s : s + m])
 
     with ordered(g, streams):
-        _pipeline(a.chunks, start, finish)
+        _pipeline(a.chunks, streams, _Stages(encode, start, heads, finish))
     unpack.check()
 
 
@@ -789,41 +959,53 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, src: int, group_src: i
     sender = g.rank == group_src
     table = _own_table(a, flat) if sender else None
     unpack = _Decoder(g)
+    pieces = _pieces(flat.numel(), a.chunks)
+    size_of = _store_bytes if sender else codec.fixed_part_bytes  # receivers: fixed parts
+    buffers = _buffers([size_of(flat.dtype, m) for _, m in pieces], g.device)
+    empty = torch.empty(0, dtype=torch.uint8, device=g.device)
 
-    def start(k: int) -> object:
+    def encode(k: int) -> torch.Tensor:
+        if not sender:
+            return empty.long()
         s, m = pieces[k]
-        fixed = codec.fixed_part_bytes(flat.dtype, m)
         with streams.on(streams.compress):
-            p = _pack(flat[s : s + m], table) if sender else None
-            head = p.head if p is not None else torch.empty(fixed, dtype=torch.uint8,
-                                                            device=g.device)
+            return _launch(flat[s : s + m], table, buffers[k])
+
+    def send(k: int, payload: list[int]) -> object:
+        s, m = pieces[k]
+        with streams.on(streams.compress):
+            p = _seal(flat[s : s + m], table, buffers[k], payload[0]) if sender else None
+            head = p.head if p is not None else buffers[k]
             work = dist.broadcast(head, src, group=g.pg, async_op=True)
-        keep.extend((p, head))
         STATS.sent += head.numel() if sender else 0
         return s, m, p, head, work
 
-    def finish(state: object) -> None:
-        s, m, p, head, work = state
-        if sender:
-            with streams.on(streams.decompress):
-                work.wait()
-                if p.tail.numel():
-                    dist.broadcast(p.tail, src, group=g.pg, async_op=True).wait()
-                STATS.sent += p.tail.numel()
-            return
+    def heads(state: object) -> list[torch.Tensor]:
+        *_, head, work = state
         with streams.on(streams.decompress):
             work.wait()
-            found = _headers(head[None, :HEADER_BYTES])[0]
+        return [] if sender else [head[:HEADER_BYTES]]
+
+    def finish(state: object, raw: np.ndarray) -> None:
+        s, m, p, head, _ = state
+        found = None if sender else _headers(raw)[0]
+        if sender:
+            tail = p.tail
+            STATS.sent += tail.numel()
+        else:
             tail = torch.empty(max(0, _total(found) - head.numel()), dtype=torch.uint8,
                                device=g.device)
-            if tail.numel():
-                dist.broadcast(tail, src, group=g.pg, async_op=True).wait()
             keep.append(tail)
-            unpack(head, tail, found, flat[s : s + m])
+        done = _phase2(streams, lambda: dist.broadcast(tail, src, group=g.pg, async_op=True)
+                       ) if tail.numel() else None
+        with streams.on(streams.decompress):
+            if done is not None:
+                done.wait()
+            if not sender:
+                unpack(head, tail, found, flat[s : s + m])
 
-    pieces = _pieces(flat.numel(), a.chunks)
     with ordered(g, streams):
-        _pipeline(a.chunks, start, finish)
+        _pipeline(a.chunks, streams, _Stages(encode, send, heads, finish))
     unpack.check()
 
 

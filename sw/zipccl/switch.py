@@ -1,13 +1,15 @@
 """The adaptive switch: when does compressing a collective pay?
 
-On first use per process group the switch profiles the native collectives (latency alpha and
-bandwidth beta per op, least squares over a few sizes), the codec (compress / decompress alpha and
-beta on BF16 N(0,1), and the ratio it reaches per dtype) and the fp32 local reduction. The ranks
-take the element-wise maximum of their measurements, so every rank holds the *same* profile and
-therefore makes the same choice for the same agreed (op, size, dtype) -- a divergent choice would
-deadlock. Rank 0 caches the profile as JSON (``$ZIPCCL_CACHE_DIR``, default ``~/.cache/zipccl``),
-keyed by backend, world size, device, torch version and the NCCL transport variables, and
-broadcasts it on later runs.
+On first use per process group (the group object; None means the current default group, so a
+re-created one is profiled afresh) the switch profiles the native collectives (latency alpha and
+bandwidth beta per op, least squares over three sizes; every (op, size) timed in interleaved
+rounds, fastest of 11, so a burst of load on a shared machine cannot skew one op), the codec
+(compress / decompress alpha and beta on BF16 N(0,1), and the ratio it reaches per dtype) and
+the fp32 local reduction. The ranks take the element-wise maximum of their measurements, so
+every rank holds the *same* profile and therefore makes the same choice for the same agreed (op,
+size, dtype) -- a divergent choice would deadlock. Rank 0 caches the profile as JSON
+(``$ZIPCCL_CACHE_DIR``, default ``~/.cache/zipccl``), keyed by backend, world size, device, torch
+version and the NCCL transport variables, and broadcasts it on later runs.
 
 Cost model for a message of ``n`` bytes per rank (``W`` ranks, ``r`` the dtype's ratio)::
 
@@ -18,7 +20,8 @@ Cost model for a message of ``n`` bytes per rank (``W`` ranks, ``r`` the dtype's
 
 ``ZIPCCL_MODE=never`` is plain torch.distributed; ``always`` compresses every float collective;
 ``auto`` (default) compresses only where the model predicts a win of at least ``MARGIN``, so a
-mispredicted small call costs at most noise.
+mispredicted small call costs at most noise; likewise it takes zipccl's uncompressed a2a_reduce
+over a native reduction only for a win of ``MARGIN``.
 
 Native reductions are offered only where they give the rank-order fp32 result bit for bit (two
 ranks) unless ``ZIPCCL_NATIVE_REDUCE=1``, which offers the backend's own reduce-scatter /
@@ -202,9 +205,13 @@ def _predict(p: Profile, call: Call) -> dict[str, float]:
 
 
 def choose(p: Profile, call: Call) -> str:
-    """Auto mode's pick: the fastest uncompressed strategy unless compressing clearly wins."""
+    """Auto mode's pick: native unless one of zipccl's own protocols clearly wins (by
+    ``MARGIN``), so a noisy profile cannot trade the backend's reduction for a2a_reduce on a
+    close call; then compressed only if it clearly beats the best uncompressed strategy."""
     times = predict(p, call)
     plain = min((k for k in times if k != COMPRESSED), key=times.__getitem__)
+    if NATIVE in times and times[plain] > MARGIN * times[NATIVE]:
+        plain = NATIVE
     return COMPRESSED if times[COMPRESSED] <= MARGIN * times[plain] else plain
 
 
@@ -243,18 +250,22 @@ def set_profile(group: dist.ProcessGroup | None, profile: Profile | None) -> Non
     """Install (or with None forget) the profile for a group, e.g. a synthetic one in tests."""
     ROUTES.clear()
     if profile is None:
-        _PROFILES.pop(_key(group), None)
+        _PROFILES.pop(group_key(group), None)
     else:
-        _PROFILES[_key(group)] = profile
+        _PROFILES[group_key(group)] = profile
 
 
-def _key(group: dist.ProcessGroup | None) -> object:
-    return group if group is not None else "default"
+def group_key(group: dist.ProcessGroup | None) -> object:
+    """A group's identity for the caches (profiles, routes): the group object itself, None
+    meaning the *current* default group -- a default group destroyed and re-created (another
+    world size, backend or transport) is another key, never a stale hit. The dicts keep their
+    groups alive, so an identity is never reused."""
+    return dist.group.WORLD if group is None else group
 
 
 def profile_for(g: Group) -> Profile:
     """The group's agreed profile: memory, then rank 0's cache file, then a fresh measurement."""
-    key = _key(g.pg)
+    key = group_key(g.pg)
     if key in _PROFILES:
         return _PROFILES[key]
     size = 2 * _LINES + len(_PRIOR_DTYPES)
@@ -293,35 +304,53 @@ def _cache_path(g: Group) -> Path:
     return root / f"profile-{digest}.json"
 
 
-_PROFILE_VERSION = 3  # 3: gloo's reduce-scatter timed itself, not as an all-reduce; exchange
+_PROFILE_VERSION = 4  # 4: native ops timed interleaved over 11 rounds; three CPU sizes
+
+
+def _once(fn: Callable[[], object], cuda: bool) -> float:
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
 
 
 def _timed(fn: Callable[[], object], cuda: bool, reps: int = 5) -> float:
     """Fastest of ``reps`` timings of ``fn`` after one warm-up call: on a shared machine a
     median of few reps still catches scheduling spikes, which then mislead the choice."""
     fn()
-    times = []
-    for _ in range(reps):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return min(_once(fn, cuda) for _ in range(reps))
+
+
+def _timed_together(fns: dict[object, Callable[[], object]], cuda: bool,
+                    rounds: int = 11) -> dict[object, float]:
+    """Fastest time of each closure over ``rounds`` rounds that call them all in turn (after one
+    warm-up round), starting one later each round. Interleaved, a burst of load on a shared
+    machine hits every closure alike instead of skewing one op's line -- which is what made a
+    noisy gloo profile pick a2a_reduce over the native all-reduce. The order depends only on the
+    keys, so ranks timing collectives call them in the same order."""
+    keys = list(fns)
+    for key in keys:
+        fns[key]()
+    best = dict.fromkeys(keys, float("inf"))
+    for r in range(rounds):
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
+            best[key] = min(best[key], _once(fns[key], cuda))
+    return best
 
 
 def _sizes(g: Group) -> list[int]:
-    return [1 << 20, 8 << 20, 32 << 20] if g.cuda else [64 << 10, 512 << 10]
+    return [1 << 20, 8 << 20, 32 << 20] if g.cuda else [64 << 10, 192 << 10, 512 << 10]
 
 
 def _measure(g: Group) -> Profile:
     from zipccl import codec
 
     sizes = _sizes(g)
-    native = {op: Line.fit([float(s) for s in sizes],
-                           [_timed(_native_op(g, op, s), g.cuda) for s in sizes])
+    timed = _timed_together({(op, s): _native_op(g, op, s) for op in OPS for s in sizes}, g.cuda)
+    native = {op: Line.fit([float(s) for s in sizes], [timed[op, s] for s in sizes])
               for op in OPS}
     gen = torch.Generator().manual_seed(0)
     data = {s: torch.randn(s // 2, generator=gen).to(torch.bfloat16).to(g.device) for s in sizes}
