@@ -361,8 +361,9 @@ def _launch(x: torch.Tensor, table: Codebook, store: torch.Tensor) -> torch.Tens
     if codec._fixed(fmt, x.numel(), DEFAULT_BLOCK) >= raw_size(fmt, x.numel()):
         return torch.zeros(1, dtype=torch.int64, device=x.device)
     backend = codec._backend(x.device, DEFAULT_BLOCK)
-    if hasattr(backend, "launch_encode"):
-        return backend.launch_encode(x, fmt, table, DEFAULT_BLOCK, store)[1:2]
+    if hasattr(backend, "launch_encode"):  # the kernels also write the split-layout header
+        head = codec._header_template(LAYOUT_SPLIT, fmt, tuple(x.shape), DEFAULT_BLOCK, table)
+        return backend.launch_encode(x, fmt, table, DEFAULT_BLOCK, store, head)
     size = backend.encode_into(x, fmt, table, DEFAULT_BLOCK, store)
     return torch.tensor([size], dtype=torch.int64, device=x.device)
 
@@ -375,10 +376,11 @@ def _seal(x: torch.Tensor, table: Codebook, store: torch.Tensor, payload: int) -
     if fixed + payload >= cap:
         head = Header(LAYOUT_RAW, fmt, shape, DEFAULT_BLOCK, 0, None)
         store[HEADER_BYTES:cap].copy_(x.reshape(-1).view(torch.uint8))
-    else:
-        head = Header(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, payload, table)
-    codec._write_header(store, head)
-    return _Packed(store, fixed, cap if head.layout == LAYOUT_RAW else fixed + payload)
+        codec._write_header(store, head)
+        return _Packed(store, fixed, cap)
+    if not hasattr(codec._backend(x.device, DEFAULT_BLOCK), "launch_encode"):
+        codec._write_header(store, Header(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, payload, table))
+    return _Packed(store, fixed, fixed + payload)
 
 
 def _joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
