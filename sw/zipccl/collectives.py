@@ -53,12 +53,11 @@ three CUDA streams: compress, NCCL's own, decompress. Host-side costs of one com
 * per chunk: the encode is queued ``AHEAD`` (2) chunks early without a host sync (the CUDA
   kernel leaves the payload size on the device), and *one* device-to-host copy -- the only host
   sync per chunk -- reads chunk k's received headers together with chunk k+2's payload sizes;
-  then chunk k+2 is sealed (golden's header, or the raw layout where split does not shrink) and
+  then chunk k+2 is sealed (on CUDA the encode kernels already wrote golden's split header;
+  the host writes it only for the raw layout, where split does not shrink, or other backends) and
   its fixed parts sent, so the wire always has a later chunk queued behind the one the host waits
   for. Plus one sync for the first two chunks' sizes: chunks + 1 in all. Per chunk there is
-  still one allocation (the payloads' receive buffer, sized by the headers), and with W > 2 an
-  all-to-all seals W - 1 pieces, between which codec's header writer waits for its one pinned
-  staging buffer's 512-byte copy;
+  still one allocation (the payloads' receive buffer, sized by the headers);
 * phase-2 collectives are issued from the compress stream, so the wire never waits for the
   decompress stream's decodes; their send buffers are views of the stores (no copy; an
   all-to-all of two ranks sends without a concatenating copy too);
