@@ -8,16 +8,21 @@
 // packed per-group bit counts; the payload is assembled in the warp's slice of shared memory (the
 // *stage*, big-endian 32-bit words: stream byte i at stage byte i ^ 3) and copied out.
 //
-// Compress is three launches, none of which waits on another block: (1) encode: planes straight
-// into the container, each block's payload into its fixed slot of a scratch area plus its byte
-// count; (2) scan: one CTA turns the counts into the uint64 block offsets and the payload size;
-// (3) compact: each warp copies one block's payload from its slot to its offset. Decompress is one
-// launch: each warp reads its block's offsets, stages the payload and checks the block for
-// consistency, reporting problems through an error flag.
+// Compress is one memset and four launches, none of which waits on another block: (1) encode:
+// planes straight into the container, each block's payload into its fixed slot of a scratch area,
+// its byte count, and an atomic add into its tile's sum (tiles of 256 blocks); (2) tile scan: one
+// CTA turns the tile sums into tile bases and the payload size, zeroes the gaps between sections
+// and, given golden's header template, writes the header with the size and its CRC-32; (3)
+// offsets: one CTA per tile writes its blocks' uint64 offsets; (4) compact: each warp copies one
+// block's payload from its slot to its offset. Decompress is one launch: each warp reads its
+// block's offsets, stages the payload and checks the block for consistency, reporting problems
+// through an error flag.
 //
-// BF16 under a byte-escape table (the ZipCCL exponent layout) has its own path (Z = true): 4
-// elements per 32-bit operation (byte permutes, 4-byte compares, multiply spreads and gathers)
-// instead of one table lookup per element. Measured numbers: benchmarks/results/codec.md.
+// BF16 under a byte-escape table (the ZipCCL exponent layout) has its own path (Z = true): bytes
+// by permutes, the three plane bytes and the escape mask of an element by one table lookup and one
+// add, escapes patched in by walking a bit mask. Byte-coded formats (FP8) decode by byte-permute
+// width lookups, byte-wise prefix sums of the widths and a (prefix, value) symbol table.
+// Measured numbers and the path that led here: benchmarks/results/codec.md.
 #include <cstdint>
 #include <cuda_runtime.h>
 
