@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -166,23 +167,38 @@ def _kind(fmt: FloatFormat, table: Codebook, block: int) -> int:
     return FAST_BF16 if fast and os.environ.get("ZIPCCL_FAST", "1") != "0" else KIND[fmt.name]
 
 
-_TABLES: collections.OrderedDict[tuple[int, torch.device], tuple[Codebook, torch.Tensor]] = (
+_KEPT = 64  # device copies kept per cache (the newest)
+_TABLES: collections.OrderedDict[tuple[int, torch.device], tuple[object, torch.Tensor]] = (
     collections.OrderedDict()
 )
-_TABLES_KEPT = 64
+_HEADERS: collections.OrderedDict[tuple[bytes, torch.device], tuple[object, torch.Tensor]] = (
+    collections.OrderedDict()
+)
+
+
+def _uploaded(cache: collections.OrderedDict, key: tuple, owner: object,
+              make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The device tensor ``make()`` cached under ``key``, remade when the entry belongs to
+    another ``owner`` object; only the newest ``_KEPT`` entries stay."""
+    hit = cache.get(key)
+    if hit is None or hit[0] is not owner:
+        hit = cache[key] = (owner, make())
+        if len(cache) > _KEPT:
+            cache.popitem(last=False)
+    return hit[1]
 
 
 def _table_tensor(table: Codebook, device: torch.device) -> torch.Tensor:
-    """Device copy of the table image, cached per table object and device (the newest 64; an
-    entry keeps its table alive, so the id cannot be reused while cached)."""
-    key = (id(table), device)
-    hit = _TABLES.get(key)
-    if hit is None or hit[0] is not table:
-        words = torch.tensor(_table_words(table), dtype=torch.int32).to(device)
-        hit = _TABLES[key] = (table, words)
-        if len(_TABLES) > _TABLES_KEPT:
-            _TABLES.popitem(last=False)
-    return hit[1]
+    """Device copy of the table image, per table object and device (an entry keeps its table
+    alive, so the id cannot be reused while cached)."""
+    return _uploaded(_TABLES, (id(table), device), table,
+                     lambda: torch.tensor(_table_words(table), dtype=torch.int32).to(device))
+
+
+def _header_tensor(header: bytes, device: torch.device) -> torch.Tensor:
+    """Device copy of a header template: one upload per tensor shape and table."""
+    return _uploaded(_HEADERS, (header, device), None,
+                     lambda: torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device))
 
 
 def _stream(device: torch.device) -> int:
@@ -190,22 +206,6 @@ def _stream(device: torch.device) -> int:
     public ``torch.cuda.current_stream()`` builds a Stream object: ~10 µs per call)."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
-
-
-_HEADERS: collections.OrderedDict[tuple[bytes, torch.device], torch.Tensor] = (
-    collections.OrderedDict()
-)
-
-
-def _header_tensor(header: bytes, device: torch.device) -> torch.Tensor:
-    """Device copy of a header template, cached (the newest 64): one upload per tensor shape."""
-    key = (header, device)
-    hit = _HEADERS.get(key)
-    if hit is None:
-        hit = _HEADERS[key] = torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device)
-        if len(_HEADERS) > _TABLES_KEPT:
-            _HEADERS.popitem(last=False)
-    return hit
 
 
 def _on(device: torch.device) -> contextlib.AbstractContextManager:
