@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include <mutex>
+#include <type_traits>
 
 constexpr int kGaps = 10;
 
@@ -988,6 +989,21 @@ int launch_decode(const void* buf, const void* pay, void* out, const Layout* L, 
   return cudaGetLastError();
 }
 
+// Calls `run(format, fast)` for a kernel kind (zipccl/_cuda.py KIND): 0 bfloat16, 1 float16,
+// 2 float32, 3 FP8 (both formats code the whole byte), 4 bfloat16 under a byte-escape table
+// (the fast path, fast = true).
+template <class Run>
+int by_kind(int kind, Run&& run) {
+  switch (kind) {
+    case 0: return run(BF16{}, std::false_type{});
+    case 1: return run(FP16{}, std::false_type{});
+    case 2: return run(FP32{}, std::false_type{});
+    case 3: return run(FP8{}, std::false_type{});
+    case 4: return run(BF16{}, std::true_type{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
 
 // Bytes of the `work` buffer zipccl_encode needs for `nb` blocks of `block` elements.
@@ -995,21 +1011,15 @@ extern "C" long long zipccl_work_bytes(long long nb, long long block) {
   return scratch_at(nb) + nb * block + 16;
 }
 
-// kind: 0 bfloat16, 1 float16, 2 float32, 3 FP8 (both formats code the whole byte),
-// 4 bfloat16 under a byte-escape table (the fast path). `head`: golden's split-layout header with
-// payload_bytes 0 (device memory), written with the real size and CRC; or null.
+// `head`: golden's split-layout header with payload_bytes 0 (device memory), written with the
+// real size and CRC; or null.
 extern "C" int zipccl_encode(int kind, const void* in, void* out, const Layout* L,
                              const int32_t* tab, void* work, const void* head, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const uint8_t* h = static_cast<const uint8_t*>(head);
-  switch (kind) {
-    case 0: return launch_encode<BF16>(in, out, L, tab, work, h, s);
-    case 1: return launch_encode<FP16>(in, out, L, tab, work, h, s);
-    case 2: return launch_encode<FP32>(in, out, L, tab, work, h, s);
-    case 3: return launch_encode<FP8>(in, out, L, tab, work, h, s);
-    case 4: return launch_encode<BF16, true>(in, out, L, tab, work, h, s);
-    default: return cudaErrorInvalidValue;
-  }
+  return by_kind(kind, [&](auto f, auto z) {
+    return launch_encode<decltype(f), decltype(z)::value>(in, out, L, tab, work, h, s);
+  });
 }
 
 // `pay` is the payload stream (L->payload_cap bytes). clear != 0 zeroes the flag first; else
@@ -1022,14 +1032,9 @@ extern "C" int zipccl_decode(int kind, const void* buf, const void* pay, void* o
     cudaError_t e = cudaMemsetAsync(flag, 0, sizeof(int), s);
     if (e != cudaSuccess) return e;
   }
-  switch (kind) {
-    case 0: return launch_decode<BF16>(buf, pay, out, L, tab, flag, s);
-    case 1: return launch_decode<FP16>(buf, pay, out, L, tab, flag, s);
-    case 2: return launch_decode<FP32>(buf, pay, out, L, tab, flag, s);
-    case 3: return launch_decode<FP8>(buf, pay, out, L, tab, flag, s);
-    case 4: return launch_decode<BF16, true>(buf, pay, out, L, tab, flag, s);
-    default: return cudaErrorInvalidValue;
-  }
+  return by_kind(kind, [&](auto f, auto z) {
+    return launch_decode<decltype(f), decltype(z)::value>(buf, pay, out, L, tab, flag, s);
+  });
 }
 
 extern "C" const char* zipccl_error_string(int code) {
