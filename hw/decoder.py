@@ -34,11 +34,10 @@ not touch them, like the memory) and are rewritten through ``tw`` when no packet
 from __future__ import annotations
 
 from amaranth import C, Cat, Module, Mux, Signal
-from amaranth.lib import memory, stream, wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from golden.codebook import (
-    ALPHABET,
     MAX_CODE_LENGTH,
     MAX_WIDTH,
     PREFIX_BITS,
@@ -51,12 +50,11 @@ from hw.tables import (
     COUNT_BITS,
     WIDTH_BITS,
     WORD_BITS,
-    Mem,
+    DecoderTables,
     RegionEntry,
     SymbolLayout,
     TableWriteLayout,
     default_book,
-    table_write_port,
 )
 
 RANK_BITS = 10  # base (<= 256) + payload (<= 255)
@@ -80,16 +78,10 @@ class QLCDecoder(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        regions = [
-            Signal(REGION_WORD_BITS, init=w, reset_less=True, name=f"region{p}")
-            for p, w in enumerate(self.book.region_words())
-        ]
-        num_ranked = Signal(RANK_COUNT_BITS, init=self.book.num_ranked, reset_less=True)
-        m.submodules.rank_lut = lut = memory.Memory(
-            shape=8, depth=ALPHABET, init=self.book.rank_words()
-        )
-        rd = lut.read_port()
-        wr = lut.write_port()
+        tables = DecoderTables(m, self.book)
+        regions, num_ranked = tables.regions, tables.num_ranked
+        rd = tables.lut.read_port()
+        wr = tables.lut.write_port()
 
         err = Signal()
         s1_valid, s1_last, s1_head = Signal(), Signal(), Signal(MAX_CODE_LENGTH)
@@ -100,16 +92,9 @@ class QLCDecoder(wiring.Component):
         s3_payload = Signal(MAX_WIDTH)
 
         # table writes, only with no packet in flight; they win over a new packet's count
-        tw = self.tw.payload
         busy = Signal()
         idle = ~busy & ~s1_valid & ~s2_valid & ~s3_valid
-        tw_take = table_write_port(m, self.tw, idle, wr, Mem.RANK)
-        with m.If(tw_take & (tw.mem == Mem.REGION)), m.Switch(tw.addr):
-            for p, reg in enumerate(regions):
-                with m.Case(p):
-                    m.d.sync += reg.eq(tw.data)
-        with m.If(tw_take & (tw.mem == Mem.COUNT)):
-            m.d.sync += num_ranked.eq(tw.data)
+        tables.write_port(m, self.tw, idle, wr)
 
         # handshakes: everything freezes once err is set
         s3_free = ~err & ~(s3_valid & s3_illegal) & (~s3_valid | self.o.ready)

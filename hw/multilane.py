@@ -39,6 +39,7 @@ from hw.tables import (
     COUNT_BITS,
     WIDTH_BITS,
     WORD_BITS,
+    DecoderTables,
     EncEntry,
     Mem,
     RegionEntry,
@@ -186,16 +187,10 @@ class QLCDecoderN(wiring.Component):
         m = Module()
         n_lanes = self.lanes
         lane_range = range(n_lanes)
-        regions = [
-            Signal(REGION_WORD_BITS, init=w, reset_less=True, name=f"region{p}")
-            for p, w in enumerate(self.book.region_words())
-        ]
-        num_ranked = Signal(RANK_COUNT_BITS, init=self.book.num_ranked, reset_less=True)
-        m.submodules.rank_lut = lut = memory.Memory(
-            shape=8, depth=ALPHABET, init=self.book.rank_words()
-        )
-        rds = [lut.read_port() for _ in lane_range]
-        wr = lut.write_port()
+        tables = DecoderTables(m, self.book)
+        regions, num_ranked = tables.regions, tables.num_ranked
+        rds = [tables.lut.read_port() for _ in lane_range]
+        wr = tables.lut.write_port()
 
         err, busy = Signal(), Signal()
         s1_valid, s1_last = Signal(), Signal()
@@ -211,15 +206,8 @@ class QLCDecoderN(wiring.Component):
         s3_pay = [Signal(MAX_WIDTH, name=f"s3_pay{j}") for j in lane_range]
         s3_bad = [Signal(name=f"s3_bad{j}") for j in lane_range]
 
-        tw = self.tw.payload
         idle = ~busy & ~s1_valid & ~s2_valid & ~s3_valid
-        tw_take = table_write_port(m, self.tw, idle, wr, Mem.RANK)
-        with m.If(tw_take & (tw.mem == Mem.REGION)), m.Switch(tw.addr):
-            for p, reg in enumerate(regions):
-                with m.Case(p):
-                    m.d.sync += reg.eq(tw.data)
-        with m.If(tw_take & (tw.mem == Mem.COUNT)):
-            m.d.sync += num_ranked.eq(tw.data)
+        tables.write_port(m, self.tw, idle, wr)
 
         # output: lanes before the first illegal one, then error
         bad_any = Cat(*s3_bad).any()

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import enum
 
-from amaranth import Module, Value, unsigned
-from amaranth.lib import data
+from amaranth import Module, Signal, Value, unsigned
+from amaranth.lib import data, memory
 
 from golden import presets
 from golden.codebook import (
+    ALPHABET,
     ENC_PAYLOAD_BITS,
     ENC_PREFIX_SHIFT,
     ENC_WIDTH_SHIFT,
@@ -97,3 +98,30 @@ def table_write_port(m: Module, tw, ready: Value, wr, mem: Mem) -> Value:
         wr.en.eq(take & (tw.payload.mem == mem)),
     ]
     return take
+
+
+class DecoderTables:
+    """A decoder's tables: the 8 region words and the rank count in registers, the rank LUT in a
+    memory (``lut``: the caller adds its read ports), all starting as ``book`` (reset-time init;
+    reset does not touch them, like the memory)."""
+
+    def __init__(self, m: Module, book: Codebook) -> None:
+        self.regions = [
+            Signal(REGION_WORD_BITS, init=w, reset_less=True, name=f"region{p}")
+            for p, w in enumerate(book.region_words())
+        ]
+        self.num_ranked = Signal(RANK_COUNT_BITS, init=book.num_ranked, reset_less=True)
+        m.submodules.rank_lut = self.lut = memory.Memory(
+            shape=8, depth=ALPHABET, init=book.rank_words()
+        )
+
+    def write_port(self, m: Module, tw, ready: Value, wr) -> None:
+        """Take ``tw`` beats while ``ready``: ranks through the memory write port ``wr``, region
+        words and the count into their registers."""
+        take = table_write_port(m, tw, ready, wr, Mem.RANK)
+        with m.If(take & (tw.payload.mem == Mem.REGION)), m.Switch(tw.payload.addr):
+            for p, reg in enumerate(self.regions):
+                with m.Case(p):
+                    m.d.sync += reg.eq(tw.payload.data)
+        with m.If(take & (tw.payload.mem == Mem.COUNT)):
+            m.d.sync += self.num_ranked.eq(tw.payload.data)
