@@ -263,22 +263,62 @@ def probe(rank: int, kib: int = 32 << 10) -> dict[str, float]:
     return {k: timed(fn, 10) for k, fn in cases.items()}
 
 
-def trace(rank: int, world: int, mib: int) -> str:
-    """torch.profiler table of one compressed all-gather (where the fixed costs go)."""
-    from torch.profiler import ProfilerActivity, profile
+def trace(rank: int, world: int, mib: int, op: str, out_dir: Path) -> str:
+    """Where one compressed call's time goes: torch.profiler over three ``always`` calls of
+    ``op``, the protocol's stages labelled; returns rank 0's timeline of the last call (host
+    ranges, runtime calls over 20 us, every GPU kernel and copy, microseconds from the call's
+    start) and writes the chrome trace to ``out_dir``."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    from zipccl import collectives as coll
 
-    x = make_data("normal", mib * MIB, rank, Path())
-    out = torch.empty(world * x.numel(), dtype=x.dtype, device=x.device)
-    os.environ["ZIPCCL_MODE"] = "always"
-    for _ in range(3):
-        zipccl.all_gather_into_tensor(out, x)
-    sync()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    def labelled(name: str, fn: Callable[..., object]) -> Callable[..., object]:
+        def run(*a: object) -> object:
+            with record_function(name):
+                return fn(*a)
+        return run
+
+    plain, table = coll._pipeline, coll._own_table
+    coll._pipeline = lambda chunks, streams, st: plain(chunks, streams, coll._Stages(
+        *(labelled(f"zipccl.{f}", getattr(st, f)) for f in ("encode", "send", "heads", "finish"))))
+    coll._own_table = labelled("zipccl.table", table)
+    try:
+        x = make_data("normal", mib * MIB, rank, Path())
+        fn, _ = op_call(op, x, world, zipccl)
+        os.environ["ZIPCCL_MODE"] = "always"
         for _ in range(3):
-            zipccl.all_gather_into_tensor(out, x)
+            fn()
         sync()
-    return prof.key_averages().table(sort_by="cpu_time_total", row_limit=45,
-                                     max_name_column_width=60)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                dist.barrier()
+                sync()
+                with record_function("zipccl.call"):
+                    fn()
+                sync()
+    finally:
+        coll._pipeline, coll._own_table = plain, table
+    path = out_dir / f"trace-{op}-{mib}-rank{rank}.json"
+    prof.export_chrome_trace(str(path))
+    return timeline(json.loads(path.read_text()))
+
+
+def timeline(chrome: dict) -> str:
+    """The last ``zipccl.call`` of a chrome trace as text lines: start, duration, kind, name."""
+    events = [e for e in chrome["traceEvents"] if e.get("ph") == "X"]
+    call = max((e for e in events if e["name"] == "zipccl.call"), key=lambda e: e["ts"])
+    t0, t1 = call["ts"], call["ts"] + call["dur"]
+    keep = []
+    for e in events:
+        cat, dur = e.get("cat", ""), e.get("dur", 0)
+        gpu = cat in ("kernel", "gpu_memcpy", "gpu_memset")
+        if not (gpu or e["name"].startswith("zipccl.") or (cat == "cuda_runtime" and dur > 20)):
+            continue
+        if t0 - 50 <= e["ts"] <= t1 + (5e4 if gpu else 0):
+            where = f"s{e['args'].get('stream', '?')}" if gpu else "host"
+            keep.append((e["ts"] - t0, dur, where, e["name"][:70]))
+    lines = [f"{'start us':>10} {'dur us':>9} {'where':>6}  name"]
+    lines += [f"{t:10.0f} {d:9.0f} {w:>6}  {n}" for t, d, w, n in sorted(keep)]
+    return "\n".join(lines)
 
 
 def sweep(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
@@ -438,7 +478,9 @@ def main() -> None:
     ap.add_argument("--data", nargs="+", default=["normal", "weights"])
     ap.add_argument("--minilm", type=Path, default=Path(".data/minilm.npz"))
     ap.add_argument("--train", action="store_true")
-    ap.add_argument("--trace", type=int, default=0, help="profile one always all-gather (MiB)")
+    ap.add_argument("--trace", type=int, default=0,
+                    help="timeline of one compressed call of each --trace-ops at this many MiB")
+    ap.add_argument("--trace-ops", nargs="+", default=["all_gather"], choices=OPS)
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--layers", type=int, default=6)
@@ -478,10 +520,10 @@ def main() -> None:
                               for kib, p in probed.items()}), flush=True)
         dist.destroy_process_group()
         return
-    if args.trace:
-        text = trace(rank, world, args.trace)
+    for op in args.trace_ops if args.trace else ():
+        text = trace(rank, world, args.trace, op, args.out_dir)
         if rank == 0:
-            print(text, flush=True)
+            print(f"trace {op} {args.trace} MiB\n{text}", flush=True)
     if not args.skip_sweep:
         probed = probe(rank) if DEV.type == "cuda" else {}
         rows = sweep(args, rank, world)

@@ -844,10 +844,12 @@ __device__ inline void stage_payload(uint32_t* stage, const uint8_t* src, uint32
 }
 
 // Each warp decodes whole blocks. The payload stream is `pay` (payload_cap bytes): the
-// container's own payload section, or a separate buffer. (The byte-coded decoder fits in 64
-// registers without spilling: four CTAs per SM instead of three.)
+// container's own payload section, or a separate buffer. The byte-coded and BF16 fast-path
+// decoders are held to 64 registers: four CTAs per SM instead of two or three, which the
+// latency-bound decoders need (BF16: 86 -> 64 registers, 8 bytes spilled, 1414 -> 1732 GB/s of
+// GPU work at 256 MiB, benchmarks/variants.py; the generic kernels need more registers).
 template <class F, bool Z>
-__global__ void __launch_bounds__(32 * kMaxWarps, F::BYTE_CODED ? 4 : 1)
+__global__ void __launch_bounds__(32 * kMaxWarps, (F::BYTE_CODED || Z) ? 4 : 1)
 decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
               typename F::T* __restrict__ out, const Layout L, const int32_t* __restrict__ tab,
               int* __restrict__ flag) {
