@@ -305,7 +305,8 @@ def trace(rank: int, world: int, mib: int, op: str, out_dir: Path) -> str:
 def timeline(chrome: dict) -> str:
     """The last ``zipccl.call`` of a chrome trace as text lines: start, duration, kind, name."""
     events = [e for e in chrome["traceEvents"] if e.get("ph") == "X"]
-    call = max((e for e in events if e["name"] == "zipccl.call"), key=lambda e: e["ts"])
+    call = max((e for e in events if e["name"] == "zipccl.call"
+                and e.get("cat") != "gpu_user_annotation"), key=lambda e: e["ts"])
     t0, t1 = call["ts"], call["ts"] + call["dur"]
     keep = []
     for e in events:

@@ -188,17 +188,26 @@ def _uploaded(cache: collections.OrderedDict, key: tuple, owner: object,
     return hit[1]
 
 
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor's copy queued on the current stream without a host sync (from pinned
+    memory; a copy from pageable memory waits for everything queued on the stream first -- in a
+    collective, for the transfer whose buffers the decode is about to read)."""
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def _table_tensor(table: Codebook, device: torch.device) -> torch.Tensor:
     """Device copy of the table image, per table object and device (an entry keeps its table
     alive, so the id cannot be reused while cached)."""
     return _uploaded(_TABLES, (id(table), device), table,
-                     lambda: torch.tensor(_table_words(table), dtype=torch.int32).to(device))
+                     lambda: _to_device(torch.tensor(_table_words(table), dtype=torch.int32),
+                                        device))
 
 
 def _header_tensor(header: bytes, device: torch.device) -> torch.Tensor:
     """Device copy of a header template: one upload per tensor shape and table."""
     return _uploaded(_HEADERS, (header, device), None,
-                     lambda: torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device))
+                     lambda: _to_device(torch.frombuffer(bytearray(header), dtype=torch.uint8),
+                                        device))
 
 
 def _stream(device: torch.device) -> int:
