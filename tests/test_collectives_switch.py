@@ -125,6 +125,24 @@ def test_can_compress_examples():
     assert not switch.can_compress(p, "all_to_all", torch.float32, 2)
 
 
+def test_best_chunks_follows_the_latencies():
+    """A latency per collective of 1.5 ms (an all-gather over sockets) makes one chunk best and
+    compression the choice at 256 MiB, where eight fixed chunks would have kept it native; with
+    a slow codec and small latencies the model pipelines; small calls never split below
+    MIN_CHUNK_BYTES; a tie goes to fewer chunks."""
+    call = Call("all_gather", 256 << 20, torch.bfloat16, 2, chunks=8)
+    sockets = profile(3.0, alpha=1.5e-3)
+    assert switch.best_chunks(sockets, call) == 1
+    assert switch.choose(sockets, call) == NATIVE
+    assert switch.choose(sockets, replace(call, chunks=1)) == COMPRESSED
+    assert switch.best_chunks(profile(25.0, codec_gbps=30.0, alpha=5e-6), call) > 1
+    assert switch.best_chunks(profile(25.0, codec_gbps=30.0, alpha=5e-6),
+                              replace(call, nbytes=6 << 20)) == 1
+    flat = replace(profile(25.0), decompress=Line(0.0, 1e18), compress=Line(0.0, 1e18))
+    assert switch.best_chunks(replace(flat, native={o: Line(0.0, 25 * GB) for o in switch.OPS}),
+                              call) == 1
+
+
 def test_native_reduce_opt_in_offers_native_for_any_world(monkeypatch):
     p = profile(20.0)
     for op in ("reduce_scatter", "all_reduce"):

@@ -43,8 +43,11 @@ prefix planes, block offsets -- whose size follows from dtype and numel alone, t
   where the cost model prefers it, trading rank-order determinism for speed.
 * all-reduce: reduce-scatter + all-gather on a flat copy padded to a multiple of W.
 
-Large messages go in chunks (``ZIPCCL_CHUNK_BYTES``, default 32 MiB on CUDA), pipelined over
-three CUDA streams: compress, NCCL's own, decompress. Host-side costs of one compressed call:
+Large messages go in chunks, pipelined over three CUDA streams: compress, NCCL's own,
+decompress. In ``auto`` mode on CUDA the switch's cost model picks the chunk count
+(``switch.best_chunks``: every chunk pays its collectives' latencies, so fast links get few);
+``ZIPCCL_CHUNK_BYTES`` fixes the chunk size instead (default 32 MiB on CUDA, the ``always``
+mode's). Host-side costs of one compressed call:
 
 * once per call: the theory table (``codec.sample_stats`` on the device: three scalars to the
   host, one sync), one allocation for all chunks' compressed stores and one for all chunks'
@@ -252,9 +255,9 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
         require_same(desc, 4, "ZIPCCL_MODE", name, lambda m: switch.MODES[m])
         require_same(desc, 5, "the reduce op", name)
         nbytes = int(desc[:, 6].max())
-    strategy = _strategy(g, name, dtype, nbytes, red_code)
+    strategy, chunks = _plan(g, name, dtype, nbytes, red_code)
     STATS.strategy = strategy
-    return _Agreed(g, strategy, table, _chunks(g, nbytes)), (
+    return _Agreed(g, strategy, table, chunks), (
         desc[:, len(head):] if desc is not None else None)
 
 
@@ -276,17 +279,26 @@ def _red_code(op: object) -> int:
 
 
 def _strategy(g: Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int) -> str:
-    """The same answer on every rank: it depends only on agreed values and the agreed profile."""
+    return _plan(g, name, dtype, nbytes, red_code)[0]
+
+
+def _plan(g: Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int
+          ) -> tuple[str, int]:
+    """Strategy and chunk count, the same on every rank: they depend only on agreed values and
+    the agreed profile. Auto mode on CUDA takes the model's chunk count unless
+    ``ZIPCCL_CHUNK_BYTES`` is set (switch.best_chunks)."""
+    chunks = _chunks(g, nbytes)
     if dtype not in CODEC_DTYPES or nbytes == 0 or red_code == 99:
-        return switch.NATIVE  # nothing to compress, or an op only the backend implements
+        return switch.NATIVE, chunks  # nothing to compress, or an op only the backend implements
     mode = switch.mode()
-    if mode == "always":
-        return switch.COMPRESSED
-    if mode == "never":
-        return switch.NATIVE
+    if mode != "auto":
+        return (switch.COMPRESSED if mode == "always" else switch.NATIVE), chunks
     native_ok = _native_reduce_ok(g, dtype) if name in ("reduce_scatter", "all_reduce") else None
-    call = switch.Call(name, nbytes, dtype, g.world, _chunks(g, nbytes), native_ok)
-    return switch.choose(switch.profile_for(g), call)
+    call = switch.Call(name, nbytes, dtype, g.world, chunks, native_ok)
+    profile = switch.profile_for(g)
+    if g.cuda and not switch.chunks_given():
+        call = replace(call, chunks=switch.best_chunks(profile, call))
+    return switch.choose(profile, call), call.chunks
 
 
 def all_reduce_strategy(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,

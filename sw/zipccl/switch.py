@@ -73,7 +73,11 @@ def native_reduce() -> bool:
 
 
 def chunk_bytes(cuda: bool) -> int:
-    """Per-rank input bytes per pipeline chunk (``ZIPCCL_CHUNK_BYTES``; CPU: no chunking)."""
+    """Per-rank input bytes per pipeline chunk (``ZIPCCL_CHUNK_BYTES``; CPU: no chunking).
+
+    In ``auto`` mode on CUDA without the variable the cost model picks the chunk count instead
+    (:func:`best_chunks`); this size is then only the ``always`` mode's.
+    """
     default = 32 << 20 if cuda else 1 << 62
     value = int(os.environ.get("ZIPCCL_CHUNK_BYTES", default))
     if value <= 0:
@@ -213,6 +217,27 @@ def choose(p: Profile, call: Call) -> str:
     if NATIVE in times and times[plain] > MARGIN * times[NATIVE]:
         plain = NATIVE
     return COMPRESSED if times[COMPRESSED] <= MARGIN * times[plain] else plain
+
+
+CHUNK_CHOICES = (1, 2, 4, 8, 16)
+MIN_CHUNK_BYTES = 4 << 20
+CHUNK_GAIN = 1.01  # more chunks only where the model predicts at least a 1 % gain
+
+
+def chunks_given() -> bool:
+    return "ZIPCCL_CHUNK_BYTES" in os.environ
+
+
+def best_chunks(p: Profile, call: Call) -> int:
+    """Auto's chunk count: the one of CHUNK_CHOICES (chunks of at least MIN_CHUNK_BYTES) for
+    which the model predicts the fastest compressed call, the fewest within CHUNK_GAIN of it.
+    Each chunk costs the latencies of its collectives, so on a fast link few chunks win; a
+    fixed chunk size would charge a 256 MiB all-gather over sockets eight latencies of 1.5 ms
+    and keep it native though compressing it is 1.4x faster (BENCHMARKS.md, run D).
+    Rank-agreed like the profile."""
+    options = [c for c in CHUNK_CHOICES if c == 1 or call.nbytes // c >= MIN_CHUNK_BYTES]
+    times = {c: predict(p, replace(call, chunks=c))[COMPRESSED] for c in options}
+    return min(c for c in options if times[c] <= CHUNK_GAIN * min(times.values()))
 
 
 def can_compress(p: Profile, op: str, dtype: torch.dtype, world: int) -> bool:
@@ -399,6 +424,7 @@ def _native_op(g: Group, op: str, nbytes: int) -> Callable[[], object]:
 
 
 __all__ = [
-    "A2A_REDUCE", "COMPRESSED", "MODES", "NATIVE", "Call", "Line", "Profile", "can_compress",
-    "choose", "chunk_bytes", "mode", "native_reduce", "predict", "profile_for", "set_profile",
+    "A2A_REDUCE", "COMPRESSED", "MODES", "NATIVE", "Call", "Line", "Profile", "best_chunks",
+    "can_compress", "choose", "chunk_bytes", "chunks_given", "mode", "native_reduce", "predict",
+    "profile_for", "set_profile",
 ]
