@@ -122,7 +122,13 @@ def test_can_compress_examples():
     assert switch.can_compress(profile(3.3), "all_to_all", torch.bfloat16, 2)
     p = profile(3.3)
     p.ratio["float32"] = 0.99
+    assert not switch.can_compress(p, "all_to_all", torch.float32, 3)
+    # two ranks: the pair exchange's all-gathers carry half the bytes the all-to-all line is
+    # fitted on; with an all-to-all as fast per crossing byte as the all-gather, 0.99 cannot win
+    p.native["all_to_all"] = Line(p.native["all_gather"].alpha, 2 * p.native["all_gather"].beta)
     assert not switch.can_compress(p, "all_to_all", torch.float32, 2)
+    assert switch.wire_line(p, "all_to_all", 2) == p.native["all_to_all"]
+    assert switch.wire_line(p, "all_to_all", 3) is p.native["all_to_all"]
 
 
 def test_best_chunks_follows_the_latencies():

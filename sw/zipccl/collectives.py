@@ -33,7 +33,9 @@ prefix planes, block offsets -- whose size follows from dtype and numel alone, t
   payloads (all-gather: padded to the largest, the padding never decoded; broadcast: exact).
 * all-to-all (uneven splits): phase 1 all-to-all of the fixed parts of every (src, dst) piece,
   whose sizes both ends compute from the agreed splits; phase 2 all-to-all of the payloads with
-  the exact split sizes read from the received headers.
+  the exact split sizes read from the received headers. Between two ranks each phase is one
+  all-gather of the outgoing piece padded to the larger of the two (:func:`_swap`): both ranks
+  know both sizes, and NCCL's all-gather outruns its all-to-all over sockets.
 * reduce-scatter: all-to-all of the W row blocks (native, or the compressed protocol above), then
   a local reduction in fp32 in rank order 0..W-1, rounded once -- deterministic and equal to
   :func:`reference_reduce`. With W = 2 NCCL's native reduce-scatter gives the same bits (one
@@ -752,7 +754,7 @@ def _segments(flat: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
 def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tensor],
                     source: torch.Tensor) -> None:
     """Two-phase compressed all-to-all of flat segments (views of ``source``): fixed parts, then
-    payloads with the exact sizes read from the received headers."""
+    payloads with the exact sizes read from the received headers; each phase one :func:`_swap`."""
     g, dtype = a.g, source.dtype
     streams = streams_for(g)
     keep: list[object] = []
@@ -768,7 +770,6 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
 
     out_sizes = [per_peer(got_at, codec.fixed_part_bytes, k) for k in range(a.chunks)]
     store_sizes = [per_peer(sent_at, _store_bytes, k) for k in range(a.chunks)]
-    received = _buffers([sum(sizes) for sizes in out_sizes], g.device)
     stores = _buffers([b for sizes in store_sizes for b in sizes], g.device)  # [k * W + peer]
     empty = source.new_empty(0, dtype=torch.uint8)
 
@@ -791,36 +792,29 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
         with streams.on(streams.compress):
             for (j, x, store), size in zip(outgoing(k), sizes, strict=True):
                 packs[j] = _seal(x, table, store, size)
-            heads = [p.head if p is not None else empty for p in packs]
-            work = dist.all_to_all_single(received[k], _joined(heads), out_sizes[k],
-                                          [h.numel() for h in heads], group=g.pg, async_op=True)
-        STATS.sent += sum(h.numel() for h in heads)
-        return k, packs, work
+        heads = [p.head if p is not None else empty for p in packs]
+        rooms = [p.store if p is not None else empty for p in packs]
+        got, work = _swap(g, streams, heads, rooms, out_sizes[k], keep)
+        return k, packs, got, work
 
     def heads(state: object) -> list[torch.Tensor]:
-        k, _, work = state
+        k, _, got, work = state
         with streams.on(streams.decompress):
             work.wait()
-        got = _segments(received[k], out_sizes[k])
         return [got[i][:HEADER_BYTES] for i, size in enumerate(out_sizes[k]) if size]
 
     def finish(state: object, raw: np.ndarray) -> None:
-        k, packs, _ = state
-        got = _segments(received[k], out_sizes[k])
+        k, packs, got, _ = state
         live = [i for i, size in enumerate(out_sizes[k]) if size]
         found = dict(zip(live, _headers(raw), strict=True))
         recv_tail = [max(0, _total(found[i]) - out_sizes[k][i]) if i in found else 0
                      for i in range(g.world)]
         tails = [p.tail if p is not None else empty for p in packs]
-        payload = torch.empty(sum(recv_tail), dtype=torch.uint8, device=g.device)
-        keep.append(payload)
-        done = _phase2(streams, lambda: dist.all_to_all_single(
-            payload, _joined(tails), recv_tail, [t.numel() for t in tails], group=g.pg,
-            async_op=True))
-        STATS.sent += sum(t.numel() for t in tails)
+        rooms = [p.store[p.fixed :] if p is not None else empty for p in packs]
+        payload, done = _swap(g, streams, tails, rooms, recv_tail, keep)
         with streams.on(streams.decompress):
             done.wait()
-            for i, tail in enumerate(_segments(payload, recv_tail)):
+            for i, tail in enumerate(payload):
                 s, m = got_at[i][k]
                 if i == g.rank:
                     ss, mm = sent_at[i][k]
@@ -831,6 +825,42 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
     with ordered(g, streams):
         _pipeline(a.chunks, streams, _Stages(encode, start, heads, finish))
     unpack.check()
+
+
+def _swap(g: Group, streams: Streams, out: list[torch.Tensor], rooms: list[torch.Tensor],
+          in_sizes: list[int], keep: list[object]) -> tuple[list[torch.Tensor], object]:
+    """Send ``out[j]`` (uint8) to every rank j and receive ``in_sizes[i]`` bytes from every rank
+    i, issued from the compress stream; returns the received pieces and the Work.
+
+    Two ranks: one all-gather of the outgoing piece padded to the larger of the two pieces, whose
+    sizes both ranks know (``rooms[j]``: a view from the piece's start over the room after it,
+    so the padding is a view, not a copy, unless the piece is the smaller one and its store
+    ends first). NCCL's all-gather outruns its all-to-all of the same bytes over sockets by
+    ~1.4x (BENCHMARKS.md, run D); otherwise all_to_all_single. Called on the caller's stream,
+    where receive buffers are allocated (see :func:`ordered`).
+    """
+    if g.world != 2:
+        got = torch.empty(sum(in_sizes), dtype=torch.uint8, device=g.device)
+        keep.append(got)
+        with streams.on(streams.compress):
+            work = dist.all_to_all_single(got, _joined(out), in_sizes, [t.numel() for t in out],
+                                          group=g.pg, async_op=True)
+        STATS.sent += sum(t.numel() for t in out)
+        return _segments(got, in_sizes), work
+    peer = 1 - g.rank
+    width = max(out[peer].numel(), in_sizes[peer])
+    sent = rooms[peer][:width] if rooms[peer].numel() >= width else torch.empty(
+        width, dtype=torch.uint8, device=g.device)
+    got = torch.empty(2 * width, dtype=torch.uint8, device=g.device)
+    keep += [got, sent]
+    with streams.on(streams.compress):
+        if sent.data_ptr() != out[peer].data_ptr() and out[peer].numel():
+            sent[: out[peer].numel()].copy_(out[peer])
+        work = dist.all_gather_into_tensor(got, sent, group=g.pg, async_op=True)
+    STATS.sent += width
+    pieces = [got[:0], got[:0]]
+    pieces[peer] = got[peer * width : peer * width + in_sizes[peer]]
+    return pieces, work
 
 
 # --------------------------------------------------------------------------- reductions

@@ -176,6 +176,17 @@ def predict(p: Profile, call: Call) -> dict[str, float]:
             for k, t in _predict(p, call).items()}
 
 
+def wire_line(p: Profile, op: str, world: int) -> Line:
+    """What the compressed protocol's bytes travel on: the op's own collective, except that
+    all-to-all (and the reductions built on it) between two ranks moves each rank's outgoing
+    half by all-gathers (collectives._swap): the all-gather line at twice its per-rank
+    bandwidth, as it carries n / 2 of the n bytes the all-to-all line is fitted on."""
+    if op in ("all_gather", "broadcast") or world != 2:
+        return p.native[op if op in ("all_gather", "broadcast") else "all_to_all"]
+    gather = p.native["all_gather"]
+    return Line(gather.alpha, 2 * gather.beta)
+
+
 def _predict(p: Profile, call: Call) -> dict[str, float]:
     n, w, op = float(call.nbytes), call.world, call.op
     r = p.ratio.get(_name(call.dtype), 1.0)
@@ -189,11 +200,10 @@ def _predict(p: Profile, call: Call) -> dict[str, float]:
         return p.table.alpha + pipelined
 
     if op in ("all_gather", "all_to_all", "broadcast"):
-        line = p.native[op]
-        return {NATIVE: line(n), COMPRESSED: zipped(line, 0.0)}
+        return {NATIVE: p.native[op](n), COMPRESSED: zipped(wire_line(p, op, w), 0.0)}
     a2a, red = p.native["all_to_all"], p.reduce(n)
     if op == "reduce_scatter":
-        out = {A2A_REDUCE: a2a(n) + red, COMPRESSED: zipped(a2a, red)}
+        out = {A2A_REDUCE: a2a(n) + red, COMPRESSED: zipped(wire_line(p, op, w), red)}
         if call.native_ok:  # two operands: every order is the one fp32-then-round result
             out[NATIVE] = p.native["reduce_scatter"](n)
         return out
@@ -250,9 +260,9 @@ def can_compress(p: Profile, op: str, dtype: torch.dtype, world: int) -> bool:
     ``MARGIN * native`` is convex piecewise linear in n, so its minimum over n >= 0 lies at 0,
     where two stage lines cross, or at infinity.
     """
-    line, r = p.native[op], p.ratio.get(_name(dtype), 1.0)
+    line, wire, r = p.native[op], wire_line(p, op, world), p.ratio.get(_name(dtype), 1.0)
     fan = {"all_gather": world}.get(op, 1)  # bytes decompressed per input byte
-    stages = [(p.compress.alpha, 1 / p.compress.beta), (2 * line.alpha, r / line.beta),
+    stages = [(p.compress.alpha, 1 / p.compress.beta), (2 * wire.alpha, r / wire.beta),
               (p.decompress.alpha, fan / p.decompress.beta)]
 
     def gap(n: float) -> float:
@@ -426,5 +436,5 @@ def _native_op(g: Group, op: str, nbytes: int) -> Callable[[], object]:
 __all__ = [
     "A2A_REDUCE", "COMPRESSED", "MODES", "NATIVE", "Call", "Line", "Profile", "best_chunks",
     "can_compress", "choose", "chunk_bytes", "chunks_given", "mode", "native_reduce", "predict",
-    "profile_for", "set_profile",
+    "profile_for", "set_profile", "wire_line",
 ]
