@@ -149,6 +149,26 @@ def test_best_chunks_follows_the_latencies():
                               call) == 1
 
 
+@pytest.mark.parametrize("op", ["all_gather", "all_to_all", "broadcast", "reduce_scatter",
+                                "all_reduce"])
+def test_measured_overhead_is_charged_to_every_compressed_call(op):
+    """The profile's overhead (measured minus modelled compressed calls) adds to every compressed
+    protocol once (all-reduce: to each half it compresses), to nothing else, and can turn a
+    predicted win native; it survives the profile's vector form."""
+    call = Call(op, 64 << 20, torch.bfloat16, 2, chunks=2)
+    base, slow = profile(10.0), replace(profile(10.0), overhead=Line(2e-3, 1e18))
+    before, after = switch.predict(base, call), switch.predict(slow, call)
+    added = after[COMPRESSED] - before[COMPRESSED]
+    if op == "all_reduce":  # each half takes its cheapest strategy, compressed or not
+        assert 0 < added <= 4e-3 + 1e-12
+    else:
+        assert added == pytest.approx(2e-3)
+    assert all(after[k] == before[k] for k in before if k != COMPRESSED)
+    assert Profile.from_vector(slow.vector()) == slow
+    tight = replace(base, overhead=Line(1.0, 1e18))
+    assert switch.choose(tight, call) != COMPRESSED
+
+
 def test_native_reduce_opt_in_offers_native_for_any_world(monkeypatch):
     p = profile(20.0)
     for op in ("reduce_scatter", "all_reduce"):

@@ -546,6 +546,23 @@ def _done(async_op: bool) -> DoneWork | None:
     return DoneWork() if async_op else None
 
 
+def protocol_call(g: Group, op: str, x: torch.Tensor) -> Callable[[], None]:
+    """A compressed ``op`` ("all_gather", "all_to_all" or "broadcast" from group rank 0) of the
+    flat ``x`` through the protocol alone -- one chunk, each rank's theory table, no descriptor
+    exchange: what the switch's profile measures its model against (switch._overhead)."""
+    a, flat = _Agreed(g, switch.COMPRESSED, None, 1), _flat(x)
+    if op == "all_gather":
+        out = torch.empty(g.world * flat.numel(), dtype=x.dtype, device=x.device)
+        return lambda: _gather_compressed(a, flat, out)
+    if op == "all_to_all":
+        out = torch.empty_like(flat)
+        return lambda: _a2a_compressed(a, list(flat.view(g.world, -1)),
+                                       list(out.view(g.world, -1)), flat)
+    buf = flat.clone()
+    src = dist.get_global_rank(g.pg, 0) if g.pg is not None else 0
+    return lambda: _broadcast_compressed(a, buf, src, 0)
+
+
 # --------------------------------------------------------------------------- all-gather
 
 
