@@ -52,9 +52,11 @@ decompress. In ``auto`` mode on CUDA the switch's cost model picks the chunk cou
 mode's). Host-side costs of one compressed call:
 
 * once per call: the theory table (``codec.sample_stats`` on the device: three scalars to the
-  host, one sync), one allocation for all chunks' compressed stores and one for all chunks'
-  received fixed parts, the descriptor exchange where verified (one sync), and one read of the
-  decoders' error flag at the end (one sync);
+  host, one sync), one allocation for all chunks' compressed stores and (all-gather, broadcast,
+  all-to-all of more than two ranks) one for all chunks' received fixed parts, the descriptor
+  exchange where verified (one sync), and one read of the decoders' error flag at the end (one
+  sync). A peer's table reaches the device through pinned memory, queued: a decode never waits
+  on the host for its own transfer;
 * per chunk: the encode is queued ``AHEAD`` (2) chunks early without a host sync (the CUDA
   kernel leaves the payload size on the device), and *one* device-to-host copy -- the only host
   sync per chunk -- reads chunk k's received headers together with chunk k+2's payload sizes;
@@ -62,10 +64,12 @@ mode's). Host-side costs of one compressed call:
   the host writes it only for the raw layout, where split does not shrink, or other backends) and
   its fixed parts sent, so the wire always has a later chunk queued behind the one the host waits
   for. Plus one sync for the first two chunks' sizes: chunks + 1 in all. Per chunk there is
-  still one allocation (the payloads' receive buffer, sized by the headers);
+  still one allocation (the payloads' receive buffer, sized by the headers; two ranks'
+  all-to-all: both phases' buffers);
 * phase-2 collectives are issued from the compress stream, so the wire never waits for the
-  decompress stream's decodes; their send buffers are views of the stores (no copy; an
-  all-to-all of two ranks sends without a concatenating copy too);
+  decompress stream's decodes; their send buffers are views of the stores (no copy; between
+  two ranks a piece smaller than the peer's is copied into a padded buffer when its store ends
+  before the agreed width);
 * decoding takes each received buffer as its fixed part plus its payload: on CUDA the kernel
   reads the two apart, a raw buffer is two copies into the output; only the torch backend (CPU)
   joins them into one buffer first.
