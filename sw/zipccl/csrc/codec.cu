@@ -27,7 +27,8 @@
 // prefixes as one word of nibbles from three lookups, bare prmt lookups, BF16 escapes patched
 // without a loop, and an L2 prefetch of the next round; partial rounds and unaligned buffers take
 // the general code. With the compact table, this took BF16 decode from 1781 to 2073 GB/s and FP8
-// from 677 to 876 GB/s of GPU work (256 MiB, H200, benchmarks/variants.py). Measured numbers and
+// from 677 to 876 GB/s of GPU work (256 MiB, H200, benchmarks/variants.py); staging FP8's large
+// per-block payload with eight loads in flight per lane, 863 -> 1065 GB/s. Measured numbers and
 // the path that led here: benchmarks/results/codec.md.
 #include <cstdint>
 #include <cuda_runtime.h>
@@ -1075,6 +1076,44 @@ __device__ inline void stage_payload(uint32_t* stage, const uint8_t* src, uint32
   }
 }
 
+// FP8 staging with several word loads in flight per lane: when the payload's words (from the
+// 4-aligned `base` on) all lie inside [lo, hi), each lane loads kStageU words (and their
+// successors) before it stores any, so a block costs used / (32 kStageU) memory latencies instead
+// of used / 32. The words are the same as stage_payload's (same funnel shift, same mask of the
+// last word, zeros at used and used + 1). Elsewhere (a block at the very end of the stream, a
+// stream start that is not 4-aligned): stage_payload.
+constexpr int kStageU = 8;
+
+__device__ inline void stage_payload_wide(uint32_t* stage, const uint8_t* src, uint32_t len,
+                                          const uint8_t* lo, const uint8_t* hi) {
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t shift = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(src) & 3u);
+  const uint8_t* base = src - shift;
+  const uint32_t used = (len + 3) / 4, nraw = used + (shift ? 1u : 0u);
+  if (base >= lo && base + 4ull * nraw <= hi) {  // uniform across the warp
+    const uint32_t* s = reinterpret_cast<const uint32_t*>(base);
+    const uint32_t sh = 8u * shift;
+    for (uint32_t k0 = 0; k0 < used + 2; k0 += 32 * kStageU) {
+      uint32_t a[kStageU], b[kStageU];
+#pragma unroll
+      for (int u = 0; u < kStageU; ++u) {
+        const uint32_t k = k0 + 32 * u + lane;
+        a[u] = k < used ? __ldg(s + k) : 0u;
+        b[u] = k < used && shift ? __ldg(s + k + 1) : 0u;
+      }
+#pragma unroll
+      for (int u = 0; u < kStageU; ++u) {
+        const uint32_t k = k0 + 32 * u + lane;
+        uint32_t v = __funnelshift_r(a[u], b[u], sh);
+        if (k < used && 4 * k + 4 > len) v &= (1u << (8 * (len - 4 * k))) - 1u;  // len - 4k in 1..3
+        if (k < used + 2) stage[k] = __byte_perm(v, 0, 0x0123);
+      }
+    }
+    return;
+  }
+  stage_payload(stage, src, len, lo, hi);
+}
+
 // Each warp decodes whole blocks. The payload stream is `pay` (payload_cap bytes): the
 // container's own payload section, or a separate buffer. Whole rounds of an aligned block
 // (round_aligned) take dec_round_z or dec_round_byte_z, the rest the general code. The byte-coded
@@ -1139,6 +1178,14 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
   const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
   for (long long b = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp; b < L.nb;
        b += warps) {
+    if constexpr (F::BYTE_CODED) {  // hints: next block's offsets, this block's planes
+      if (b + warps < L.nb) prefetch_l2(buf + L.offsets_at + 8 * (b + warps));
+      const long long s0 = b * L.block, q = 32 * lane;
+      if (q < L.block / 8 && s0 + 8 * q < L.n) {
+#pragma unroll
+        for (int j = 0; j < 3; ++j) prefetch_l2(buf + L.prefix_at[j] + (s0 >> 3) + q);
+      }
+    }
     const unsigned long long lo = load_bytes(buf + L.offsets_at + 8 * b, 8);
     const unsigned long long hi = b + 1 < L.nb ? load_bytes(buf + L.offsets_at + 8 * (b + 1), 8) : size;
     if (!(lo <= hi && hi <= size && hi - lo <= static_cast<unsigned long long>(L.block))) {
@@ -1146,7 +1193,10 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
       continue;
     }
     const uint32_t len = static_cast<uint32_t>(hi - lo);
-    stage_payload(stage, pay + lo, len, pay, pay + L.payload_cap);
+    if constexpr (F::BYTE_CODED)
+      stage_payload_wide(stage, pay + lo, len, pay, pay + L.payload_cap);
+    else
+      stage_payload(stage, pay + lo, len, pay, pay + L.payload_cap);
     __syncwarp();
     const long long start = b * L.block;
     uint32_t bits = 0;
