@@ -8,6 +8,10 @@ One launch per transport (NCCL reads its transport variables once per process gr
     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 torchrun ... sweep --transport socket --out OUT
     python benchmarks/collectives.py table OUT > benchmarks/results/collectives-tables.md
 
+Where one compressed call's time goes: ``--skip-sweep --trace 256 --trace-ops all_gather
+all_to_all`` prints rank 0's timeline of each (torch.profiler: the protocol's stages, runtime
+calls over 20 us, every kernel and copy) and writes the chrome traces to OUT.
+
 Host overhead of the native fast path and of the compressed protocol (``always``), and the
 codec's fixed costs (``probe``: microseconds per call at each ``--kib``), on CPU with gloo (no GPU
 needed)::
