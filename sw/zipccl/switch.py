@@ -182,8 +182,10 @@ def wire_line(p: Profile, op: str, world: int) -> Line:
     all-to-all (and the reductions built on it) between two ranks moves each rank's outgoing
     half by all-gathers (collectives._swap): the all-gather line at twice its per-rank
     bandwidth, as it carries n / 2 of the n bytes the all-to-all line is fitted on."""
-    if op in ("all_gather", "broadcast") or world != 2:
-        return p.native[op if op in ("all_gather", "broadcast") else "all_to_all"]
+    if op in ("all_gather", "broadcast"):
+        return p.native[op]
+    if world != 2:
+        return p.native["all_to_all"]
     gather = p.native["all_gather"]
     return Line(gather.alpha, 2 * gather.beta)
 
