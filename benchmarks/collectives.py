@@ -281,10 +281,10 @@ def trace(rank: int, world: int, mib: int, op: str, out_dir: Path) -> str:
                 return fn(*a)
         return run
 
-    plain, table = coll._pipeline, coll._own_table
-    coll._pipeline = lambda chunks, streams, st: plain(chunks, streams, coll._Stages(
-        *(labelled(f"zipccl.{f}", getattr(st, f)) for f in ("encode", "send", "heads", "finish"))))
-    coll._own_table = labelled("zipccl.table", table)
+    stages = [(coll, "_agree"), (coll, "_pack"), (coll._Unpack, "settle")]
+    plain = [getattr(obj, name) for obj, name in stages]
+    for (obj, name), fn in zip(stages, plain, strict=True):
+        setattr(obj, name, labelled(f"zipccl.{name.strip('_')}", fn))
     try:
         x = make_data("normal", mib * MIB, rank, Path())
         fn, _ = op_call(op, x, world, zipccl)
@@ -300,7 +300,8 @@ def trace(rank: int, world: int, mib: int, op: str, out_dir: Path) -> str:
                     fn()
                 sync()
     finally:
-        coll._pipeline, coll._own_table = plain, table
+        for (obj, name), fn in zip(stages, plain, strict=True):
+            setattr(obj, name, fn)
     path = out_dir / f"trace-{op}-{mib}-rank{rank}.json"
     prof.export_chrome_trace(str(path))
     return timeline(json.loads(path.read_text()))

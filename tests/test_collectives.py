@@ -18,11 +18,11 @@ import torch.distributed as dist
 import zipccl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from zipccl import codec, collectives, switch
+from zipccl import _torch, codec, collectives, switch
 from zipccl.collectives import STATS
 
-from golden.container import HEADER_BYTES
-from golden.theory import zipccl_layout
+from golden.container import DEFAULT_BLOCK, HEADER_BYTES
+from golden.theory import SAMPLE_SIZE, zipccl_layout
 from tests._collectives_cluster import Cluster
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
@@ -532,9 +532,62 @@ def test_split_layout_every_op(pair, trio):
         assert all(ranks.run(sc_all_reduce, bf16, 12001, "SUM", False, env=SPLIT))
 
 
+def lopsided(seed: int, numel: int) -> torch.Tensor:
+    """BF16 whose values at the sample's positions (every ``numel // SAMPLE_SIZE``-th) are
+    N(0, 1) and the rest spread over 2^-60..2^60: the sample sees only the tame ones, so the
+    payload outgrows the room its prediction gave it."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(numel, generator=gen)
+    wild = torch.randint(-60, 61, (numel,), generator=gen).float().exp2() * x.sign()
+    tame = torch.zeros(numel, dtype=torch.bool)
+    tame[:: numel // SAMPLE_SIZE] = True
+    return torch.where(tame, x, wild).bfloat16()
+
+
+def sc_overflow(rank: int, world: int, numel: int) -> tuple[bool, int]:
+    """Every op on :func:`lopsided` data: the exact result, and how many raw resends it took."""
+    resends = 0
+    real = collectives._resend, collectives._resend_pairs
+
+    def counted(fn: Callable) -> Callable:
+        def run(*args: object) -> object:
+            nonlocal resends
+            resends += 1
+            return fn(*args)
+        return run
+
+    collectives._resend, collectives._resend_pairs = map(counted, real)
+    try:
+        x = lopsided(700 + rank, numel)
+        got, want = torch.empty(world * numel, dtype=x.dtype), torch.empty(world * numel,
+                                                                           dtype=x.dtype)
+        zipccl.all_gather_into_tensor(got, x)
+        dist.all_gather_into_tensor(want, x)
+        a2a, a2a_want = torch.empty_like(x), torch.empty_like(x)
+        zipccl.all_to_all_single(a2a, x)
+        dist.all_to_all_single(a2a_want, x)
+        b = x.clone()
+        zipccl.broadcast(b, src=0)
+        dist.broadcast(x, src=0)
+        ok = same_bits(got, want) and same_bits(a2a, a2a_want) and same_bits(b, x)
+    finally:
+        collectives._resend, collectives._resend_pairs = real
+    return ok, resends
+
+
+def test_overflowed_payloads_are_resent_raw(pair, trio):
+    """Data whose sample misleads the payload prediction still moves exactly: the pieces whose
+    payload outgrew their room go again, raw, in one extra collective per call (every rank agrees
+    on which from the headers it has seen)."""
+    for ranks in (pair, trio):
+        for ok, resends in ranks.run(sc_overflow, 6 * SAMPLE_SIZE, env=ALWAYS):
+            assert ok and resends >= 3, (ok, resends)
+
+
 def sc_host_reads(rank: int, world: int, numel: int) -> list[int]:
-    """Host reads (``collectives._read``: each one device-to-host copy, a sync on CUDA) of one
-    compressed all-gather, all-to-all and broadcast, each of ``numel`` BF16 values per rank."""
+    """Host reads after the exchange (``collectives._read``: each one device-to-host copy, a
+    sync on CUDA) of compressed all-gathers, all-to-alls and a broadcast, each of ``numel`` BF16
+    values per rank."""
     reads = []
     real = collectives._read
 
@@ -553,31 +606,41 @@ def sc_host_reads(rank: int, world: int, numel: int) -> list[int]:
     return reads
 
 
-def test_one_host_read_per_chunk(pair):
-    """The pipeline reads received headers and later chunks' payload sizes in one copy: chunks
-    + 1 reads per call. 8000-byte chunks: sc_all_gather makes two calls of 20000 BF16 values (5
-    chunks each); sc_all_to_all an uneven one (the larger rank sends 3 rows of 10000: 8 chunks)
-    and an even one of 5600 values (2 chunks); sc_broadcast one of 20000 values, which the
-    receiver (rank 0) reads once per chunk (headers only) and the sender (rank 1) for the sizes
-    only: one read for the first two chunks, then one per later chunk."""
-    reads = pair.run(sc_host_reads, 20000, env=SPLIT)
-    assert reads == [[12, 12, 5], [12, 12, 4]], reads
+def test_one_host_read_per_call(pair):
+    """After its exchange a compressed call reads the host once, whatever its chunk count: the
+    headers and the decoders' flag, after every chunk has been queued. 20000-byte chunks:
+    sc_all_gather makes two calls of 40000 BF16 values (4 chunks each), sc_all_to_all an uneven
+    one (6 chunks) and an even one (1 chunk), sc_broadcast one (4 chunks); every piece is large
+    enough for the split layout."""
+    env = {**ALWAYS, "ZIPCCL_CHUNK_BYTES": "20000"}
+    assert pair.run(sc_host_reads, 40000, env=env) == [[2, 2, 1], [2, 2, 1]]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("numel", [0, 1, 700, 5000])
+@pytest.mark.parametrize("numel", [1, 700, 5000])
 @pytest.mark.parametrize("huge", [False, True])
-def test_queued_encode_gives_codec_bytes(dtype, numel, huge):
-    """collectives' queued encode (_launch, then _seal with the size on the host) writes exactly
-    codec.compress_into's buffer, raw and split layouts alike."""
+def test_packed_piece_is_codec_bytes(dtype, numel, huge):
+    """A piece packed for the wire (collectives._pack, queued) is codec.compress_into's split
+    buffer for the same table; with a room too small for its payload, the header still tells
+    the payload's size (the receivers then know to take the piece raw); a raw piece is the
+    values' bytes."""
     x = data(numel, numel, dtype, huge)
     table = codec.default_table(x)
-    want = codec.compress_into(x, torch.empty(collectives._store_bytes(dtype, numel),
+    want = codec.compress_into(x, torch.empty(codec.max_compressed_bytes(dtype, numel),
                                               dtype=torch.uint8), table)
-    store = torch.empty(collectives._store_bytes(dtype, numel), dtype=torch.uint8)
-    got = collectives._seal(x, table, store, int(collectives._launch(x, table, store)))
-    assert got.store[: got.nbytes].equal(want.buffer) and got.fixed == codec.fixed_part_bytes(
-        dtype, numel)
+    fixed = codec.fixed_part_bytes(dtype, numel)
+    if want.layout == "split":
+        store = torch.empty(want.nbytes, dtype=torch.uint8)
+        collectives._pack(x, collectives._Seg(numel, fixed, want.nbytes), table, store)
+        assert store.equal(want.buffer)
+    payload = _torch.encode_into(x, codec._fmt(dtype), table, DEFAULT_BLOCK,
+                                 torch.empty(fixed + numel * 8, dtype=torch.uint8))
+    short = torch.empty(fixed, dtype=torch.uint8)
+    collectives._pack(x, collectives._Seg(numel, fixed, fixed), table, short)
+    assert collectives._payload_size(short[:HEADER_BYTES].numpy().tobytes()) == payload
+    raw = torch.empty(numel * x.element_size(), dtype=torch.uint8)
+    collectives._pack(x, collectives._Seg(numel, 0, raw.numel()), table, raw)
+    assert raw.equal(x.view(torch.uint8))
 
 
 def test_native_fallbacks_when_always(pair):
@@ -652,11 +715,14 @@ def test_native_reduce_opt_in_three_ranks(trio, case):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_verification_policy(pair, case):
-    """Compressed calls verify by default and not with ZIPCCL_VERIFY=0 (explicit all-to-all
-    splits aside: they need the agreement); verify=True and ZIPCCL_VERIFY=1 verify native calls."""
+    """Compressed calls exchange the descriptor once whatever the policy (it carries the sample
+    summaries that size their pieces; a compressed all-reduce's all-gather half exchanges its
+    shards' summaries too); verify=True and ZIPCCL_VERIFY=1 verify native calls, and
+    ZIPCCL_VERIFY=0 leaves them alone."""
+    compressed = 2 if case == "all_reduce" else 1
     runs = [
-        (ALWAYS, None, None, 1),
-        ({**ALWAYS, "ZIPCCL_VERIFY": "0"}, None, None, int(case == "all_to_all_uneven")),
+        (ALWAYS, None, None, compressed),
+        ({**ALWAYS, "ZIPCCL_VERIFY": "0"}, None, None, compressed),
         (AUTO, "native", True, 1),
         ({**AUTO, **DEBUG}, "native", None, 1),
         ({**AUTO, **DEBUG}, "native", False, 0),
@@ -668,18 +734,19 @@ def test_verification_policy(pair, case):
 
 
 def test_uneven_all_to_all_agrees_where_compression_may_pay(pair, trio):
-    """With a profile that compresses these all-to-alls, explicit splits exchange the descriptor
-    even with ZIPCCL_VERIFY=0 (the ranks' sizes differ); even splits decide alone and skip it.
-    Both move the exact bits, compressed in two phases, which between two ranks are two
-    all-gathers (collectives._swap) and between three two all-to-alls."""
+    """With a profile that compresses these all-to-alls, the call exchanges the descriptor once
+    even with ZIPCCL_VERIFY=0 (explicit splits: the ranks' sizes differ; even ones: the sample
+    summaries), then moves the exact bits in one collective per chunk: between two ranks an
+    all-gather (collectives._swap), between three an all-to-all."""
     env = {**AUTO, "ZIPCCL_VERIFY": "0"}
-    for r in pair.run(sc_calls, "all_to_all_uneven", False, "slow_link", env=env):
-        assert r["calls"].count("exchange") == 1 and r["same_as_torch"], r
-        assert r["calls"][-2:] == ["all_gather_into_tensor"] * 2, r
-    for r in pair.run(sc_calls, "all_to_all", False, "slow_link", env=env):
-        assert r["calls"] == ["all_gather_into_tensor"] * 2 and r["same_as_torch"], r
-    for r in trio.run(sc_calls, "all_to_all", False, "slow_link", env=env):  # 2 per chunk
-        assert set(r["calls"]) == {"all_to_all_single"} and r["same_as_torch"], r
+    exchange = ["all_gather_into_tensor", "exchange"]  # the exchange's own all-gather first
+    for case in ("all_to_all_uneven", "all_to_all"):
+        for r in pair.run(sc_calls, case, False, "slow_link", env=env):
+            assert r["calls"][:2] == exchange and r["same_as_torch"], r
+            assert set(r["calls"][2:]) == {"all_gather_into_tensor"}, r
+    for r in trio.run(sc_calls, "all_to_all", False, "slow_link", env=env):
+        assert r["calls"][:2] == exchange and r["same_as_torch"], r
+        assert set(r["calls"][2:]) == {"all_to_all_single"}, r
 
 
 def test_fsdp2_comm_objects(pair):
@@ -701,19 +768,28 @@ def test_auto_profile_cached_and_agreed(pair, tmp_path):
     assert len(list(tmp_path.glob("profile-*.json"))) == 1
 
 
-def test_decoder_rejects_a_header_for_other_values():
-    """A received header must describe the output it is decoded into (dtype and count)."""
-    from zipccl._comm import Group
+def test_unpack_checks_every_header_against_the_agreed_piece():
+    """A received piece decodes when its payload fits its room; one that overflowed is reported
+    (its ranks then resend it raw) and not decoded; a header for other values (count or table)
+    is a corrupt buffer."""
+    from zipccl._comm import Group, Streams
 
     x = data(5, 3000, torch.bfloat16, huge=False)
-    c = codec.compress(x)
-    assert c.layout == "split"
+    table = codec.default_table(x)
+    c = codec.compress(x, table)
+    assert c.layout == "split" and c.payload_bytes > 0
+    g, streams = Group(None, 0, 2, torch.device("cpu"), "gloo"), Streams(None, None)
     fixed = codec.fixed_part_bytes(x.dtype, x.numel())
-    head = collectives._headers(c.buffer[:HEADER_BYTES].numpy())[0]
-    unpack = collectives._Decoder(Group(None, 0, 2, torch.device("cpu"), "gloo"))
-    out = torch.empty_like(x)
-    unpack(c.buffer[:fixed], c.buffer[fixed:], head, out)  # the pieces as they arrive
-    assert same_bits(out, x)
-    for wrong in (torch.empty(2999, dtype=x.dtype), torch.empty(3000, dtype=torch.float16)):
-        with pytest.raises(ValueError, match=r"where .* values were expected"):
-            unpack(c.buffer[:fixed], c.buffer[fixed:], head, wrong)
+    seg = collectives._Seg(x.numel(), fixed, c.nbytes)
+    unpack, out = collectives._Unpack(g, x.dtype), torch.empty_like(x)
+    unpack("fits", c.buffer, seg, table, out)
+    assert unpack.settle(streams) == set() and same_bits(out, x)
+    unpack, out = collectives._Unpack(g, x.dtype), torch.zeros_like(x)
+    unpack("over", c.buffer, collectives._Seg(x.numel(), fixed, c.nbytes - 1), table, out)
+    assert unpack.settle(streams) == {"over"} and not out.any()
+    other = zipccl_layout(list(range(120, 127)), "other")
+    for wrong, book in ((collectives._Seg(2999, fixed, c.nbytes), table), (seg, other)):
+        unpack = collectives._Unpack(g, x.dtype)
+        unpack.note("wrong", c.buffer, wrong, book)
+        with pytest.raises(ValueError, match="corrupt compressed header"):
+            unpack.settle(streams)

@@ -92,15 +92,21 @@ def to_i64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def exchange(g: Group, fields: Sequence[int], op_name: str) -> torch.Tensor:
+def exchange(g: Group, fields: Sequence[int], op_name: str,
+             extra: torch.Tensor | None = None) -> torch.Tensor:
     """All-gather one descriptor row per rank; raise on every rank if any rank reported an error.
 
-    Returns a CPU int64 tensor of shape (world, len(fields)); field 0 must be the op code and
-    field 1 the local error code.
+    Returns a CPU int64 tensor of shape (world, len(fields) + len(extra)); field 0 must be the op
+    code and field 1 the local error code. ``extra``: int64 words already on the group's device
+    (computed there, never seen by this host) appended to the row: one copy, one sync for both.
     """
     row = torch.tensor(list(fields), dtype=torch.int64)
+    if g.cuda:
+        row = row.pin_memory().to(g.device, non_blocking=True)
+    if extra is not None:
+        row = torch.cat([row, extra])
     table = torch.empty(g.world * row.numel(), dtype=torch.int64, device=g.device)
-    dist.all_gather_into_tensor(table, row.to(g.device), group=g.pg)
+    dist.all_gather_into_tensor(table, row, group=g.pg)
     table = table.cpu().view(g.world, row.numel())
     ops = table[:, 0].tolist()
     if len(set(ops)) != 1:

@@ -41,7 +41,9 @@ ERRORS = {
     4: "illegal codeword: a rank past the table's ranked symbols",
     8: "payload padding bits are not zero",
     16: "bit plane padding bits are not zero",
+    32: "the header's payload size exceeds the payload's room",
 }
+ROOM_ERROR = 32  # a collective resends such a buffer raw: not corruption
 
 
 class Layout(ctypes.Structure):
@@ -316,7 +318,7 @@ def launch_decode(
     fmt: FloatFormat,
     table: Codebook,
     block: int,
-    payload_bytes: int,
+    payload_bytes: int | None,
     out: torch.Tensor,
     flag: torch.Tensor,
     clear: bool = False,
@@ -326,7 +328,9 @@ def launch_decode(
     it zeroes first when ``clear``. Nothing syncs: read the flag later (raise_on_flag).
 
     ``payload``: the payload stream in a tensor of its own, when ``buf`` holds only the fixed part
-    (a received buffer need not be joined into one first).
+    (a received buffer need not be joined into one first). ``payload_bytes`` None: the kernel
+    reads it from the header at ``buf``'s start and, where it exceeds the payload's room, decodes
+    nothing and sets ROOM_ERROR (the host has not seen that header yet).
     """
     tensors = (buf, out) if payload is None else (buf, out, payload)
     _check_dense(*tensors)
@@ -336,12 +340,13 @@ def launch_decode(
         at, room = buf.data_ptr() + fixed, buf.numel() - fixed
     else:
         at, room = payload.data_ptr(), payload.numel()
-    if buf.numel() < fixed or room < payload_bytes:
+    if buf.numel() < fixed or room < (payload_bytes or 0):
         raise ValueError(
             f"compressed buffer too short: {buf.numel()} fixed-part bytes (need {fixed}) and "
             f"{max(room, 0)} payload bytes (need {payload_bytes})"
         )
-    lay = _layout(fmt, n, block, buf.numel(), payload_bytes, room)
+    lay = _layout(fmt, n, block, buf.numel(), -1 if payload_bytes is None else payload_bytes,
+                  room)
     lib = _lib()
     assert lib is not None
     with _on(buf.device):

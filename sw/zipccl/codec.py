@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from golden import theory
-from golden.codebook import Codebook
+from golden.codebook import ALPHABET, PREFIX_BITS, Codebook
 from golden.container import (
     CRC_AT,
     DEFAULT_BLOCK,
@@ -194,9 +194,8 @@ def sample_stats(tensor: torch.Tensor) -> theory.TensorStats:
 
 
 def _device_stats(v: torch.Tensor) -> theory.TensorStats:
-    """golden's statistics of the float64 values ``v`` from three sums on v's device (the sum of
-    squares of the finite non-zero values, their count, the zero count: one small copy, one sync;
-    no boolean indexing, which would sync too).
+    """golden's statistics of the float64 values ``v`` from three sums on v's device (one small
+    copy, one sync; no boolean indexing, which would sync too).
 
     Squares of BF16/FP16/FP32 values are exact in float64, so only the summation order differs
     from golden's numpy pairwise sum: the RMS may differ from golden's in the last ulp (and,
@@ -205,12 +204,61 @@ def _device_stats(v: torch.Tensor) -> theory.TensorStats:
     """
     if v.numel() == 0:
         return theory.TensorStats(0.0, 0.0)
+    return _stats_of(_sums(v).tolist(), v.numel())
+
+
+def _sums(v: torch.Tensor) -> torch.Tensor:
+    """float64 [sum of squares of the finite non-zero values, their count, the zero count]."""
     zero = v == 0
     live = v.isfinite() & ~zero
-    sums = torch.stack([torch.where(live, v * v, 0.0).sum(), live.sum(dtype=torch.float64),
+    return torch.stack([torch.where(live, v * v, 0.0).sum(), live.sum(dtype=torch.float64),
                         zero.sum(dtype=torch.float64)])
-    total, count, zeros = sums.tolist()
-    return theory.TensorStats(math.sqrt(total / count) if count else 0.0, zeros / v.numel())
+
+
+def _stats_of(sums: list[float], count: int) -> theory.TensorStats:
+    total, live, zeros = sums
+    return theory.TensorStats(math.sqrt(total / live) if live else 0.0, zeros / count)
+
+
+SUMMARY_WORDS = 3 + ALPHABET  # sample_summary's length
+
+
+def sample_summary(tensor: torch.Tensor) -> torch.Tensor:
+    """The deterministic sample's statistics and symbol histogram as int64[SUMMARY_WORDS] on the
+    tensor's device, queued without a host sync: words 0-2 the float64 bits of :func:`_sums`,
+    then the count of each of the 256 symbols (biased exponent, or the FP8 byte).
+
+    What a collective exchanges so that every rank can build every rank's table
+    (:func:`summary_table`) and predict its payload (:func:`payload_bits`) before any data moves.
+    """
+    fmt = _fmt(tensor.dtype)
+    out = torch.zeros(SUMMARY_WORDS, dtype=torch.int64, device=tensor.device)
+    s = _sample(tensor)
+    if s.numel():
+        out[:3] = _sums(s.to(torch.float64)).view(torch.int64)
+        out[3:] = torch.bincount(_symbols(s, fmt), minlength=ALPHABET)
+    return out
+
+
+def summary_table(dtype: torch.dtype, summary: np.ndarray) -> Codebook:
+    """:func:`default_table` of the tensor whose :func:`sample_summary` this is (host int64)."""
+    fmt = _fmt(dtype)
+    if fmt.byte_coded:
+        return _preset(fmt)
+    sums = summary[:3].astype(np.int64).view(np.float64).tolist()
+    return _theory_table(fmt, _stats_of(sums, max(1, int(summary[3:].sum()))))
+
+
+def payload_bits(table: Codebook, summary: np.ndarray) -> float:
+    """Payload bits per value that ``table`` spends on the sample of a :func:`sample_summary`."""
+    hist = summary[3:].astype(np.float64)
+    return float(hist @ _widths(table)) / max(1.0, float(hist.sum()))
+
+
+@functools.lru_cache(maxsize=256)
+def _widths(table: Codebook) -> np.ndarray:
+    """Payload bits of each symbol under ``table`` (its code length less the prefix)."""
+    return table.encoder_lut()[2].astype(np.float64) - PREFIX_BITS
 
 
 def default_table(tensor: torch.Tensor) -> Codebook:

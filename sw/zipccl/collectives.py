@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import math
 import os
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -88,14 +89,14 @@ import torch.distributed as dist
 
 from golden.codebook import Codebook
 from golden.container import (
+    CRC_AT,
     DEFAULT_BLOCK,
     HEADER_BYTES,
-    LAYOUT_RAW,
     LAYOUT_SPLIT,
+    PAYLOAD_BYTES_AT,
     Header,
-    raw_size,
-    split_size,
 )
+from golden.formats import FloatFormat
 from zipccl import codec, switch
 from zipccl._comm import (
     CODEC_DTYPES,
@@ -150,6 +151,7 @@ class _Agreed:
     strategy: str  # switch.NATIVE | A2A_REDUCE | COMPRESSED
     table: Codebook | None
     chunks: int
+    sources: tuple[_Source, ...] = ()  # every rank's (table, predicted payload): compressed only
 
 
 def _table_hash(table: Codebook | None) -> int:
@@ -245,16 +247,30 @@ def _uneven_strategy(g: Group, name: str, dtype: torch.dtype) -> str:
 
 def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
            fields: Sequence[int], table: Codebook | None, exchange_desc: bool,
-           red: ReduceOp | None = None) -> tuple[_Agreed, torch.Tensor | None]:
-    """Exchange the descriptor (if asked), check it, pick the strategy from the agreed size."""
+           red: ReduceOp | None = None, sample: torch.Tensor | None = None
+           ) -> tuple[_Agreed, torch.Tensor | None]:
+    """Exchange the descriptor (if asked, or if the call compresses: the exchange also carries
+    every rank's sample summary of ``sample``, which the compressed protocols size their pieces
+    by), check it, pick the strategy from the agreed size.
+
+    Without ``exchange_desc`` (an even call, whose size every rank shares in a correct program)
+    the local plan tells whether the call compresses; with it, nothing collective may precede the
+    exchange (loading the profile is one), so every call that could compress sends a summary.
+    """
     mode = switch.mode()
     red_code = -1 if red is None else _red_code(red)
     head = [_OP_CODES[name], err, dtype_code(dtype), to_i64(_table_hash(table)),
             _MODE_CODES[mode], red_code, nbytes]
-    desc = None
-    if exchange_desc:  # every op's row has the same length, so even different ops cannot mismatch
+    if exchange_desc:  # no collective before the exchange (the profile is one): a guess
+        may_compress = dtype in CODEC_DTYPES and red_code != 99 and mode != "never"
+    else:
+        may_compress = _plan(g, name, dtype, nbytes, red_code)[0] == switch.COMPRESSED
+    desc = summaries = None
+    if exchange_desc or may_compress:  # every op's row has the same length: no op can mismatch
         pad = [0] * (_extra_fields(g.world) - len(fields))
-        desc = exchange(g, head + list(fields) + pad, name)
+        row = head + list(fields) + pad
+        found = exchange(g, row, name, _summary(g, sample if may_compress and not err else None))
+        desc, summaries = found[:, : len(row)], found[:, len(row) :].numpy()
         require_same(desc, 2, "the dtype", name, dtype_name)
         require_same(desc, 3, "the table (hash; 0 = each rank's own theory table)", name,
                      lambda h: f"{h % (1 << 64):#018x}")
@@ -263,8 +279,28 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
         nbytes = int(desc[:, 6].max())
     strategy, chunks = _plan(g, name, dtype, nbytes, red_code)
     STATS.strategy = strategy
-    return _Agreed(g, strategy, table, chunks), (
+    sources = ()
+    if strategy == switch.COMPRESSED:
+        assert summaries is not None  # COMPRESSED agreed implies may_compress locally
+        sources = _sources(dtype, summaries, table)
+    return _Agreed(g, strategy, table, chunks, sources), (
         desc[:, len(head):] if desc is not None else None)
+
+
+def _summary(g: Group, sample: torch.Tensor | None) -> torch.Tensor:
+    """codec.sample_summary of ``sample`` on the group's device, zeros where None (a broadcast's
+    receivers, calls that cannot compress)."""
+    if sample is None:
+        return torch.zeros(codec.SUMMARY_WORDS, dtype=torch.int64, device=g.device)
+    return codec.sample_summary(sample)
+
+
+def _shared_sources(g: Group, name: str, dtype: torch.dtype, sample: torch.Tensor | None,
+                    table: Codebook | None) -> tuple[_Source, ...]:
+    """Only the summaries, exchanged: all-reduce's second compressed half, whose shards exist
+    only after the first, and the switch's profile of the protocols."""
+    rows = exchange(g, [_OP_CODES[name], 0], name, _summary(g, sample))
+    return _sources(dtype, rows[:, 2:].numpy(), table)
 
 
 def _chunks(g: Group, nbytes: int) -> int:
@@ -339,210 +375,190 @@ def _pieces(numel: int, chunks: int) -> list[tuple[int, int]]:
     return [(bounds[k], bounds[k + 1] - bounds[k]) for k in range(chunks)]
 
 
-@dataclass
-class _Packed:
-    """One compressed piece in its store: fixed part (``fixed`` bytes) + payload (``nbytes`` in
-    all). The store holds max_compressed_bytes, so any receiver-agreed width past the fixed part
-    is a view of it (the padding past ``nbytes`` is never decoded)."""
-
-    store: torch.Tensor
-    fixed: int
-    nbytes: int
-
-    @property
-    def head(self) -> torch.Tensor:
-        return self.store[: self.fixed]
-
-    @property
-    def tail(self) -> torch.Tensor:
-        return self.store[self.fixed : max(self.fixed, self.nbytes)]
-
-    def padded_tail(self, width: int) -> torch.Tensor:
-        return self.store[self.fixed : self.fixed + width]
-
-
-def _store_bytes(dtype: torch.dtype, numel: int) -> int:
-    return max(codec.fixed_part_bytes(dtype, numel), codec.max_compressed_bytes(dtype, numel))
-
-
 def _buffers(sizes: Sequence[int], device: torch.device) -> list[torch.Tensor]:
     """Views of one uint8 allocation, one per size: a call's buffers in one go, not per chunk."""
     return _segments(torch.empty(sum(sizes), dtype=torch.uint8, device=device), sizes)
 
 
-def _launch(x: torch.Tensor, table: Codebook, store: torch.Tensor) -> torch.Tensor:
-    """Queue the encode of the contiguous ``x`` into ``store`` without a host sync; returns its
-    payload size as a one-element int64 tensor on x's device (the CUDA kernel's own work entry;
-    other backends compute it at once). 0 where the split layout cannot beat raw at all."""
-    fmt = codec._fmt(x.dtype)
-    if codec._fixed(fmt, x.numel(), DEFAULT_BLOCK) >= raw_size(fmt, x.numel()):
-        return torch.zeros(1, dtype=torch.int64, device=x.device)
-    backend = codec._backend(x.device, DEFAULT_BLOCK)
-    if hasattr(backend, "launch_encode"):  # the kernels also write the split-layout header
-        head = codec._header_template(LAYOUT_SPLIT, fmt, tuple(x.shape), DEFAULT_BLOCK, table)
-        return backend.launch_encode(x, fmt, table, DEFAULT_BLOCK, store, head)
-    size = backend.encode_into(x, fmt, table, DEFAULT_BLOCK, store)
-    return torch.tensor([size], dtype=torch.int64, device=x.device)
-
-
-def _seal(x: torch.Tensor, table: Codebook, store: torch.Tensor, payload: int) -> _Packed:
-    """Finish a queued encode once its payload size is on the host: golden's header (codec's
-    own writer), or the raw layout where split does not shrink -- codec.compress_into's bytes."""
-    fmt, shape = codec._fmt(x.dtype), tuple(x.shape)
-    fixed, cap = codec._fixed(fmt, x.numel(), DEFAULT_BLOCK), raw_size(fmt, x.numel())
-    if fixed + payload >= cap:
-        head = Header(LAYOUT_RAW, fmt, shape, DEFAULT_BLOCK, 0, None)
-        store[HEADER_BYTES:cap].copy_(x.reshape(-1).view(torch.uint8))
-        codec._write_header(store, head)
-        return _Packed(store, fixed, cap)
-    if not hasattr(codec._backend(x.device, DEFAULT_BLOCK), "launch_encode"):
-        codec._write_header(store, Header(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, payload, table))
-    return _Packed(store, fixed, fixed + payload)
-
-
-def _joined(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    """One send buffer of the pieces in order: the piece itself when it is the only non-empty one
-    (every all-to-all of two ranks), else a concatenating copy."""
-    live = [p for p in parts if p.numel()]
-    return live[0] if len(live) == 1 else torch.cat(list(parts))
-
-
 _TABLES: dict[int, Codebook] = {}
 
 
-def _canonical(table: Codebook | None) -> Codebook | None:
+def _canonical(table: Codebook) -> Codebook:
     """One object per distinct table, so the codec's per-object device copy of it is reused."""
-    if table is None:
-        return None
     return _TABLES.setdefault(table.hash64, table)
 
 
-def _own_table(a: _Agreed, source: torch.Tensor) -> Codebook | None:
-    """The table for every chunk of this call: the agreed one, else this rank's theory table.
+# --------------------------------------------------------------------------- the wire
 
-    Built once per call, not per chunk: the statistics pass and its host sync are the codec's
-    largest fixed cost.
+SLOT_ALIGN = 256  # every piece's size on the wire: NCCL moves odd sizes far slower (run D)
+MARGIN = {False: 1.25, True: 1.05}  # payload room / predicted payload: exponent formats, FP8
+SLACK = 256  # bytes of payload room on top of the margin
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One rank's data as every rank knows it after the exchange: the table it encodes with and
+    the payload bits per value that its sample spends under that table."""
+
+    table: Codebook
+    bits: float
+
+
+def _sources(dtype: torch.dtype, summaries: np.ndarray, table: Codebook | None
+             ) -> tuple[_Source, ...]:
+    """Every rank's :class:`_Source` from the exchanged sample summaries (codec.sample_summary):
+    the agreed ``table``, else each rank's theory table -- built alike on every rank."""
+    found = []
+    for row in summaries:
+        book = _canonical(table if table is not None else codec.summary_table(dtype, row))
+        found.append(_Source(book, codec.payload_bits(book, row)))
+    return tuple(found)
+
+
+@dataclass(frozen=True)
+class _Seg:
+    """How one piece of ``numel`` values travels, as both ends compute it: ``width`` bytes
+    holding the split layout's fixed part (``fixed`` bytes) and room for the payload after it,
+    or the raw values (``fixed`` 0)."""
+
+    numel: int
+    fixed: int
+    width: int
+
+    @property
+    def raw(self) -> bool:
+        return self.fixed == 0
+
+    @property
+    def room(self) -> int:
+        return self.width - self.fixed
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // SLOT_ALIGN) * SLOT_ALIGN
+
+
+def _seg(dtype: torch.dtype, numel: int, src: _Source, width: int = 0) -> _Seg:
+    """The split layout with room for the predicted payload (times MARGIN, plus a byte per block
+    and SLACK), unless that is no smaller than the raw values; at least ``width`` bytes wide
+    (a collective that moves equal sizes gives every piece the largest one's width)."""
+    if numel == 0:
+        return _Seg(0, 0, width)
+    fmt = codec._fmt(dtype)
+    raw = _aligned(numel * fmt.bits // 8)
+    fixed = codec._fixed(fmt, numel, DEFAULT_BLOCK)
+    room = math.ceil(src.bits * numel / 8 * MARGIN[fmt.byte_coded]) + SLACK
+    split = _aligned(fixed + room + -(-numel // DEFAULT_BLOCK))
+    if split >= raw:
+        return _Seg(numel, 0, max(raw, width))
+    return _Seg(numel, fixed, max(split, width))
+
+
+def _pack(x: torch.Tensor, seg: _Seg, table: Codebook, store: torch.Tensor) -> None:
+    """Queue the flat piece ``x`` into its ``seg.width``-byte store as it travels, without a host
+    sync: the raw bytes, or golden's split layout (codec.compress_into's buffer for this table)
+    whose payload is written only where it fits -- the header tells the receivers either way."""
+    if seg.raw:
+        store[: x.numel() * x.element_size()].copy_(x.view(torch.uint8))
+        return
+    fmt, shape = codec._fmt(x.dtype), (x.numel(),)
+    backend = codec._backend(x.device, DEFAULT_BLOCK)
+    if hasattr(backend, "launch_encode"):  # the kernels write golden's header too
+        head = codec._header_template(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, table)
+        backend.launch_encode(x, fmt, table, DEFAULT_BLOCK, store, head)
+        return
+    payload = backend.encode_into(x, fmt, table, DEFAULT_BLOCK, store)
+    codec._write_header(store, Header(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, payload, table))
+
+
+def _payload_size(head: bytes) -> int:
+    return int.from_bytes(head[PAYLOAD_BYTES_AT : PAYLOAD_BYTES_AT + 8], "little")
+
+
+class _Unpack:
+    """Decodes one call's received pieces as they land, without a host sync, and then
+    (:meth:`settle`) reads, in one copy, what only the headers and the decoders can tell.
+
+    A split piece's payload size is in its header, which the host has not seen when the decode
+    is queued: the CUDA kernel reads it there and skips a piece whose payload overflowed its room
+    (other backends read the header on the host first). ``note`` registers a header to read
+    without decoding (a sender's own pieces): where a payload overflowed, the protocol resends
+    the piece raw, and both ends must know.
     """
-    if a.table is not None or source.numel() == 0:
-        return _canonical(a.table)
-    return _canonical(codec.default_table(source))
 
-
-def _headers(rows: np.ndarray) -> list[Header]:
-    """The received buffers' headers, from host rows of HEADER_BYTES bytes each."""
-    try:
-        found = [Header.unpack(row.tobytes()) for row in rows.reshape(-1, HEADER_BYTES)]
-    except ValueError as exc:
-        raise ValueError(f"received a corrupt compressed header: {exc}") from None
-    return [replace(h, table=_canonical(h.table)) for h in found]
-
-
-def _total(h: Header) -> int:
-    """A buffer's whole length, from its header."""
-    if h.layout == LAYOUT_RAW:
-        return raw_size(h.fmt, h.numel)
-    return split_size(h.fmt, h.numel, h.block, h.payload_bytes)
-
-
-class _Decoder:
-    """Decodes the received buffers of one call, each given as its fixed part and its payload.
-
-    Raw buffers are two copies straight into the output. Split ones: with the codec's CUDA
-    kernels the payload is passed as a separate stream (no joining copy) and every decode is
-    queued without a host sync: problems are OR-ed into one device flag that :meth:`check` reads
-    once, after the whole call. Elsewhere the two pieces are joined into one buffer for
-    ``codec.decompress``, which checks it as it goes. The headers were parsed and checked already
-    (``_headers``), so nothing is parsed a second time.
-    """
-
-    def __init__(self, g: Group) -> None:
+    def __init__(self, g: Group, dtype: torch.dtype) -> None:
+        self.fmt = codec._fmt(dtype)
         self.flag = torch.zeros(1, dtype=torch.int32, device=g.device) if g.cuda else None
         self.used: object = None
+        self.heads: dict[object, tuple[torch.Tensor, _Seg, Codebook]] = {}
 
-    def __call__(self, fixed: torch.Tensor, payload: torch.Tensor, h: Header,
+    def note(self, key: object, got: torch.Tensor, seg: _Seg, table: Codebook) -> None:
+        if not seg.raw and seg.numel:
+            self.heads[key] = (got[:HEADER_BYTES], seg, table)
+
+    def __call__(self, key: object, got: torch.Tensor, seg: _Seg, table: Codebook,
                  out: torch.Tensor) -> None:
-        """Decode the buffer ``fixed`` + ``payload`` (either may run past its end) into the
+        """Decode the piece ``got`` (at least ``seg.width`` bytes, as received) into the
         contiguous ``out``."""
-        if h.fmt != codec._fmt(out.dtype) or h.numel != out.numel():
-            raise ValueError(f"received a compressed buffer of {h.numel} {h.fmt.name} values "
-                             f"where {out.numel()} {out.dtype} values were expected")
-        nbytes = _total(h)
-        head = min(nbytes, fixed.numel())
-        fixed, payload = fixed[:head], payload[: nbytes - head]
-        if h.layout == LAYOUT_RAW:
-            data = out.view(-1).view(torch.uint8)
-            data[: head - HEADER_BYTES].copy_(fixed[HEADER_BYTES:])
-            data[head - HEADER_BYTES :].copy_(payload)
+        if seg.raw:
+            _flat(out).view(torch.uint8).copy_(got[: out.numel() * out.element_size()])
             return
-        backend = codec._backend(fixed.device, h.block)
-        if self.flag is None or not hasattr(backend, "launch_decode"):
-            joined = torch.cat([fixed, payload])
-            codec.decompress(codec.Compressed._of(joined, h), out=out)
+        self.note(key, got, seg, table)
+        backend = codec._backend(got.device, DEFAULT_BLOCK)
+        if self.flag is not None and hasattr(backend, "launch_decode"):
+            backend.launch_decode(got[: seg.fixed], self.fmt, table, DEFAULT_BLOCK, None, out,
+                                  self.flag, payload=got[seg.fixed : seg.width])
+            self.used = backend
             return
-        backend.launch_decode(fixed, h.fmt, h.table, h.block, h.payload_bytes, out, self.flag,
-                              payload=payload)
-        self.used = backend
+        size = _payload_size(got[:HEADER_BYTES].cpu().numpy().tobytes())
+        if size <= seg.room:  # else resent raw after settle
+            backend.decode_into(got[: seg.fixed + size], self.fmt, table, DEFAULT_BLOCK, size,
+                                out)
 
-    def check(self) -> None:
+    def settle(self, streams: Streams) -> set[object]:
+        """After every decode: one copy of the flag and the noted headers to the host; raise
+        ValueError on a corrupt piece; return the keys of the pieces whose payload overflowed."""
+        keys = list(self.heads)
+        parts = [self.heads[k][0] for k in keys]
         if self.used is not None:
-            self.used.raise_on_flag(int(self.flag.item()))
+            parts.append(self.flag.view(torch.uint8))
+        raw = _read(streams, parts)
+        if self.used is not None:
+            self.used.raise_on_flag(int(raw[-4:].view(np.int32)[0]) & ~self.used.ROOM_ERROR)
+        over = set()
+        for i, key in enumerate(keys):
+            _, seg, table = self.heads[key]
+            head = raw[i * HEADER_BYTES : (i + 1) * HEADER_BYTES].tobytes()
+            if _payload_size(_checked(head, self.fmt, seg.numel, table)) > seg.room:
+                over.add(key)
+        return over
 
 
-AHEAD = 2  # chunks encoded and sent before the first one is received
+def _checked(head: bytes, fmt: FloatFormat, numel: int, table: Codebook) -> bytes:
+    """``head`` if it is golden's split-layout header of ``numel`` values under ``table`` (any
+    payload size); ValueError otherwise."""
+    want = codec._header_template(LAYOUT_SPLIT, fmt, (numel,), DEFAULT_BLOCK, table)
+    at = PAYLOAD_BYTES_AT
+    if (head[:at] != want[:at] or head[at + 8 : CRC_AT] != want[at + 8 : CRC_AT]
+            or int.from_bytes(head[CRC_AT:], "little") != zlib.crc32(head[:CRC_AT])):
+        raise ValueError(f"received a corrupt compressed header: not the split layout of {numel} "
+                         f"{fmt.name} values under the agreed table")
+    return head
 
 
 def _read(streams: Streams, parts: Sequence[torch.Tensor]) -> np.ndarray:
-    """The bytes of device tensors on the host in one copy: the pipeline's one sync per chunk.
-    Runs on the decompress stream after the compress stream's queued work (the encodes)."""
-    if not sum(t.numel() for t in parts):
+    """The bytes of device tensors on the host in one copy: a call's one sync after its
+    exchange. Runs on the decompress stream after the compress stream's queued work."""
+    if not parts:
         return np.empty(0, dtype=np.uint8)
     if streams.decompress is not None:
         streams.decompress.wait_stream(streams.compress)
     with streams.on(streams.decompress):
-        flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in parts])
-        return flat.cpu().numpy()
+        return torch.cat([t.reshape(-1).view(torch.uint8) for t in parts]).cpu().numpy()
 
 
-def _sizes(raw: np.ndarray) -> list[int]:
-    return np.frombuffer(raw.tobytes(), dtype="<i8").tolist()
-
-
-@dataclass
-class _Stages:
-    """One protocol's steps for chunk k, which :func:`_pipeline` interleaves.
-
-    encode(k): queue chunk k's encodes, return their payload sizes (device int64, maybe empty);
-    send(k, sizes): seal chunk k with the sizes now on the host and issue its first phase;
-    heads(state): the header bytes the first phase delivers (device uint8 tensors, maybe none),
-    after waiting for it on the decompress stream; finish(state, header bytes): the rest.
-    """
-
-    encode: Callable[[int], torch.Tensor]
-    send: Callable[[int, list[int]], object]
-    heads: Callable[[object], list[torch.Tensor]]
-    finish: Callable[[object, np.ndarray], None]
-
-
-def _pipeline(chunks: int, streams: Streams, st: _Stages) -> None:
-    """Chunk k+AHEAD is encoded while chunk k travels, and one copy to the host per chunk reads
-    both chunk k's received headers and chunk k+AHEAD's payload sizes: one host sync per chunk
-    (plus one for the first AHEAD chunks' sizes), and the wire always has a later chunk's first
-    phase queued behind the one the host waits for."""
-    first = [st.encode(k) for k in range(min(AHEAD, chunks))]
-    sizes = _sizes(_read(streams, first))
-    sent = []
-    for k, queued in enumerate(first):
-        sent.append(st.send(k, sizes[: queued.numel()]))
-        sizes = sizes[queued.numel() :]
-    for k in range(chunks):
-        later = st.encode(k + AHEAD) if k + AHEAD < chunks else None
-        heads = st.heads(sent[k])
-        got = sum(h.numel() for h in heads)
-        raw = _read(streams, heads if later is None else [*heads, later])
-        st.finish(sent[k], raw[:got])
-        if later is not None:
-            sent.append(st.send(k + AHEAD, _sizes(raw[got:])))
-        sent[k] = None
+def _global(g: Group, rank: int) -> int:
+    return dist.get_global_rank(g.pg, rank) if g.pg is not None else rank
 
 
 def _done(async_op: bool) -> DoneWork | None:
@@ -552,19 +568,23 @@ def _done(async_op: bool) -> DoneWork | None:
 
 def protocol_call(g: Group, op: str, x: torch.Tensor) -> Callable[[], None]:
     """A compressed ``op`` ("all_gather", "all_to_all" or "broadcast" from group rank 0) of the
-    flat ``x`` through the protocol alone -- one chunk, each rank's theory table, no descriptor
-    exchange: what the switch's profile measures its model against (switch._overhead)."""
-    a, flat = _Agreed(g, switch.COMPRESSED, None, 1), _flat(x)
+    flat ``x`` through the protocol alone -- the summary exchange, one chunk, each rank's theory
+    table, no descriptor checks: what the switch's profile measures its model against
+    (switch._overhead)."""
+    flat = _flat(x)
+
+    def agreed(sample: torch.Tensor | None) -> _Agreed:
+        return _Agreed(g, switch.COMPRESSED, None, 1, _shared_sources(g, op, x.dtype, sample, None))
+
     if op == "all_gather":
         out = torch.empty(g.world * flat.numel(), dtype=x.dtype, device=x.device)
-        return lambda: _gather_compressed(a, flat, out)
+        return lambda: _gather_compressed(agreed(flat), flat, out)
     if op == "all_to_all":
         out = torch.empty_like(flat)
-        return lambda: _a2a_compressed(a, list(flat.view(g.world, -1)),
-                                       list(out.view(g.world, -1)), flat)
+        return lambda: _a2a_compressed(agreed(flat), list(flat.view(g.world, -1)),
+                                       list(out.view(g.world, -1)))
     buf = flat.clone()
-    src = dist.get_global_rank(g.pg, 0) if g.pg is not None else 0
-    return lambda: _broadcast_compressed(a, buf, src, 0)
+    return lambda: _broadcast_compressed(agreed(buf if g.rank == 0 else None), buf, 0)
 
 
 # --------------------------------------------------------------------------- all-gather
@@ -582,7 +602,8 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
     err = _check_pair(g, input_tensor, output_tensor, output_tensor.numel(),
                       input_tensor.numel() * g.world)
     agreed, desc = _agree(g, "all_gather", input_tensor.dtype, nbytes, err,
-                          [input_tensor.numel()], table, verify_policy(verify) != "0")
+                          [input_tensor.numel()], table, verify_policy(verify) != "0",
+                          sample=input_tensor)
     if desc is not None:
         require_same(desc, 0, "the input numel", "all_gather")
     if agreed.strategy != switch.COMPRESSED:
@@ -607,69 +628,62 @@ def _check_pair(g: Group, inp: torch.Tensor, out: torch.Tensor, out_numel: int,
 
 
 def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None:
-    g, n = a.g, inp.numel()
+    """One all-gather per chunk of every rank's piece in its agreed width (the largest rank's),
+    decoded as it lands; after the last, one host read finds overflowed payloads, whose pieces
+    their ranks then broadcast raw."""
+    g, n, dtype = a.g, inp.numel(), inp.dtype
     rows = out.view(g.world, n)
     streams = streams_for(g)
-    keep: list[object] = []  # every temporary lives until the caller's stream is re-joined
-    table = _own_table(a, inp)
-    unpack = _Decoder(g)
+    unpack = _Unpack(g, dtype)
     pieces = _pieces(n, a.chunks)
-    fixed = [codec.fixed_part_bytes(inp.dtype, m) for _, m in pieces]
-    stores = _buffers([_store_bytes(inp.dtype, m) for _, m in pieces], g.device)
-    received = _buffers([g.world * f for f in fixed], g.device)
-
-    def encode(k: int) -> torch.Tensor:
-        s, m = pieces[k]
-        with streams.on(streams.compress):
-            return _launch(inp[s : s + m], table, stores[k])
-
-    def send(k: int, sizes: list[int]) -> object:
-        s, m = pieces[k]
-        with streams.on(streams.compress):
-            p = _seal(inp[s : s + m], table, stores[k], sizes[0])
-            work = dist.all_gather_into_tensor(received[k], p.head, group=g.pg, async_op=True)
-        STATS.sent += p.fixed
-        return k, p, work
-
-    def heads(state: object) -> list[torch.Tensor]:
-        k, p, work = state
-        with streams.on(streams.decompress):
-            work.wait()
-        return [received[k].view(g.world, p.fixed)[:, :HEADER_BYTES]]
-
-    def finish(state: object, raw: np.ndarray) -> None:
-        k, p, _ = state
-        s, m = pieces[k]
-        found = _headers(raw)
-        width = max(max(0, _total(h) - p.fixed) for h in found)
-        payload = torch.empty(g.world * width, dtype=torch.uint8, device=g.device)
-        keep.append(payload)
-        done = _phase2(streams, lambda: dist.all_gather_into_tensor(
-            payload, p.padded_tail(width), group=g.pg, async_op=True)) if width else None
-        STATS.sent += width
-        with streams.on(streams.decompress):
-            if done is not None:
-                done.wait()
-            fixed_parts, tails = received[k].view(g.world, p.fixed), payload.view(g.world, width)
-            for r in range(g.world):
-                if r == g.rank:
-                    rows[r, s : s + m].copy_(inp[s : s + m])
-                else:
-                    unpack(fixed_parts[r], tails[r], found[r], rows[r, s : s + m])
-
+    segs = []  # [chunk][rank], every rank's piece as wide as the widest
+    for _, m in pieces:
+        widest = max(_seg(dtype, m, src).width for src in a.sources)
+        segs.append([_seg(dtype, m, src, widest) for src in a.sources])
+    widths = [row[0].width for row in segs]
+    stores = _buffers(widths, g.device)
+    received = _buffers([g.world * w for w in widths], g.device)
     with ordered(g, streams):
-        _pipeline(a.chunks, streams, _Stages(encode, send, heads, finish))
-    unpack.check()
+        with streams.on(streams.decompress):
+            rows[g.rank].copy_(inp)
+        for k, (s, m) in enumerate(pieces):
+            if not m:
+                continue
+            with streams.on(streams.compress):
+                _pack(inp[s : s + m], segs[k][g.rank], a.sources[g.rank].table, stores[k])
+                work = dist.all_gather_into_tensor(received[k], stores[k], group=g.pg,
+                                                   async_op=True)
+            STATS.sent += widths[k]
+            with streams.on(streams.decompress):
+                work.wait()
+                got = received[k].view(g.world, widths[k])
+                for r, (seg, src) in enumerate(zip(segs[k], a.sources, strict=True)):
+                    if r == g.rank:  # every rank notes every header: all see the same overflows
+                        unpack.note((k, r), got[r], seg, src.table)
+                    else:
+                        unpack((k, r), got[r], seg, src.table, rows[r, s : s + m])
+        over = unpack.settle(streams)
+        for r in range(g.world):
+            ks = [k for k in range(a.chunks) if (k, r) in over]
+            if ks:
+                _resend(g, streams, r, [(rows[r], *pieces[k]) for k in ks],
+                        inp if r == g.rank else None)
 
 
-def _phase2(streams: Streams, send: Callable[[], object]) -> object:
-    """Issue a payload collective from the compress stream, not the decompress one: NCCL makes its
-    stream wait for the issuing stream, and the decompress stream still holds the previous
-    chunk's decodes, which the wire need not wait for (the compress stream's pending work, the
-    next chunk's encode, precedes that chunk's fixed parts on the wire anyway). The caller waits
-    for the returned work on the decompress stream."""
-    with streams.on(streams.compress):
-        return send()
+def _resend(g: Group, streams: Streams, src: int, parts: list[tuple[torch.Tensor, int, int]],
+            own: torch.Tensor | None) -> None:
+    """Group rank ``src`` broadcasts its (row, start, length) pieces raw, from ``own`` (on
+    ``src``) into the rows (elsewhere): the pieces whose payload overflowed their room."""
+    with streams.on(streams.decompress):
+        if own is not None:
+            buf = torch.cat([own[s : s + m] for _, s, m in parts])
+        else:
+            buf = torch.empty(sum(m for *_, m in parts), dtype=parts[0][0].dtype, device=g.device)
+        dist.broadcast(_wire(buf), _global(g, src), group=g.pg)
+        STATS.sent += buf.numel() * buf.element_size() if own is not None else 0
+        if own is None:
+            for (row, s, m), piece in zip(parts, buf.split([m for *_, m in parts]), strict=True):
+                row[s : s + m].copy_(piece)
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
@@ -714,7 +728,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
     ins, outs, err = _splits(g, input, output, input_split_sizes, output_split_sizes)
     agreed, desc = _agree(g, "all_to_all", input.dtype, input.numel() * input.element_size(),
                           err, [*ins, *outs, _inner(input)], table,
-                          not even or verify_policy(verify) != "0")
+                          not even or verify_policy(verify) != "0", sample=input)
     if desc is not None:
         _check_splits(desc, g.world)
     if agreed.strategy != switch.COMPRESSED:
@@ -723,7 +737,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
     inner = _inner(input)
     send = _segments(_flat(input), [s * inner for s in ins])
     recv = _segments(_flat(output), [s * inner for s in outs])
-    _a2a_compressed(agreed, send, recv, _flat(input))
+    _a2a_compressed(agreed, send, recv)
     return _done(async_op)
 
 
@@ -772,115 +786,105 @@ def _segments(flat: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
     return out
 
 
-def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tensor],
-                    source: torch.Tensor) -> None:
-    """Two-phase compressed all-to-all of flat segments (views of ``source``): fixed parts, then
-    payloads with the exact sizes read from the received headers; each phase one :func:`_swap`."""
-    g, dtype = a.g, source.dtype
+def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tensor]) -> None:
+    """Compressed all-to-all of flat segments: per chunk, one :func:`_swap` of every (src, dst)
+    piece in the width both ends compute from the agreed splits and the sender's summary,
+    decoded as it lands; after the last chunk, one host read finds overflowed payloads, whose
+    pieces one all-to-all then moves raw."""
+    g, dtype = a.g, send[0].dtype
     streams = streams_for(g)
-    keep: list[object] = []
-    table = _own_table(a, source)
-    unpack = _Decoder(g)
+    unpack = _Unpack(g, dtype)
+    me, peers = a.sources[g.rank], range(g.world)
     sent_at = [_pieces(seg.numel(), a.chunks) for seg in send]  # [peer][chunk] = (start, numel)
     got_at = [_pieces(seg.numel(), a.chunks) for seg in recv]
-
-    def per_peer(at: list[list[tuple[int, int]]], size: Callable[[torch.dtype, int], int],
-                 k: int) -> list[int]:
-        return [size(dtype, pieces[k][1]) if pieces[k][1] and r != g.rank else 0
-                for r, pieces in enumerate(at)]
-
-    out_sizes = [per_peer(got_at, codec.fixed_part_bytes, k) for k in range(a.chunks)]
-    store_sizes = [per_peer(sent_at, _store_bytes, k) for k in range(a.chunks)]
-    stores = _buffers([b for sizes in store_sizes for b in sizes], g.device)  # [k * W + peer]
-    empty = source.new_empty(0, dtype=torch.uint8)
-
-    def outgoing(k: int) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-        """(peer, piece, store) of chunk k for every peer this rank sends data."""
-        found = []
-        for j, at in enumerate(sent_at):
-            s, m = at[k]
-            if store_sizes[k][j]:
-                found.append((j, send[j][s : s + m], stores[k * g.world + j]))
-        return found
-
-    def encode(k: int) -> torch.Tensor:
-        with streams.on(streams.compress):
-            queued = [_launch(x, table, store) for _, x, store in outgoing(k)]
-            return _joined(queued) if queued else empty.long()
-
-    def start(k: int, sizes: list[int]) -> object:
-        packs: list[_Packed | None] = [None] * g.world
-        with streams.on(streams.compress):
-            for (j, x, store), size in zip(outgoing(k), sizes, strict=True):
-                packs[j] = _seal(x, table, store, size)
-        heads = [p.head if p is not None else empty for p in packs]
-        rooms = [p.store if p is not None else empty for p in packs]
-        got, work = _swap(g, streams, heads, rooms, out_sizes[k], keep)
-        return k, packs, got, work
-
-    def heads(state: object) -> list[torch.Tensor]:
-        k, _, got, work = state
-        with streams.on(streams.decompress):
-            work.wait()
-        return [got[i][:HEADER_BYTES] for i, size in enumerate(out_sizes[k]) if size]
-
-    def finish(state: object, raw: np.ndarray) -> None:
-        k, packs, got, _ = state
-        live = [i for i, size in enumerate(out_sizes[k]) if size]
-        found = dict(zip(live, _headers(raw), strict=True))
-        recv_tail = [max(0, _total(found[i]) - out_sizes[k][i]) if i in found else 0
-                     for i in range(g.world)]
-        tails = [p.tail if p is not None else empty for p in packs]
-        rooms = [p.store[p.fixed :] if p is not None else empty for p in packs]
-        payload, done = _swap(g, streams, tails, rooms, recv_tail, keep)
-        with streams.on(streams.decompress):
-            done.wait()
-            for i, tail in enumerate(payload):
-                s, m = got_at[i][k]
-                if i == g.rank:
-                    ss, mm = sent_at[i][k]
-                    recv[i][s : s + m].copy_(send[i][ss : ss + mm])
-                elif m:
-                    unpack(got[i], tail, found[i], recv[i][s : s + m])
-
+    outs, ins = [], []  # [chunk][peer]: the pieces this rank sends and receives
+    for k in range(a.chunks):
+        out = [_seg(dtype, sent_at[j][k][1] if j != g.rank else 0, me) for j in peers]
+        got = [_seg(dtype, got_at[i][k][1] if i != g.rank else 0, a.sources[i]) for i in peers]
+        if g.world == 2:  # one all-gather: both pieces as wide as the wider (_swap)
+            peer = 1 - g.rank
+            width = max(out[peer].width, got[peer].width)
+            out[peer], got[peer] = (replace(out[peer], width=width),
+                                    replace(got[peer], width=width))
+        outs.append(out)
+        ins.append(got)
+    stores = _buffers([sum(s.width for s in out) for out in outs], g.device)
+    keep = []  # receive buffers live until the caller's stream is re-joined (see ordered)
     with ordered(g, streams):
-        _pipeline(a.chunks, streams, _Stages(encode, start, heads, finish))
-    unpack.check()
+        with streams.on(streams.decompress):
+            recv[g.rank].copy_(send[g.rank])
+        for k in range(a.chunks):
+            mine = _segments(stores[k], [s.width for s in outs[k]])
+            with streams.on(streams.compress):
+                for j in peers:
+                    s, m = sent_at[j][k]
+                    if m and j != g.rank:
+                        _pack(send[j][s : s + m], outs[k][j], me.table, mine[j])
+                        unpack.note(("out", k, j), mine[j], outs[k][j], me.table)
+            got, work = _swap(g, streams, stores[k], mine, [s.width for s in ins[k]])
+            keep.append(got)
+            with streams.on(streams.decompress):
+                if work is not None:
+                    work.wait()
+                for i in peers:
+                    s, m = got_at[i][k]
+                    if m and i != g.rank:
+                        unpack(("in", k, i), got[i], ins[k][i], a.sources[i].table,
+                               recv[i][s : s + m])
+        over = unpack.settle(streams)
+        if over:
+            _resend_pairs(g, streams, over, send, sent_at, recv, got_at)
 
 
-def _swap(g: Group, streams: Streams, out: list[torch.Tensor], rooms: list[torch.Tensor],
-          in_sizes: list[int], keep: list[object]) -> tuple[list[torch.Tensor], object]:
-    """Send ``out[j]`` (uint8) to every rank j and receive ``in_sizes[i]`` bytes from every rank
-    i, issued from the compress stream; returns the received pieces and the Work.
+def _resend_pairs(g: Group, streams: Streams, over: set[object], send: list[torch.Tensor],
+                  sent_at: list[list[tuple[int, int]]], recv: list[torch.Tensor],
+                  got_at: list[list[tuple[int, int]]]) -> None:
+    """One all-to-all of the raw pieces whose payload overflowed: this rank knows its own
+    (its headers) and its peers' (the received headers), and so do they."""
+    ks = range(len(sent_at[0]))
+    outgoing = [[sent_at[j][k] for k in ks if ("out", k, j) in over] for j in range(g.world)]
+    incoming = [[got_at[i][k] for k in ks if ("in", k, i) in over] for i in range(g.world)]
+    parts = [send[j][s : s + m] for j, at in enumerate(outgoing) for s, m in at]
+    with streams.on(streams.decompress):
+        buf = torch.cat(parts) if parts else send[0].new_empty(0)
+        got = torch.empty(sum(m for at in incoming for _, m in at), dtype=buf.dtype,
+                          device=buf.device)
+        dist.all_to_all_single(_wire(got), _wire(buf), [sum(m for _, m in at) for at in incoming],
+                               [sum(m for _, m in at) for at in outgoing], group=g.pg)
+        STATS.sent += buf.numel() * buf.element_size()
+        pieces = got.split([m for at in incoming for _, m in at])
+        targets = [recv[i][s : s + m] for i, at in enumerate(incoming) for s, m in at]
+        for target, piece in zip(targets, pieces, strict=True):
+            target.copy_(piece)
 
-    Two ranks: one all-gather of the outgoing piece padded to the larger of the two pieces, whose
-    sizes both ranks know (``rooms[j]``: a view from the piece's start over the room after it,
-    so the padding is a view, not a copy, unless the piece is the smaller one and its store
-    ends first). NCCL's all-gather outruns its all-to-all of the same bytes over sockets by
+
+def _swap(g: Group, streams: Streams, whole: torch.Tensor, out: list[torch.Tensor],
+          in_sizes: list[int]) -> tuple[list[torch.Tensor], object | None]:
+    """Send ``out[j]`` (views of the one buffer ``whole``, in rank order) to every rank j and
+    receive ``in_sizes[i]`` bytes from every rank i, issued from the compress stream; returns
+    the received pieces and the Work (None where two ranks have nothing to swap).
+
+    Two ranks: one all-gather of the outgoing piece, which the caller made as wide as the
+    incoming one. NCCL's all-gather outruns its all-to-all of the same bytes over sockets by
     ~1.4x (BENCHMARKS.md, run D); otherwise all_to_all_single. Called on the caller's stream,
     where receive buffers are allocated (see :func:`ordered`).
     """
-    if g.world != 2:
-        got = torch.empty(sum(in_sizes), dtype=torch.uint8, device=g.device)
-        keep.append(got)
-        with streams.on(streams.compress):
-            work = dist.all_to_all_single(got, _joined(out), in_sizes, [t.numel() for t in out],
+    if g.world == 2 and not whole.numel():  # nothing either way: both ranks skip
+        return [whole, whole], None
+    got = torch.empty(sum(in_sizes) if g.world != 2 else 2 * whole.numel(), dtype=torch.uint8,
+                      device=g.device)
+    with streams.on(streams.compress):
+        if g.world != 2:
+            work = dist.all_to_all_single(got, whole, in_sizes, [t.numel() for t in out],
                                           group=g.pg, async_op=True)
-        STATS.sent += sum(t.numel() for t in out)
+        else:
+            work = dist.all_gather_into_tensor(got, whole, group=g.pg, async_op=True)
+    STATS.sent += whole.numel()
+    if g.world != 2:
         return _segments(got, in_sizes), work
     peer = 1 - g.rank
-    width = max(out[peer].numel(), in_sizes[peer])
-    sent = rooms[peer][:width] if rooms[peer].numel() >= width else torch.empty(
-        width, dtype=torch.uint8, device=g.device)
-    got = torch.empty(2 * width, dtype=torch.uint8, device=g.device)
-    keep += [got, sent]
-    with streams.on(streams.compress):
-        if sent.data_ptr() != out[peer].data_ptr() and out[peer].numel():
-            sent[: out[peer].numel()].copy_(out[peer])
-        work = dist.all_gather_into_tensor(got, sent, group=g.pg, async_op=True)
-    STATS.sent += width
     pieces = [got[:0], got[:0]]
-    pieces[peer] = got[peer * width : peer * width + in_sizes[peer]]
+    pieces[peer] = got[peer * whole.numel() : (peer + 1) * whole.numel()]
     return pieces, work
 
 
@@ -919,7 +923,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
     g = resolve(group, input)
     err = _check_pair(g, input, output, input.numel(), output.numel() * g.world)
     agreed, desc = _agree(g, "reduce_scatter", input.dtype, nbytes, err, [input.numel()], table,
-                          verify_policy(verify) != "0", red=op)
+                          verify_policy(verify) != "0", red=op, sample=input)
     if desc is not None:
         require_same(desc, 0, "the input numel", "reduce_scatter")
     if agreed.strategy == switch.NATIVE:
@@ -938,7 +942,7 @@ def _reduce_scatter(a: _Agreed, inp: torch.Tensor, out: torch.Tensor, op: Reduce
         return
     staging = torch.empty_like(inp).view(g.world, -1)
     if a.strategy == switch.COMPRESSED:
-        _a2a_compressed(a, list(inp.view(g.world, -1)), list(staging), inp)
+        _a2a_compressed(a, list(inp.view(g.world, -1)), list(staging))
     else:
         dist.all_to_all_single(_wire(staging), _wire(inp), group=g.pg)
     out.copy_(reference_reduce(list(staging), op))
@@ -958,7 +962,7 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
     g = resolve(group, tensor)
     err = 4 if not tensor.is_contiguous() else 5 if tensor.device.type != g.device.type else 0
     agreed, desc = _agree(g, "all_reduce", tensor.dtype, nbytes, err, [tensor.numel()], table,
-                          verify_policy(verify) != "0", red=op)
+                          verify_policy(verify) != "0", red=op, sample=tensor)
     if desc is not None:
         require_same(desc, 0, "the tensor numel", "all_reduce")
     if agreed.strategy == switch.NATIVE:
@@ -981,9 +985,10 @@ def _all_reduce(a: _Agreed, tensor: torch.Tensor, op: ReduceOp) -> None:
         rs = _strategy(g, "reduce_scatter", flat.dtype, padded.numel() * flat.element_size(),
                        _LOCAL_OPS[op])
         ag = _strategy(g, "all_gather", flat.dtype, part.numel() * part.element_size(), -1)
-    _reduce_scatter(_Agreed(g, rs, a.table, a.chunks), padded, part, op)
-    if ag == switch.COMPRESSED:
-        _gather_compressed(_Agreed(g, ag, a.table, ag_chunks), part, padded)
+    _reduce_scatter(replace(a, strategy=rs), padded, part, op)
+    if ag == switch.COMPRESSED:  # the reduced shards' own summaries size the second half
+        sources = _shared_sources(g, "all_reduce", part.dtype, part, a.table)
+        _gather_compressed(_Agreed(g, ag, a.table, ag_chunks, sources), part, padded)
     else:
         dist.all_gather_into_tensor(_wire(padded), _wire(part), group=g.pg)
         STATS.sent += part.numel() * part.element_size()
@@ -1006,71 +1011,48 @@ def broadcast(tensor: torch.Tensor, src: int | None = None,
     group_src = dist.get_group_rank(group, src) if group is not None else src
     err = 6 if not 0 <= group_src < g.world else _check_pair(g, tensor, tensor, 0, 0)
     agreed, desc = _agree(g, "broadcast", tensor.dtype, nbytes, err, [tensor.numel(), src],
-                          table, verify_policy(verify) != "0")
+                          table, verify_policy(verify) != "0",
+                          sample=tensor if g.rank == group_src else None)
     if desc is not None:
         require_same(desc, 1, "src", "broadcast")
         require_same(desc, 0, "the tensor numel", "broadcast")
     if agreed.strategy != switch.COMPRESSED:
         return dist.broadcast(_wire(tensor), src, group, async_op)
-    _broadcast_compressed(agreed, _flat(tensor), src, group_src)
+    _broadcast_compressed(agreed, _flat(tensor), group_src)
     return _done(async_op)
 
 
-def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, src: int, group_src: int) -> None:
+def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, group_src: int) -> None:
+    """One broadcast per chunk of the source's piece in the width every rank computes from its
+    summary, decoded as it lands; after the last, one host read finds overflowed payloads, whose
+    pieces the source then broadcasts raw."""
     g = a.g
     streams = streams_for(g)
-    keep: list[object] = []
-    sender = g.rank == group_src
-    table = _own_table(a, flat) if sender else None
-    unpack = _Decoder(g)
+    sender, source = g.rank == group_src, a.sources[group_src]
+    unpack = _Unpack(g, flat.dtype)
     pieces = _pieces(flat.numel(), a.chunks)
-    size_of = _store_bytes if sender else codec.fixed_part_bytes  # receivers: fixed parts
-    buffers = _buffers([size_of(flat.dtype, m) for _, m in pieces], g.device)
-    empty = torch.empty(0, dtype=torch.uint8, device=g.device)
-
-    def encode(k: int) -> torch.Tensor:
-        if not sender:
-            return empty.long()
-        s, m = pieces[k]
-        with streams.on(streams.compress):
-            return _launch(flat[s : s + m], table, buffers[k])
-
-    def send(k: int, payload: list[int]) -> object:
-        s, m = pieces[k]
-        with streams.on(streams.compress):
-            p = _seal(flat[s : s + m], table, buffers[k], payload[0]) if sender else None
-            head = p.head if p is not None else buffers[k]
-            work = dist.broadcast(head, src, group=g.pg, async_op=True)
-        STATS.sent += head.numel() if sender else 0
-        return s, m, p, head, work
-
-    def heads(state: object) -> list[torch.Tensor]:
-        *_, head, work = state
-        with streams.on(streams.decompress):
-            work.wait()
-        return [] if sender else [head[:HEADER_BYTES]]
-
-    def finish(state: object, raw: np.ndarray) -> None:
-        s, m, p, head, _ = state
-        found = None if sender else _headers(raw)[0]
-        if sender:
-            tail = p.tail
-            STATS.sent += tail.numel()
-        else:
-            tail = torch.empty(max(0, _total(found) - head.numel()), dtype=torch.uint8,
-                               device=g.device)
-            keep.append(tail)
-        done = _phase2(streams, lambda: dist.broadcast(tail, src, group=g.pg, async_op=True)
-                       ) if tail.numel() else None
-        with streams.on(streams.decompress):
-            if done is not None:
-                done.wait()
-            if not sender:
-                unpack(head, tail, found, flat[s : s + m])
-
+    segs = [_seg(flat.dtype, m, source) for _, m in pieces]
+    buffers = _buffers([seg.width for seg in segs], g.device)
     with ordered(g, streams):
-        _pipeline(a.chunks, streams, _Stages(encode, send, heads, finish))
-    unpack.check()
+        for k, (s, m) in enumerate(pieces):
+            if not m:
+                continue
+            with streams.on(streams.compress):
+                if sender:
+                    _pack(flat[s : s + m], segs[k], source.table, buffers[k])
+                work = dist.broadcast(buffers[k], _global(g, group_src), group=g.pg,
+                                      async_op=True)
+            STATS.sent += segs[k].width if sender else 0
+            with streams.on(streams.decompress):
+                work.wait()
+                if sender:
+                    unpack.note(k, buffers[k], segs[k], source.table)
+                else:
+                    unpack(k, buffers[k], segs[k], source.table, flat[s : s + m])
+        over = unpack.settle(streams)
+        if over:
+            _resend(g, streams, group_src, [(flat, *pieces[k]) for k in sorted(over)],
+                    flat if sender else None)
 
 
 __all__ = [

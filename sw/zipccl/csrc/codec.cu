@@ -58,6 +58,7 @@ constexpr unsigned kFull = 0xffffffffu;
 
 // Error bits of the decoder's flag (zipccl/_cuda.py names them).
 constexpr int kErrOffsets = 1, kErrSize = 2, kErrRank = 4, kErrPadding = 8, kErrPlanePad = 16;
+constexpr int kErrRoom = 32;  // the header's payload size exceeds the payload's room
 
 // Table words (int32): [0,256) encoder: payload | prefix << 8 | width << 12;
 // [256,264) regions: width | base << 4 | literal << 15; [264,520) rank -> symbol; [520] count.
@@ -1173,7 +1174,14 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
     }
     __syncthreads();
   }
-  const unsigned long long size = static_cast<unsigned long long>(L.payload_bytes);
+  // payload_bytes < 0: the size is the one in the buffer's own header (a collective's receiver
+  // learns it only here); a payload past the room it was sent with is not decoded at all.
+  const unsigned long long size = L.payload_bytes >= 0
+      ? static_cast<unsigned long long>(L.payload_bytes) : load_bytes(buf + L.size_field_at, 8);
+  if (size > static_cast<unsigned long long>(L.payload_cap)) {  // uniform across the grid
+    if (threadIdx.x == 0 && blockIdx.x == 0) atomicOr(flag, kErrRoom);
+    return;
+  }
   int err = 0;
   const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
   for (long long b = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp; b < L.nb;
@@ -1335,8 +1343,8 @@ extern "C" int zipccl_encode(int kind, const void* in, void* out, const Layout* 
   });
 }
 
-// `pay` is the payload stream (L->payload_cap bytes). clear != 0 zeroes the flag first; else
-// problems are OR-ed into what it holds.
+// `pay` is the payload stream (L->payload_cap bytes); L->payload_bytes < 0 takes its size from
+// the header at `buf`. clear != 0 zeroes the flag first; else problems are OR-ed into it.
 extern "C" int zipccl_decode(int kind, const void* buf, const void* pay, void* out,
                              const Layout* L, const int32_t* tab, int* flag, int clear,
                              void* stream) {
