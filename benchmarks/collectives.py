@@ -276,9 +276,9 @@ def trace(rank: int, world: int, mib: int, op: str, out_dir: Path) -> str:
     from zipccl import collectives as coll
 
     def labelled(name: str, fn: Callable[..., object]) -> Callable[..., object]:
-        def run(*a: object) -> object:
+        def run(*a: object, **kw: object) -> object:
             with record_function(name):
-                return fn(*a)
+                return fn(*a, **kw)
         return run
 
     stages = [(coll, "_agree"), (coll, "_pack"), (coll._Unpack, "settle")]

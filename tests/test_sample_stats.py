@@ -121,3 +121,47 @@ def test_theory_table_window_used_for_ordinary_statistics(fmt) -> None:
     for sigma in (0.0, float("inf"), float("nan")):
         assert codec._top_exponents(fmt, theory.TensorStats(sigma, 0.0)) is None
     assert codec._top_exponents(fmt, theory.TensorStats(1.0, 1.0)) is None  # all zeros
+
+
+def summary_parts(summary: torch.Tensor) -> tuple[list[float], np.ndarray]:
+    words = summary.cpu().numpy()
+    return words[:3].view(np.float64).tolist(), words[3:]
+
+
+def golden_symbols(x: torch.Tensor) -> np.ndarray:
+    """The symbol of every sampled value (golden's sample and golden's symbols)."""
+    fmt = get_format(str(x.dtype).removeprefix("torch."))
+    bits = x.reshape(-1).contiguous().view({8: torch.uint8, 16: torch.int16, 32: torch.int32}[
+        fmt.bits]).numpy().astype(np.int64) & ((1 << fmt.bits) - 1)
+    picked = bits[theory.sample_indices(bits.size)]
+    return picked if fmt.byte_coded else (picked >> fmt.mant_bits) & ((1 << fmt.exp_bits) - 1)
+
+
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("case", list(CASES))
+def test_sample_summary_holds_the_statistics_and_the_histogram(case: str, dtype) -> None:
+    """What a collective exchanges: golden's statistics (up to summation order; none for FP8)
+    and the histogram of golden's sample's symbols, from which every rank builds the table."""
+    x = CASES[case](torch.float32 if dtype == torch.float8_e4m3fn else dtype).to(dtype)
+    sums, hist = summary_parts(codec.sample_summary(x))
+    assert np.array_equal(hist, np.bincount(golden_symbols(x), minlength=256))
+    if dtype == torch.float8_e4m3fn:
+        assert sums == [0.0, 0.0, 0.0]
+        return
+    got = codec._stats_of(sums, max(1, int(hist.sum())))
+    assert same_up_to_summation_order(got, golden_stats(x))
+    table = codec.summary_table(dtype, codec.sample_summary(x).numpy())
+    assert table == codec._theory_table(codec._fmt(dtype), got)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_sample_summary_equals_the_torch_one(case: str, dtype) -> None:
+    """The summary kernel: the torch path's histogram exactly, its sums up to summation order."""
+    x = CASES[case](torch.float32 if dtype.itemsize == 1 else dtype).to(dtype)
+    want_sums, want_hist = summary_parts(codec.sample_summary(x))
+    got_sums, got_hist = summary_parts(codec.sample_summary(x.cuda()))
+    assert np.array_equal(got_hist, want_hist)
+    assert got_sums[1:] == want_sums[1:] and got_sums[0] == pytest.approx(want_sums[0], rel=1e-13)

@@ -110,6 +110,9 @@ def _lib() -> ctypes.CDLL | None:
     lib.zipccl_encode.argtypes = [ctypes.c_int, ptr, ptr, layout, ptr, ptr, ptr, ptr]
     lib.zipccl_decode.argtypes = [ctypes.c_int, ptr, ptr, ptr, layout, ptr, ptr, ctypes.c_int, ptr]
     lib.zipccl_encode.restype = lib.zipccl_decode.restype = ctypes.c_int
+    lib.zipccl_summary.argtypes = [ctypes.c_int, ptr, ctypes.c_longlong, ctypes.c_longlong, ptr,
+                                   ptr]
+    lib.zipccl_summary.restype = ctypes.c_int
     lib.zipccl_work_bytes.argtypes = [ctypes.c_longlong, ctypes.c_longlong]
     lib.zipccl_work_bytes.restype = ctypes.c_longlong
     lib.zipccl_error_string.argtypes = [ctypes.c_int]
@@ -355,6 +358,18 @@ def launch_decode(
             ctypes.byref(lay), _table_tensor(table, buf.device).data_ptr(), flag.data_ptr(),
             int(clear), _stream(buf.device),
         ))
+
+
+def launch_summary(x: torch.Tensor, fmt: FloatFormat, stride: int, count: int,
+                   out: torch.Tensor) -> None:
+    """Queue codec.sample_summary of the contiguous ``x`` (``count`` values ``stride`` apart)
+    into the int64 ``out``: one kernel, no host sync (torch's bincount would sync twice)."""
+    _check_dense(x, out)
+    lib = _lib()
+    assert lib is not None
+    with _on(x.device):
+        _check(lib.zipccl_summary(KIND[fmt.name], x.data_ptr(), stride, count, out.data_ptr(),
+                                  _stream(x.device)))
 
 
 def raise_on_flag(code: int) -> None:

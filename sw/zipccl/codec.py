@@ -225,8 +225,10 @@ SUMMARY_WORDS = 3 + ALPHABET  # sample_summary's length
 
 def sample_summary(tensor: torch.Tensor) -> torch.Tensor:
     """The deterministic sample's statistics and symbol histogram as int64[SUMMARY_WORDS] on the
-    tensor's device, queued without a host sync: words 0-2 the float64 bits of :func:`_sums`,
-    then the count of each of the 256 symbols (biased exponent, or the FP8 byte).
+    tensor's device, queued without a host sync: words 0-2 the float64 bits of :func:`_sums`
+    (zero for FP8), then the count of each of the 256 symbols (biased exponent, or the FP8
+    byte). On CUDA one kernel (``_cuda.launch_summary``); the sums may differ from these torch
+    ops' in the last ulp (summation order), the histogram not at all.
 
     What a collective exchanges so that every rank can build every rank's table
     (:func:`summary_table`) and predict its payload (:func:`payload_bits`) before any data moves.
@@ -234,9 +236,17 @@ def sample_summary(tensor: torch.Tensor) -> torch.Tensor:
     fmt = _fmt(tensor.dtype)
     out = torch.zeros(SUMMARY_WORDS, dtype=torch.int64, device=tensor.device)
     s = _sample(tensor)
-    if s.numel():
+    if not s.numel():
+        return out
+    backend = _backend(tensor.device, DEFAULT_BLOCK)
+    if tensor.is_contiguous() and hasattr(backend, "launch_summary"):
+        backend.launch_summary(tensor, fmt, max(1, tensor.numel() // theory.SAMPLE_SIZE),
+                               s.numel(), out)
+        return out
+    if not fmt.byte_coded:  # FP8's tables are presets: no statistics
         out[:3] = _sums(s.to(torch.float64)).view(torch.int64)
-        out[3:] = torch.bincount(_symbols(s, fmt), minlength=ALPHABET)
+    ones = torch.ones(s.numel(), dtype=torch.int64, device=s.device)
+    out[3:].index_add_(0, _symbols(s, fmt), ones)  # bincount would sync on CUDA
     return out
 
 

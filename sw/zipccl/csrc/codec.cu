@@ -31,6 +31,7 @@
 // per-block payload with eight loads in flight per lane, 863 -> 1065 GB/s. Measured numbers and
 // the path that led here: benchmarks/results/codec.md.
 #include <cstdint>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <mutex>
@@ -1325,6 +1326,61 @@ int by_kind(int kind, Run&& run) {
   }
 }
 
+// ------------------------------------------------------------------------------ sample summary
+
+// The value of an exponent format's bit pattern (FP8 has none here: its tables are presets).
+template <class F>
+__device__ inline double value_of(uint32_t x) {
+  if constexpr (F::BITS == 32) return __uint_as_float(x);
+  else if constexpr (F::MMASK == 0x7fu) return __uint_as_float(x << 16);
+  else return __half2float(__ushort_as_half(static_cast<unsigned short>(x)));
+}
+
+// codec.sample_summary in one CTA: of the `count` values in[0], in[stride], ..., words 0-2 get
+// the float64 bits of [sum of squares of the finite non-zero values, their count, the zero
+// count] (zero for FP8), then the count of each of the 256 symbols. Each thread sums a fixed set
+// of values and the partial sums meet in a fixed order: the same bits on every run.
+template <class F>
+__global__ void __launch_bounds__(1024)
+summary_kernel(const typename F::T* __restrict__ in, long long stride, long long count,
+               long long* __restrict__ out) {
+  __shared__ unsigned s_hist[256];
+  __shared__ double s_part[32][3];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) s_hist[i] = 0;
+  __syncthreads();
+  double sq = 0.0, live = 0.0, zeros = 0.0;
+  for (long long i = threadIdx.x; i < count; i += blockDim.x) {
+    const uint32_t x = in[i * stride];
+    atomicAdd(&s_hist[F::sym(x)], 1u);
+    if constexpr (!F::BYTE_CODED) {
+      const double d = value_of<F>(x);
+      if (d == 0.0) {
+        zeros += 1.0;
+      } else if (isfinite(d)) {
+        sq += d * d;
+        live += 1.0;
+      }
+    }
+  }
+  for (int d = 16; d; d >>= 1) {
+    sq += __shfl_down_sync(kFull, sq, d);
+    live += __shfl_down_sync(kFull, live, d);
+    zeros += __shfl_down_sync(kFull, zeros, d);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    s_part[threadIdx.x >> 5][0] = sq;
+    s_part[threadIdx.x >> 5][1] = live;
+    s_part[threadIdx.x >> 5][2] = zeros;
+  }
+  __syncthreads();
+  if (threadIdx.x < 3) {
+    double total = 0.0;
+    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) total += s_part[w][threadIdx.x];
+    out[threadIdx.x] = __double_as_longlong(total);
+  }
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) out[3 + i] = s_hist[i];
+}
+
 }  // namespace
 
 // Bytes of the `work` buffer zipccl_encode needs for `nb` blocks of `block` elements.
@@ -1355,6 +1411,18 @@ extern "C" int zipccl_decode(int kind, const void* buf, const void* pay, void* o
   }
   return by_kind(kind, [&](auto f, auto z) {
     return launch_decode<decltype(f), decltype(z)::value>(buf, pay, out, L, tab, flag, s);
+  });
+}
+
+// codec.sample_summary of the `count` values at in[0], in[stride], ... into `out` (int64[259]).
+extern "C" int zipccl_summary(int kind, const void* in, long long stride, long long count,
+                              void* out, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return by_kind(kind, [&](auto f, auto) {
+    using F = decltype(f);
+    summary_kernel<F><<<1, 1024, 0, s>>>(static_cast<const typename F::T*>(in), stride, count,
+                                         static_cast<long long*>(out));
+    return static_cast<int>(cudaGetLastError());
   });
 }
 
