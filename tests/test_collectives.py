@@ -117,11 +117,19 @@ def sc_all_to_all_random(rank: int, world: int, seed: int) -> bool:
     rows = torch.randint(0, 5, (world, world), generator=gen).tolist()  # rows[i][j]: i -> j
     row = int(torch.randint(1, 300, (1,), generator=gen))
     dtype = DTYPES[int(torch.randint(0, len(DTYPES), (1,), generator=gen))]
-    os.environ["ZIPCCL_CHUNK_BYTES"] = str(int(torch.randint(64, 4096, (1,), generator=gen)))
+    chunk = str(int(torch.randint(64, 4096, (1,), generator=gen)))
     ins, outs = rows[rank], [rows[i][rank] for i in range(world)]
     x = data(seed * 10 + rank, sum(ins) * row, dtype).view(sum(ins), row)
     got, want = torch.empty(sum(outs), row, dtype=dtype), torch.empty(sum(outs), row, dtype=dtype)
-    zipccl.all_to_all_single(got, x, outs, ins)
+    saved = os.environ.get("ZIPCCL_CHUNK_BYTES")
+    os.environ["ZIPCCL_CHUNK_BYTES"] = chunk
+    try:
+        zipccl.all_to_all_single(got, x, outs, ins)
+    finally:  # later scenarios in this worker must not inherit it
+        if saved is None:
+            del os.environ["ZIPCCL_CHUNK_BYTES"]
+        else:
+            os.environ["ZIPCCL_CHUNK_BYTES"] = saved
     dist.all_to_all_single(wire(want), wire(x), outs, ins)
     return same_bits(got, want)
 
@@ -580,7 +588,8 @@ def test_overflowed_payloads_are_resent_raw(pair, trio):
     payload outgrew their room go again, raw, in one extra collective per call (every rank agrees
     on which from the headers it has seen)."""
     for ranks in (pair, trio):
-        for ok, resends in ranks.run(sc_overflow, 6 * SAMPLE_SIZE, env=ALWAYS):
+        env = {**ALWAYS, "ZIPCCL_CHUNK_BYTES": str(1 << 20)}  # pieces the split layout takes
+        for ok, resends in ranks.run(sc_overflow, 6 * SAMPLE_SIZE, env=env):
             assert ok and resends >= 3, (ok, resends)
 
 
@@ -793,3 +802,15 @@ def test_unpack_checks_every_header_against_the_agreed_piece():
         unpack.note("wrong", c.buffer, wrong, book)
         with pytest.raises(ValueError, match="corrupt compressed header"):
             unpack.settle(streams)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
+       st.integers(0, 2**32 - 1))
+def test_two_part_sum_is_the_reference_reduction(dtype, seed):
+    """collectives._reduce_into's one add equals reference_reduce bit for bit (specials too)."""
+    a, b = (data(seed % 1000 + k, 3000, dtype, huge=bool(seed & 1)) for k in (0, 1))
+    b[::7] = torch.finfo(dtype).max  # overflows to inf, and inf - inf = nan
+    out = torch.empty_like(a)
+    collectives._reduce_into(out, [a, b], dist.ReduceOp.SUM)
+    assert same_bits(out, zipccl.reference_reduce([a, b])), f"seed {seed}"

@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -93,11 +94,12 @@ def to_i64(value: int) -> int:
 
 
 def exchange(g: Group, fields: Sequence[int], op_name: str,
-             extra: torch.Tensor | None = None) -> torch.Tensor:
+             extra: torch.Tensor | None = None) -> np.ndarray:
     """All-gather one descriptor row per rank; raise on every rank if any rank reported an error.
 
-    Returns a CPU int64 tensor of shape (world, len(fields) + len(extra)); field 0 must be the op
-    code and field 1 the local error code. ``extra``: int64 words already on the group's device
+    Returns an int64 array of shape (world, len(fields) + len(extra)) (numpy: the checks that
+    follow are a few small reads, cheaper there than as torch ops); field 0 must be the op code
+    and field 1 the local error code. ``extra``: int64 words already on the group's device
     (computed there, never seen by this host) appended to the row: one copy, one sync for both.
     """
     row = torch.tensor(list(fields), dtype=torch.int64)
@@ -107,7 +109,7 @@ def exchange(g: Group, fields: Sequence[int], op_name: str,
         row = torch.cat([row, extra])
     table = torch.empty(g.world * row.numel(), dtype=torch.int64, device=g.device)
     dist.all_gather_into_tensor(table, row, group=g.pg)
-    table = table.cpu().view(g.world, row.numel())
+    table = table.cpu().numpy().reshape(g.world, -1)
     ops = table[:, 0].tolist()
     if len(set(ops)) != 1:
         raise CollectiveMismatchError(
@@ -120,7 +122,7 @@ def exchange(g: Group, fields: Sequence[int], op_name: str,
     return table
 
 
-def require_same(table: torch.Tensor, column: int, what: str, op_name: str,
+def require_same(table: np.ndarray, column: int, what: str, op_name: str,
                  show=str) -> int:
     """The value every rank put in ``column``; a clear error naming each rank's value otherwise."""
     values = table[:, column].tolist()
@@ -167,11 +169,26 @@ class Streams:
 
     @contextlib.contextmanager
     def on(self, stream: torch.cuda.Stream | None) -> Iterator[None]:
+        """Make ``stream`` current inside the block. A protocol switches streams a few times per
+        chunk, and ``torch.cuda.stream`` costs ~30 us of host time per switch (device lookups),
+        so this calls torch's own setter directly where it exists."""
         if stream is None:
             yield
-        else:
+        elif _SET_STREAM is None or torch.cuda.current_device() != stream.device_index:
             with torch.cuda.stream(stream):
                 yield
+        else:
+            before = _GET_STREAM(stream.device_index)
+            _SET_STREAM(stream_id=stream.stream_id, device_index=stream.device_index,
+                        device_type=stream.device_type)
+            try:
+                yield
+            finally:
+                _SET_STREAM(stream_id=before[0], device_index=before[1], device_type=before[2])
+
+
+_GET_STREAM = getattr(torch._C, "_cuda_getCurrentStream", None)
+_SET_STREAM = getattr(torch._C, "_cuda_setStream", None)
 
 
 _STREAMS: dict[torch.device, Streams] = {}
