@@ -133,10 +133,10 @@ def test_can_compress_examples():
 
 def test_best_chunks_follows_the_latencies():
     """A latency per collective of 1.5 ms (an all-gather over sockets) makes one chunk best and
-    compression the choice at 256 MiB, where eight fixed chunks would have kept it native; with
+    compression the choice at 256 MiB, where sixteen fixed chunks would have kept it native; with
     a slow codec and small latencies the model pipelines; small calls never split below
     MIN_CHUNK_BYTES; a tie goes to fewer chunks."""
-    call = Call("all_gather", 256 << 20, torch.bfloat16, 2, chunks=8)
+    call = Call("all_gather", 256 << 20, torch.bfloat16, 2, chunks=16)
     sockets = profile(3.0, alpha=1.5e-3)
     assert switch.best_chunks(sockets, call) == 1
     assert switch.choose(sockets, call) == NATIVE

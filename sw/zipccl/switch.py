@@ -14,9 +14,10 @@ version and the NCCL transport variables, and broadcasts it on later runs.
 Cost model for a message of ``n`` bytes per rank (``W`` ranks, ``r`` the dtype's ratio)::
 
     native      a_op + n / b_op
-    compressed  the theory table once, then three stages -- compress, wire (two phases:
-                2 a_op + r n / b_op), decompress -- pipelined over ``C`` chunks:
-                max(stage) + (sum - max) / C + (C - 1) * per-chunk latency
+    compressed  the descriptor exchange and the tables once, then three stages -- compress,
+                wire (one collective per chunk: a_op + r n / b_op), decompress -- pipelined
+                over ``C`` chunks: max(stage) + (sum - max) / C + (C - 1) * per-chunk latency,
+                plus the profile's measured overhead of a compressed call
 
 ``ZIPCCL_MODE=never`` is plain torch.distributed; ``always`` compresses every float collective;
 ``auto`` (default) compresses only where the model predicts a win of at least ``MARGIN``, so a
@@ -196,9 +197,9 @@ def _predict(p: Profile, call: Call) -> dict[str, float]:
     recv = {"all_gather": w * n, "broadcast": n}.get(op, n)  # bytes each rank decompresses
 
     def zipped(line: Line, reduce: float) -> float:
-        stages = [p.compress(n), 2 * line.alpha + r * n / line.beta, p.decompress(recv) + reduce]
+        stages = [p.compress(n), line.alpha + r * n / line.beta, p.decompress(recv) + reduce]
         c = max(call.chunks, 1)
-        per_chunk = p.compress.alpha + 2 * line.alpha + p.decompress.alpha
+        per_chunk = p.compress.alpha + line.alpha + p.decompress.alpha
         pipelined = max(stages) + (sum(stages) - max(stages)) / c + (c - 1) * per_chunk
         return p.table.alpha + p.overhead.alpha + pipelined
 
@@ -244,9 +245,10 @@ def chunks_given() -> bool:
 def best_chunks(p: Profile, call: Call) -> int:
     """Auto's chunk count: the one of CHUNK_CHOICES (chunks of at least MIN_CHUNK_BYTES) for
     which the model predicts the fastest compressed call, the fewest within CHUNK_GAIN of it.
-    Each chunk costs the latencies of its collectives, so on a fast link few chunks win; a
-    fixed chunk size would charge a 256 MiB all-gather over sockets eight latencies of 1.5 ms
-    and keep it native though compressing it is 1.4x faster (BENCHMARKS.md, run D).
+    Each chunk costs the latency of its collective, so on a slow-latency link few chunks win:
+    a fixed 32 MiB chunk size once charged a 256 MiB all-gather over sockets eight (then
+    two-collective) chunks of 1.5 ms latency each and kept it native though compressing it was
+    1.4x faster (BENCHMARKS.md, run D).
     Rank-agreed like the profile."""
     options = [c for c in CHUNK_CHOICES if c == 1 or call.nbytes // c >= MIN_CHUNK_BYTES]
     times = {c: predict(p, replace(call, chunks=c))[COMPRESSED] for c in options}
@@ -265,7 +267,7 @@ def can_compress(p: Profile, op: str, dtype: torch.dtype, world: int) -> bool:
     """
     line, wire, r = p.native[op], wire_line(p, op, world), p.ratio.get(_name(dtype), 1.0)
     fan = {"all_gather": world}.get(op, 1)  # bytes decompressed per input byte
-    stages = [(p.compress.alpha, 1 / p.compress.beta), (2 * wire.alpha, r / wire.beta),
+    stages = [(p.compress.alpha, 1 / p.compress.beta), (wire.alpha, r / wire.beta),
               (p.decompress.alpha, fan / p.decompress.beta)]
 
     def gap(n: float) -> float:
@@ -342,7 +344,8 @@ def _cache_path(g: Group) -> Path:
     return root / f"profile-{digest}.json"
 
 
-_PROFILE_VERSION = 5  # 5: + the measured overhead of compressed calls
+_PROFILE_VERSION = 6  # 5: + the measured overhead of compressed calls; 6: one collective
+# per chunk (the overhead is measured against that model)
 
 
 def _once(fn: Callable[[], object], cuda: bool) -> float:
