@@ -528,8 +528,8 @@ SPLIT = {"ZIPCCL_MODE": "always", "ZIPCCL_CHUNK_BYTES": "8000"}
 
 
 def test_split_layout_every_op(pair, trio):
-    """Moderate data takes the split layout (two phases, payloads, the split decode) in every op,
-    in chunks; the default data's huge value makes every buffer raw."""
+    """Moderate data takes the split layout (slots with payload room, the split decode) in every
+    op, in chunks; the default data's huge value makes every buffer raw."""
     assert codec.compress(data(100, 4000, torch.bfloat16, huge=False)).layout == "split"
     assert codec.compress(data(100, 4000, torch.bfloat16)).layout == "raw"
     bf16 = torch.bfloat16

@@ -2,8 +2,9 @@
 
 A verified zipccl collective (see collectives.py for when: by default every call on zipccl's own
 protocols, none on the native fast path) starts with one tiny all-gather of a fixed-length int64
-*descriptor* (op, dtype, sizes, table hash, a local error code, ...). Its length depends only on
-the world size, so it can never mismatch; after it every rank knows every other rank's call,
+*descriptor* (op, dtype, sizes, table hash, a local error code, ..., and for a call that may
+compress the words of its sample summary, which the device appends). Its length depends only
+on the world size, so it can never mismatch; after it every rank knows every other rank's call,
 checks the same things in the same order and either proceeds with the same decision or raises the
 same :class:`CollectiveMismatchError`. A rank whose own arguments are bad does not raise early (the
 others would hang in the exchange): it reports an error code in its descriptor instead.

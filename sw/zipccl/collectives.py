@@ -18,61 +18,56 @@ mode, different ops) into a CollectiveMismatchError on every rank.
 * ``auto`` (default): verify every call that takes zipccl's own protocols (compressed,
   a2a_reduce) -- there a mismatch would otherwise hang or corrupt -- and hand native calls
   straight to torch, whose behaviour on mismatched arguments is then exactly torch's.
-* ``1``: verify every call (debug mode); ``0``: never (the DDP hook, whose buckets DDP already
-  keeps identical). ``ZIPCCL_MODE=never`` bypasses zipccl altogether, verification included.
-* all_to_all_single with explicit splits exchanges the descriptor whenever the profile could
-  compress it, whatever the policy: per-rank sizes differ, and the ranks must agree on the
-  strategy and chunk count (see its docstring).
+* ``1``: verify every call (debug mode); ``0``: only where the exchange happens anyway (below;
+  the DDP hook, whose buckets DDP already keeps identical). ``ZIPCCL_MODE=never`` bypasses
+  zipccl altogether, verification included.
+* a compressed call exchanges the descriptor whatever the policy: the exchange also carries
+  every rank's sample summary, which the protocols need (below). all_to_all_single with explicit
+  splits exchanges it whenever the profile could compress it: per-rank sizes differ, and the
+  ranks must agree on the strategy and chunk count (see its docstring).
 
-Protocols (the compressed buffer is golden/container.py's: a *fixed part* -- header, raw planes,
-prefix planes, block offsets -- whose size follows from dtype and numel alone, then a variable
-*payload* stream whose length is in the header):
+Protocols. A rank's piece travels as golden/container.py's split layout -- a fixed part
+(header, raw planes, prefix planes, block offsets) whose size follows from dtype and numel, then
+the payload stream, whose length only the encoder learns -- in a *slot* whose width every rank
+computes before any data moves: the descriptor exchange carries each rank's
+``codec.sample_summary`` (the deterministic sample's statistics and symbol histogram), from
+which every rank builds every rank's theory table and predicts its payload; the slot holds the
+fixed part and room for that payload times MARGIN (plus SLACK and a byte per block), rounded up
+to SLOT_ALIGN. A piece whose slot would not be smaller than its raw values travels raw. So each
+chunk moves in *one* collective, with no host sync before it:
 
-* all-gather / broadcast: phase 1 moves the fixed parts (sizes known to all, no size exchange
-  first); the headers they carry tell every rank every payload length, so phase 2 moves the
-  payloads (all-gather: padded to the largest, the padding never decoded; broadcast: exact).
-* all-to-all (uneven splits): phase 1 all-to-all of the fixed parts of every (src, dst) piece,
-  whose sizes both ends compute from the agreed splits; phase 2 all-to-all of the payloads with
-  the exact split sizes read from the received headers. Between two ranks each phase is one
-  all-gather of the outgoing piece padded to the larger of the two (:func:`_swap`): both ranks
-  know both sizes, and NCCL's all-gather outruns its all-to-all over sockets.
+* all-gather: one all-gather of every rank's slot, all as wide as the widest;
+* broadcast: one broadcast of the source's slot;
+* all-to-all (uneven splits): one all-to-all of every (src, dst) slot, whose widths both ends
+  compute from the agreed splits and the sender's summary. Between two ranks it is an
+  all-gather of the outgoing slot padded to the wider of the two (:func:`_swap`): NCCL's
+  all-gather outruns its all-to-all over sockets;
 * reduce-scatter: all-to-all of the W row blocks (native, or the compressed protocol above), then
   a local reduction in fp32 in rank order 0..W-1, rounded once -- deterministic and equal to
-  :func:`reference_reduce`. With W = 2 NCCL's native reduce-scatter gives the same bits (one
-  correctly rounded operation), so the switch may take it; with W > 2 it does not, so auto mode
-  there is *not* the backend's reduce-scatter (and pays the verification of its own protocol).
-  ``ZIPCCL_NATIVE_REDUCE=1`` lets auto take the backend's reduce-scatter / all-reduce for any W
-  where the cost model prefers it, trading rank-order determinism for speed.
-* all-reduce: reduce-scatter + all-gather on a flat copy padded to a multiple of W.
+  :func:`reference_reduce` (two-part sums: one add, the same bits). With W = 2 NCCL's native
+  reduce-scatter gives the same bits (one correctly rounded operation), so the switch may take
+  it; with W > 2 it does not, so auto mode there is *not* the backend's reduce-scatter (and
+  pays the verification of its own protocol). ``ZIPCCL_NATIVE_REDUCE=1`` lets auto take the
+  backend's reduce-scatter / all-reduce for any W where the cost model prefers it, trading
+  rank-order determinism for speed;
+* all-reduce: reduce-scatter + all-gather on a flat copy padded to a multiple of W (the
+  all-gather half exchanges its shards' summaries first).
+
+A received slot is decoded as it lands: the CUDA kernel reads the payload size from the slot's
+own header and skips a payload that outgrew its room (other backends read the header on the
+host). After the last chunk, one device-to-host copy reads the decoders' error flag and every
+slot's header (received ones, and on the sending side its own): a header that is not the agreed
+piece's is a corrupt buffer (ValueError); a payload that outgrew its room -- data whose sample
+misled the prediction -- is resent raw in one more collective, which every rank involved knows
+to expect from the headers it has seen. The pieces' bytes equal ``codec.compress_into``'s for
+the same table.
 
 Large messages go in chunks, pipelined over three CUDA streams: compress, NCCL's own,
-decompress. In ``auto`` mode on CUDA the switch's cost model picks the chunk count
-(``switch.best_chunks``: every chunk pays its collectives' latencies, so fast links get few);
-``ZIPCCL_CHUNK_BYTES`` fixes the chunk size instead (default 32 MiB on CUDA, the ``always``
-mode's). Host-side costs of one compressed call:
-
-* once per call: the theory table (``codec.sample_stats`` on the device: three scalars to the
-  host, one sync), one allocation for all chunks' compressed stores and (all-gather, broadcast,
-  all-to-all of more than two ranks) one for all chunks' received fixed parts, the descriptor
-  exchange where verified (one sync), and one read of the decoders' error flag at the end (one
-  sync). A peer's table reaches the device through pinned memory, queued: a decode never waits
-  on the host for its own transfer;
-* per chunk: the encode is queued ``AHEAD`` (2) chunks early without a host sync (the CUDA
-  kernel leaves the payload size on the device), and *one* device-to-host copy -- the only host
-  sync per chunk -- reads chunk k's received headers together with chunk k+2's payload sizes;
-  then chunk k+2 is sealed (on CUDA the encode kernels already wrote golden's split header;
-  the host writes it only for the raw layout, where split does not shrink, or other backends) and
-  its fixed parts sent, so the wire always has a later chunk queued behind the one the host waits
-  for. Plus one sync for the first two chunks' sizes: chunks + 1 in all. Per chunk there is
-  still one allocation (the payloads' receive buffer, sized by the headers; two ranks'
-  all-to-all: both phases' buffers);
-* phase-2 collectives are issued from the compress stream, so the wire never waits for the
-  decompress stream's decodes; their send buffers are views of the stores (no copy; between
-  two ranks a piece smaller than the peer's is copied into a padded buffer when its store ends
-  before the agreed width);
-* decoding takes each received buffer as its fixed part plus its payload: on CUDA the kernel
-  reads the two apart, a raw buffer is two copies into the output; only the torch backend (CPU)
-  joins them into one buffer first.
+decompress; every chunk is queued at once. In ``auto`` mode on CUDA the switch's cost model
+picks the chunk count (``switch.best_chunks``: every chunk pays its collective's latency, so
+slow-latency links get few); ``ZIPCCL_CHUNK_BYTES`` fixes the chunk size instead (default 32 MiB
+on CUDA, the ``always`` mode's). Host syncs of one compressed call: the exchange's and the final
+read's, whatever the chunk count (plus, for an all-reduce, its all-gather half's two).
 """
 
 from __future__ import annotations
