@@ -187,6 +187,29 @@ def test_gpu_decode_from_separate_payload(dtype: torch.dtype) -> None:
         _cuda.launch_decode(head, fmt, c.table, 1024, c.payload_bytes, y, flag, payload=pay[1:])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_decode_sized_by_its_own_header(dtype: torch.dtype) -> None:
+    """payload_bytes=None (a collective's receiver): the kernel takes the size from the buffer's
+    header; a room one byte short of it sets the room bit and leaves the output untouched."""
+    from zipccl import _cuda
+
+    x = gaussian(50001, dtype, seed=37, scale=3.0).to(CUDA)
+    c = zipccl.compress(x, fitted(dtype))
+    assert c.layout == "split" and c.payload_bytes > 0
+    fixed = zipccl.fixed_part_bytes(dtype, x.numel())
+    fmt = zipccl.codec._fmt(dtype)
+    for room, flag_want in ((c.payload_bytes + 300, 0), (c.payload_bytes - 1, _cuda.ROOM_ERROR)):
+        pay = torch.zeros(room, dtype=torch.uint8, device=CUDA)
+        n = min(room, c.payload_bytes)
+        pay[:n].copy_(c.buffer[fixed : fixed + n])
+        y = torch.zeros_like(x)
+        flag = torch.zeros(1, dtype=torch.int32, device=CUDA)
+        _cuda.launch_decode(c.buffer[:fixed], fmt, c.table, 4096, None, y, flag, payload=pay)
+        assert int(flag.item()) == flag_want
+        want = x if flag_want == 0 else torch.zeros_like(x)
+        assert torch.equal(y.view(torch.uint8), want.view(torch.uint8))
+
+
 def test_gpu_fp8_regions_past_the_ranks() -> None:
     """FP8 tables with a region past the 200 ranked symbols (prefix 3: base 272, no symbol): data
     round trips, and a codeword moved into that region is illegal on GPU and CPU alike."""
