@@ -234,6 +234,28 @@ def overhead_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def set_mode(mode: str) -> None:
+    """The environment of one sweep column (MODES)."""
+    os.environ["ZIPCCL_MODE"] = {"native": "never", "auto_nv": "auto"}.get(mode, mode)
+    os.environ["ZIPCCL_VERIFY"] = "0" if mode == "auto_nv" else "auto"
+
+
+def timed_together(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Median seconds of each column's call, timed in interleaved rounds (one call of each per
+    round, as :func:`timed` times one), so drift in the machine's load hits every column alike."""
+    times: dict[str, list[float]] = {mode: [] for mode in calls}
+    for _ in range(reps):
+        for mode, fn in calls.items():
+            set_mode(mode)
+            dist.barrier()
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[mode].append(time.perf_counter() - t0)
+    return {mode: statistics.median(t) for mode, t in times.items()}
+
+
 def timed(fn: Callable[[], object], reps: int) -> float:
     fn()
     times = []
@@ -335,24 +357,24 @@ def sweep(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
             for op in OPS:
                 want = reference(op, x, world, rank)
                 row = {"transport": args.transport, "data": kind, "op": op, "mib": mib}
-                reps = 3 if mib >= 256 else 7
+                calls = {}
                 for mode in MODES:
-                    lib = dist if mode == "native" else zipccl
-                    os.environ["ZIPCCL_MODE"] = {"native": "never", "auto_nv": "auto"}.get(mode,
-                                                                                          mode)
-                    os.environ["ZIPCCL_VERIFY"] = "0" if mode == "auto_nv" else "auto"
-                    fn, out = op_call(op, x, world, lib)
+                    set_mode(mode)
+                    fn, out = op_call(op, x, world, zipccl if mode != "native" else dist)
                     STATS.reset()
                     fn()
                     sync()
                     sent, strategy = STATS.sent, STATS.strategy
                     row[f"{mode}_ok"] = torch.equal(out.view(torch.int16), want.view(torch.int16))
-                    row[f"{mode}_s"] = timed(fn, reps)
                     if mode == "native" or strategy == "native":
                         sent = native_wire(op, mib * MIB, world, rank)
                     row[f"{mode}_wire"] = sent
                     row[f"{mode}_strategy"] = strategy or "native"
-                    del fn, out
+                    calls[mode] = fn
+                reps = 3 if mib >= 256 else 15
+                for mode, seconds in timed_together(calls, reps).items():
+                    row[f"{mode}_s"] = seconds
+                del calls
                 rows.append(row)
                 if rank == 0:
                     print(json.dumps(row), flush=True)
