@@ -4,7 +4,8 @@
 :func:`zipccl.all_reduce` (``state``: a process group or None for the default one). The result is
 the rank-order fp32 mean rounded once -- with two ranks the same bits as DDP's default hook.
 DDP checks at construction that every rank has the same parameters, so buckets match and the hook
-skips the descriptor exchange.
+asks for no verification (a compressed bucket still exchanges its sample summary, which sizes the
+transfer, and is checked in the same exchange).
 
 FSDP2 (``torch.distributed.fsdp.fully_shard``): ``module.set_custom_all_gather(ZipAllGather())``
 and ``module.set_custom_reduce_scatter(ZipReduceScatter())`` where the installed torch has them
