@@ -157,12 +157,15 @@ def _top_exponents(fmt: FloatFormat, stats: theory.TensorStats) -> list[int] | N
     return ranked
 
 
+def _sample_stride(numel: int) -> int:
+    """golden.theory.sample_indices' step."""
+    return max(1, numel // theory.SAMPLE_SIZE)
+
+
 def _sample(x: torch.Tensor) -> torch.Tensor:
     """golden.theory.sample_indices as a strided slice (no index tensor)."""
     flat = x.reshape(-1)
-    n = flat.numel()
-    stride = max(1, n // theory.SAMPLE_SIZE)
-    return flat[::stride][: theory.SAMPLE_SIZE]
+    return flat[:: _sample_stride(flat.numel())][: theory.SAMPLE_SIZE]
 
 
 def _histogram(symbols: torch.Tensor) -> np.ndarray:
@@ -240,8 +243,7 @@ def sample_summary(tensor: torch.Tensor) -> torch.Tensor:
         return out
     backend = _backend(tensor.device, DEFAULT_BLOCK)
     if tensor.is_contiguous() and hasattr(backend, "launch_summary"):
-        backend.launch_summary(tensor, fmt, max(1, tensor.numel() // theory.SAMPLE_SIZE),
-                               s.numel(), out)
+        backend.launch_summary(tensor, fmt, _sample_stride(tensor.numel()), s.numel(), out)
         return out
     if not fmt.byte_coded:  # FP8's tables are presets: no statistics
         out[:3] = _sums(s.to(torch.float64)).view(torch.int64)

@@ -256,10 +256,11 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
     red_code = -1 if red is None else _red_code(red)
     head = [_OP_CODES[name], err, dtype_code(dtype), to_i64(_table_hash(table)),
             _MODE_CODES[mode], red_code, nbytes]
-    if exchange_desc:  # no collective before the exchange (the profile is one): a guess
+    local = None if exchange_desc else _plan(g, name, dtype, nbytes, red_code)
+    if local is None:  # no collective before the exchange (the profile is one): a guess
         may_compress = dtype in CODEC_DTYPES and red_code != 99 and mode != "never"
     else:
-        may_compress = _plan(g, name, dtype, nbytes, red_code)[0] == switch.COMPRESSED
+        may_compress = local[0] == switch.COMPRESSED
     desc = summaries = None
     if exchange_desc or may_compress:  # every op's row has the same length: no op can mismatch
         pad = [0] * (_extra_fields(g.world) - len(fields))
@@ -271,8 +272,10 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
                      lambda h: f"{h % (1 << 64):#018x}")
         require_same(desc, 4, "ZIPCCL_MODE", name, lambda m: switch.MODES[m])
         require_same(desc, 5, "the reduce op", name)
-        nbytes = int(desc[:, 6].max())
-    strategy, chunks = _plan(g, name, dtype, nbytes, red_code)
+        agreed = int(desc[:, 6].max())
+        if agreed != nbytes:  # the local plan was for another size
+            nbytes, local = agreed, None
+    strategy, chunks = local or _plan(g, name, dtype, nbytes, red_code)
     STATS.strategy = strategy
     sources = ()
     if strategy == switch.COMPRESSED:
@@ -433,20 +436,24 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // SLOT_ALIGN) * SLOT_ALIGN
 
 
-def _seg(dtype: torch.dtype, numel: int, src: _Source, width: int = 0) -> _Seg:
+def _seg(dtype: torch.dtype, numel: int, src: _Source) -> _Seg:
     """The split layout with room for the predicted payload (times MARGIN, plus a byte per block
-    and SLACK), unless that is no smaller than the raw values; at least ``width`` bytes wide
-    (a collective that moves equal sizes gives every piece the largest one's width)."""
+    and SLACK), unless that is no smaller than the raw values. A collective that moves equal
+    sizes widens every piece to the widest one's width (:func:`_widened`)."""
     if numel == 0:
-        return _Seg(0, 0, width)
+        return _Seg(0, 0, 0)
     fmt = codec._fmt(dtype)
     raw = _aligned(numel * fmt.bits // 8)
     fixed = codec._fixed(fmt, numel, DEFAULT_BLOCK)
     room = math.ceil(src.bits * numel / 8 * MARGIN[fmt.byte_coded]) + SLACK
     split = _aligned(fixed + room + -(-numel // DEFAULT_BLOCK))
-    if split >= raw:
-        return _Seg(numel, 0, max(raw, width))
-    return _Seg(numel, fixed, max(split, width))
+    return _Seg(numel, 0, raw) if split >= raw else _Seg(numel, fixed, split)
+
+
+def _widened(segs: list[_Seg]) -> list[_Seg]:
+    """The pieces as wide as the widest: the extra bytes are payload room (or unread padding)."""
+    width = max(seg.width for seg in segs)
+    return [replace(seg, width=width) for seg in segs]
 
 
 def _pack(x: torch.Tensor, seg: _Seg, table: Codebook, store: torch.Tensor) -> None:
@@ -631,10 +638,7 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
     streams = streams_for(g)
     unpack = _Unpack(g, dtype)
     pieces = _pieces(n, a.chunks)
-    segs = []  # [chunk][rank], every rank's piece as wide as the widest
-    for _, m in pieces:
-        widest = max(_seg(dtype, m, src).width for src in a.sources)
-        segs.append([_seg(dtype, m, src, widest) for src in a.sources])
+    segs = [_widened([_seg(dtype, m, src) for src in a.sources]) for _, m in pieces]
     widths = [row[0].width for row in segs]
     stores = _buffers(widths, g.device)
     received = _buffers([g.world * w for w in widths], g.device)
@@ -798,9 +802,7 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
         got = [_seg(dtype, got_at[i][k][1] if i != g.rank else 0, a.sources[i]) for i in peers]
         if g.world == 2:  # one all-gather: both pieces as wide as the wider (_swap)
             peer = 1 - g.rank
-            width = max(out[peer].width, got[peer].width)
-            out[peer], got[peer] = (replace(out[peer], width=width),
-                                    replace(got[peer], width=width))
+            out[peer], got[peer] = _widened([out[peer], got[peer]])
         outs.append(out)
         ins.append(got)
     stores = _buffers([sum(s.width for s in out) for out in outs], g.device)
