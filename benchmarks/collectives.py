@@ -240,13 +240,15 @@ def set_mode(mode: str) -> None:
     os.environ["ZIPCCL_VERIFY"] = "0" if mode == "auto_nv" else "auto"
 
 
-def timed_together(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
-    """Median seconds of each column's call, timed in interleaved rounds (one call of each per
-    round, as :func:`timed` times one), so drift in the machine's load hits every column alike."""
+def timed_together(calls: dict[str, Callable[[], object]], reps: int,
+                   prepare: Callable[[str], None] = lambda _: None) -> dict[str, float]:
+    """Median seconds of each call, timed in interleaved rounds (``prepare(key)``, then one call
+    of each per round, between barriers and syncs), so drift in the machine's load hits every
+    call alike."""
     times: dict[str, list[float]] = {mode: [] for mode in calls}
     for _ in range(reps):
         for mode, fn in calls.items():
-            set_mode(mode)
+            prepare(mode)
             dist.barrier()
             sync()
             t0 = time.perf_counter()
@@ -257,16 +259,9 @@ def timed_together(calls: dict[str, Callable[[], object]], reps: int) -> dict[st
 
 
 def timed(fn: Callable[[], object], reps: int) -> float:
+    """Median seconds of ``fn`` after one warm-up call."""
     fn()
-    times = []
-    for _ in range(reps):
-        dist.barrier()
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return timed_together({"": fn}, reps)[""]
 
 
 def probe(rank: int, kib: int = 32 << 10) -> dict[str, float]:
@@ -372,7 +367,7 @@ def sweep(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
                     row[f"{mode}_strategy"] = strategy or "native"
                     calls[mode] = fn
                 reps = 3 if mib >= 256 else 15
-                for mode, seconds in timed_together(calls, reps).items():
+                for mode, seconds in timed_together(calls, reps, set_mode).items():
                     row[f"{mode}_s"] = seconds
                 del calls
                 rows.append(row)
