@@ -165,3 +165,27 @@ def test_cuda_sample_summary_equals_the_torch_one(case: str, dtype) -> None:
     got_sums, got_hist = summary_parts(codec.sample_summary(x.cuda()))
     assert np.array_equal(got_hist, want_hist)
     assert got_sums[1:] == want_sums[1:] and got_sums[0] == pytest.approx(want_sums[0], rel=1e-13)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, (
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))])])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
+@pytest.mark.parametrize("case", ["strided_sample", "empty"])
+def test_sample_summary_into_a_dirty_row_writes_every_word(case: str, dtype, device: str) -> None:
+    """A collective writes the summary into its reused descriptor row: whatever was there
+    before, the words are the freshly allocated summary's."""
+    x = CASES[case](torch.float32).to(dtype).to(device)
+    row = torch.full((codec.SUMMARY_WORDS + 4,), -7, dtype=torch.int64, device=device)
+    got = codec.sample_summary(x, row[2:-2])
+    assert got.data_ptr() == row[2:].data_ptr()
+    assert torch.equal(row[2:-2].cpu(), codec.sample_summary(x).cpu())
+    assert row[:2].tolist() == [-7, -7] and row[-2:].tolist() == [-7, -7]
+
+
+@pytest.mark.parametrize("out", [torch.zeros(codec.SUMMARY_WORDS - 1, dtype=torch.int64),
+                                 torch.zeros(codec.SUMMARY_WORDS, dtype=torch.int32),
+                                 torch.zeros(2 * codec.SUMMARY_WORDS, dtype=torch.int64)[::2]],
+                         ids=["short", "int32", "strided"])
+def test_sample_summary_rejects_a_bad_out(out: torch.Tensor) -> None:
+    with pytest.raises(ValueError, match="contiguous int64"):
+        codec.sample_summary(torch.ones(8, dtype=torch.bfloat16), out)

@@ -13,7 +13,8 @@ others would hang in the exchange): it reports an error code in its descriptor i
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,23 +95,34 @@ def to_i64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def exchange(g: Group, fields: Sequence[int], op_name: str,
-             extra: torch.Tensor | None = None) -> np.ndarray:
+def exchange(g: Group, fields: Sequence[int], op_name: str, extra_words: int = 0,
+             fill: Callable[[torch.Tensor], object] | None = None) -> np.ndarray:
     """All-gather one descriptor row per rank; raise on every rank if any rank reported an error.
 
-    Returns an int64 array of shape (world, len(fields) + len(extra)) (numpy: the checks that
+    Returns an int64 array of shape (world, len(fields) + extra_words) (numpy: the checks that
     follow are a few small reads, cheaper there than as torch ops); field 0 must be the op code
-    and field 1 the local error code. ``extra``: int64 words already on the group's device
-    (computed there, never seen by this host) appended to the row: one copy, one sync for both.
+    and field 1 the local error code. ``fill(words)``: writes ``extra_words`` int64 words into
+    the row's tail on the group's device (computed there, never seen by this host): one copy,
+    one sync for both. The row and the gathered table live in buffers kept per thread, device
+    and width (every call allocating and pinning its own cost more host time than the rest of
+    the exchange).
     """
-    row = torch.tensor(list(fields), dtype=torch.int64)
+    if extra_words and fill is None:
+        raise ValueError("extra_words needs a fill function")
+    bufs = _rows(g, len(fields) + extra_words)
+    head = len(fields)
+    if bufs.uploaded is not None:
+        bufs.uploaded.synchronize()  # the last call's upload of the host row is done (normally)
+    bufs.host_row.numpy()[:head] = fields
     if g.cuda:
-        row = row.pin_memory().to(g.device, non_blocking=True)
-    if extra is not None:
-        row = torch.cat([row, extra])
-    table = torch.empty(g.world * row.numel(), dtype=torch.int64, device=g.device)
-    dist.all_gather_into_tensor(table, row, group=g.pg)
-    table = table.cpu().numpy().reshape(g.world, -1)
+        bufs.row[:head].copy_(bufs.host_row[:head], non_blocking=True)
+        bufs.uploaded.record()
+    if extra_words:
+        fill(bufs.row[head:])
+    dist.all_gather_into_tensor(bufs.table, bufs.row, group=g.pg)
+    if g.cuda:
+        bufs.host_table.copy_(bufs.table)  # into pinned memory: one copy, then the host waits
+    table = bufs.host_table.numpy().reshape(g.world, -1).copy()
     ops = table[:, 0].tolist()
     if len(set(ops)) != 1:
         raise CollectiveMismatchError(
@@ -121,6 +133,37 @@ def exchange(g: Group, fields: Sequence[int], op_name: str,
         what = "; ".join(f"rank {r}: {ERRORS.get(code, f'error {code}')}" for r, code in bad)
         raise CollectiveMismatchError(f"zipccl.{op_name}: {what}")
     return table
+
+
+@dataclass
+class _Rows:
+    """One thread's exchange buffers for a (device, row width, world size)."""
+
+    host_row: torch.Tensor  # pinned on CUDA; the row itself on CPU
+    row: torch.Tensor
+    table: torch.Tensor
+    host_table: torch.Tensor
+    uploaded: torch.cuda.Event | None  # after the host row's upload (CUDA)
+
+
+_LOCAL = threading.local()
+
+
+def _rows(g: Group, width: int) -> _Rows:
+    kept = _LOCAL.__dict__.setdefault("rows", {})
+    key = (g.device, width, g.world)
+    if key not in kept:
+        if g.cuda:
+            host_row = torch.zeros(width, dtype=torch.int64).pin_memory()
+            table = torch.empty(g.world * width, dtype=torch.int64, device=g.device)
+            kept[key] = _Rows(host_row, torch.zeros(width, dtype=torch.int64, device=g.device),
+                              table, torch.empty_like(table, device="cpu").pin_memory(),
+                              torch.cuda.Event())
+        else:
+            row = torch.zeros(width, dtype=torch.int64)
+            table = torch.empty(g.world * width, dtype=torch.int64)
+            kept[key] = _Rows(row, row, table, table, None)
+    return kept[key]
 
 
 def require_same(table: np.ndarray, column: int, what: str, op_name: str,

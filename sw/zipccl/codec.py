@@ -226,7 +226,7 @@ def _stats_of(sums: list[float], count: int) -> theory.TensorStats:
 SUMMARY_WORDS = 3 + ALPHABET  # sample_summary's length
 
 
-def sample_summary(tensor: torch.Tensor) -> torch.Tensor:
+def sample_summary(tensor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The deterministic sample's statistics and symbol histogram as int64[SUMMARY_WORDS] on the
     tensor's device, queued without a host sync: words 0-2 the float64 bits of :func:`_sums`
     (zero for FP8), then the count of each of the 256 symbols (biased exponent, or the FP8
@@ -235,15 +235,25 @@ def sample_summary(tensor: torch.Tensor) -> torch.Tensor:
 
     What a collective exchanges so that every rank can build every rank's table
     (:func:`summary_table`) and predict its payload (:func:`payload_bits`) before any data moves.
+    ``out``: a contiguous int64[SUMMARY_WORDS] on the tensor's device to write it into (a
+    collective's descriptor row), returned.
     """
     fmt = _fmt(tensor.dtype)
-    out = torch.zeros(SUMMARY_WORDS, dtype=torch.int64, device=tensor.device)
-    s = _sample(tensor)
-    if not s.numel():
-        return out
+    if out is None:
+        out = torch.empty(SUMMARY_WORDS, dtype=torch.int64, device=tensor.device)
+    elif out.shape != (SUMMARY_WORDS,) or out.dtype != torch.int64 or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous int64[{SUMMARY_WORDS}], got "
+                         f"{out.dtype} {tuple(out.shape)}")
     backend = _backend(tensor.device, DEFAULT_BLOCK)
-    if tensor.is_contiguous() and hasattr(backend, "launch_summary"):
-        backend.launch_summary(tensor, fmt, _sample_stride(tensor.numel()), s.numel(), out)
+    numel = tensor.numel()
+    if numel and tensor.is_contiguous() and hasattr(backend, "launch_summary"):
+        stride = _sample_stride(numel)  # _sample's length without its view (host time)
+        count = min(theory.SAMPLE_SIZE, -(-numel // stride))
+        backend.launch_summary(tensor, fmt, stride, count, out)
+        return out  # the kernel writes every word
+    s = _sample(tensor)
+    out.zero_()
+    if not s.numel():
         return out
     if not fmt.byte_coded:  # FP8's tables are presets: no statistics
         out[:3] = _sums(s.to(torch.float64)).view(torch.int64)
@@ -375,12 +385,16 @@ def _expected_size(head: Header) -> int:
 def _backend(device: torch.device, block: int):  # returns the backend module
     """CUDA tensors: the CUDA C++ kernels (the fast path); ``ZIPCCL_BACKEND=triton`` selects the
     Triton kernels (also on CPU tensors under TRITON_INTERPRET=1), ``=torch`` the torch ops."""
-    choice = os.environ.get("ZIPCCL_BACKEND", "")
+    return _backend_for(device.type, block, os.environ.get("ZIPCCL_BACKEND", ""))
+
+
+@functools.lru_cache(maxsize=32)
+def _backend_for(device_type: str, block: int, choice: str):  # a collective asks several times
     if choice == "triton":
         from zipccl import _triton
 
         return _triton
-    if device.type == "cuda" and choice != "torch":
+    if device_type == "cuda" and choice != "torch":
         from zipccl import _cuda
 
         if _cuda.supports(block) and _cuda.available():

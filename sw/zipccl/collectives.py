@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -265,7 +266,8 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
     if exchange_desc or may_compress:  # every op's row has the same length: no op can mismatch
         pad = [0] * (_extra_fields(g.world) - len(fields))
         row = head + list(fields) + pad
-        found = exchange(g, row, name, _summary(g, sample if may_compress and not err else None))
+        found = exchange(g, row, name, codec.SUMMARY_WORDS,
+                         _summary(sample if may_compress and not err else None))
         desc, summaries = found[:, : len(row)], found[:, len(row) :]
         require_same(desc, 2, "the dtype", name, dtype_name)
         require_same(desc, 3, "the table (hash; 0 = each rank's own theory table)", name,
@@ -285,19 +287,19 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
         desc[:, len(head):] if desc is not None else None)
 
 
-def _summary(g: Group, sample: torch.Tensor | None) -> torch.Tensor:
-    """codec.sample_summary of ``sample`` on the group's device, zeros where None (a broadcast's
-    receivers, calls that cannot compress)."""
+def _summary(sample: torch.Tensor | None) -> Callable[[torch.Tensor], object]:
+    """What writes a descriptor row's tail: codec.sample_summary of ``sample``, zeros where None
+    (a broadcast's receivers, calls that cannot compress)."""
     if sample is None:
-        return torch.zeros(codec.SUMMARY_WORDS, dtype=torch.int64, device=g.device)
-    return codec.sample_summary(sample)
+        return torch.Tensor.zero_
+    return lambda out: codec.sample_summary(sample, out)
 
 
 def _shared_sources(g: Group, name: str, dtype: torch.dtype, sample: torch.Tensor | None,
                     table: Codebook | None) -> tuple[_Source, ...]:
     """Only the summaries, exchanged: all-reduce's second compressed half, whose shards exist
     only after the first, and the switch's profile of the protocols."""
-    rows = exchange(g, [_OP_CODES[name], 0], name, _summary(g, sample))
+    rows = exchange(g, [_OP_CODES[name], 0], name, codec.SUMMARY_WORDS, _summary(sample))
     return _sources(dtype, rows[:, 2:], table)
 
 
@@ -378,12 +380,14 @@ def _buffers(sizes: Sequence[int], device: torch.device) -> list[torch.Tensor]:
     return _segments(torch.empty(sum(sizes), dtype=torch.uint8, device=device), sizes)
 
 
-_TABLES: dict[int, Codebook] = {}
+_TABLES: dict[Codebook, Codebook] = {}
 
 
 def _canonical(table: Codebook) -> Codebook:
     """One object per distinct table, so the codec's per-object device copy of it is reused."""
-    return _TABLES.setdefault(table.hash64, table)
+    if len(_TABLES) >= 1 << 12:  # theory tables are few, but a caller's own need not be
+        _TABLES.clear()
+    return _TABLES.setdefault(table, table)
 
 
 # --------------------------------------------------------------------------- the wire
@@ -490,7 +494,7 @@ class _Unpack:
 
     def __init__(self, g: Group, dtype: torch.dtype) -> None:
         self.fmt = codec._fmt(dtype)
-        self.flag = torch.zeros(1, dtype=torch.int32, device=g.device) if g.cuda else None
+        self.flag = _flag(g.device) if g.cuda else None  # zeroed by the call's first decode
         self.used: object = None
         self.heads: dict[object, tuple[torch.Tensor, _Seg, Codebook]] = {}
 
@@ -509,7 +513,8 @@ class _Unpack:
         backend = codec._backend(got.device, DEFAULT_BLOCK)
         if self.flag is not None and hasattr(backend, "launch_decode"):
             backend.launch_decode(got[: seg.fixed], self.fmt, table, DEFAULT_BLOCK, None, out,
-                                  self.flag, payload=got[seg.fixed : seg.width])
+                                  self.flag, clear=self.used is None,
+                                  payload=got[seg.fixed : seg.width])
             self.used = backend
             return
         size = _payload_size(got[:HEADER_BYTES].cpu().numpy().tobytes())
@@ -534,6 +539,18 @@ class _Unpack:
             if _payload_size(_checked(head, self.fmt, seg.numel, table)) > seg.room:
                 over.add(key)
         return over
+
+
+_THREAD = threading.local()
+
+
+def _flag(device: torch.device) -> torch.Tensor:
+    """The decoders' int32 error flag on ``device``, one per thread: a call reads it back (and so
+    waits for it) before it returns, and the next call's first decode zeroes it."""
+    flags = _THREAD.__dict__.setdefault("flags", {})
+    if device not in flags:
+        flags[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return flags[device]
 
 
 def _checked(head: bytes, fmt: FloatFormat, numel: int, table: Codebook) -> bytes:
@@ -643,8 +660,7 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
     stores = _buffers(widths, g.device)
     received = _buffers([g.world * w for w in widths], g.device)
     with ordered(g, streams):
-        with streams.on(streams.decompress):
-            rows[g.rank].copy_(inp)
+        copied = False  # the rank's own row: copied once the first chunk is on the wire
         for k, (s, m) in enumerate(pieces):
             if not m:
                 continue
@@ -654,6 +670,9 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
                                                    async_op=True)
             STATS.sent += widths[k]
             with streams.on(streams.decompress):
+                if not copied:
+                    rows[g.rank].copy_(inp)
+                    copied = True
                 work.wait()
                 got = received[k].view(g.world, widths[k])
                 for r, (seg, src) in enumerate(zip(segs[k], a.sources, strict=True)):
@@ -808,8 +827,6 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
     stores = _buffers([sum(s.width for s in out) for out in outs], g.device)
     keep = []  # receive buffers live until the caller's stream is re-joined (see ordered)
     with ordered(g, streams):
-        with streams.on(streams.decompress):
-            recv[g.rank].copy_(send[g.rank])
         for k in range(a.chunks):
             mine = _segments(stores[k], [s.width for s in outs[k]])
             with streams.on(streams.compress):
@@ -821,6 +838,8 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
             got, work = _swap(g, streams, stores[k], mine, [s.width for s in ins[k]])
             keep.append(got)
             with streams.on(streams.decompress):
+                if k == 0:  # the rank's piece to itself, once the first chunk is on the wire
+                    recv[g.rank].copy_(send[g.rank])
                 if work is not None:
                     work.wait()
                 for i in peers:

@@ -1256,13 +1256,14 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
 // ------------------------------------------------------------------------------ launchers
 
 // Persistent grids: as many CTAs as can be resident at once (never more than needed).
-// The occupancy query costs microseconds of host time per call, so each kernel remembers its
-// answer per (device, threads, shared memory); one process sees few of each. (ctypes releases
+// The occupancy query costs microseconds of host time per call, so the answer is remembered per
+// (kernel, device, threads, shared memory): kernels of one signature share this instantiation's
+// table, and their occupancies differ. One process sees few of each. (ctypes releases
 // the GIL around the launchers, hence the lock.)
 template <typename K>
 unsigned resident_grid(K kernel, int threads, size_t smem, long long ctas) {
-  struct Seen { int dev, threads; size_t smem; long long grid; };
-  static Seen seen[16];
+  struct Seen { const void* kernel; int dev, threads; size_t smem; long long grid; };
+  static Seen seen[32];
   static int nseen = 0;
   static std::mutex lock;
   const std::lock_guard<std::mutex> hold(lock);
@@ -1270,13 +1271,17 @@ unsigned resident_grid(K kernel, int threads, size_t smem, long long ctas) {
   cudaGetDevice(&dev);
   long long grid = 0;
   for (int i = 0; i < nseen; ++i)
-    if (seen[i].dev == dev && seen[i].threads == threads && seen[i].smem == smem) grid = seen[i].grid;
+    if (seen[i].kernel == reinterpret_cast<const void*>(kernel) && seen[i].dev == dev &&
+        seen[i].threads == threads && seen[i].smem == smem)
+      grid = seen[i].grid;
   if (!grid) {
     int per_sm = 1, sms = 1;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     grid = static_cast<long long>(per_sm > 0 ? per_sm : 1) * sms;
-    if (nseen < 16) seen[nseen++] = {dev, threads, smem, grid};
+    if (nseen < 32) {
+      seen[nseen++] = {reinterpret_cast<const void*>(kernel), dev, threads, smem, grid};
+    }
   }
   return static_cast<unsigned>(grid < ctas ? grid : ctas);
 }
