@@ -671,7 +671,7 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
             STATS.sent += widths[k]
             with streams.on(streams.decompress):
                 if not copied:
-                    rows[g.rank].copy_(inp)
+                    _copy_behind(streams, rows[g.rank], inp)
                     copied = True
                 work.wait()
                 got = received[k].view(g.world, widths[k])
@@ -686,6 +686,15 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
             if ks:
                 _resend(g, streams, r, [(rows[r], *pieces[k]) for k in ks],
                         inp if r == g.rank else None)
+
+
+def _copy_behind(streams: Streams, dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` on the decompress stream once the compress stream's queued encodes are
+    done: beside an encode, a copy this size takes its memory bandwidth and holds back the wire;
+    beside the collective it costs nothing."""
+    if streams.decompress is not None:
+        streams.decompress.wait_stream(streams.compress)
+    dst.copy_(src)
 
 
 def _resend(g: Group, streams: Streams, src: int, parts: list[tuple[torch.Tensor, int, int]],
@@ -839,7 +848,7 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
             keep.append(got)
             with streams.on(streams.decompress):
                 if k == 0:  # the rank's piece to itself, once the first chunk is on the wire
-                    recv[g.rank].copy_(send[g.rank])
+                    _copy_behind(streams, recv[g.rank], send[g.rank])
                 if work is not None:
                     work.wait()
                 for i in peers:
