@@ -10,7 +10,10 @@ One launch per transport (NCCL reads its transport variables once per process gr
 
 Where one compressed call's time goes: ``--skip-sweep --trace 256 --trace-ops all_gather
 all_to_all`` prints rank 0's timeline of each (torch.profiler: the protocol's stages, runtime
-calls over 20 us, every kernel and copy) and writes the chrome traces to OUT.
+calls over 20 us, every kernel and copy) and writes the chrome traces to OUT. ``--skip-sweep
+--phases 256 512`` times its phases without a profiler (CUDA events: to the wire, the collective,
+after it) beside native and the native collective of the compressed bytes, into
+``OUT/phases-TRANSPORT.json``.
 
 Host overhead of the native fast path and of the compressed protocol (``always``), and the
 codec's fixed costs (``probe``: microseconds per call at each ``--kib``), on CPU with gloo (no GPU
@@ -324,6 +327,87 @@ def trace(rank: int, world: int, mib: int, op: str, out_dir: Path) -> str:
     return timeline(json.loads(path.read_text()))
 
 
+class _Marked:
+    """A collective's Work whose wait() also records when the collective delivered."""
+
+    def __init__(self, work: object, marks: dict[str, torch.cuda.Event]) -> None:
+        self.work, self.marks = work, marks
+
+    def wait(self, *args: object) -> object:
+        done = self.work.wait(*args)
+        self.marks["done"] = recorded()
+        return done
+
+
+def recorded() -> torch.cuda.Event:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+WIRE_OPS = ("all_gather_into_tensor", "all_to_all_single", "broadcast")
+
+
+def phases(rank: int, world: int, mib: int, op: str, reps: int = 10) -> dict:
+    """Where one compressed call's time goes, from CUDA events rather than a profiler (whose own
+    host cost distorts a host-bound protocol): from the call's start to its data collective's
+    inputs being ready (descriptor exchange, setup, encode), the collective itself, and from its
+    delivery to the call's return (decode, the final read, host checks). Medians of ``reps``
+    ``always`` calls of one chunk, beside native ``op`` on the same data and the native
+    all-gather / broadcast of the compressed bytes (uint8): the wire's own time for them (two
+    ranks, whose compressed all-to-all moves by one all-gather)."""
+    marks: dict[str, torch.cuda.Event] = {}
+    real = {name: getattr(dist, name) for name in WIRE_OPS}
+
+    def marking(name: str) -> Callable[..., object]:
+        def run(tensor: torch.Tensor, *args: object, **kw: object) -> object:
+            data = tensor.numel() * tensor.element_size() >= MIB  # not the descriptor exchange
+            if data:
+                marks["ready"] = recorded()
+            work = real[name](tensor, *args, **kw)
+            return _Marked(work, marks) if data and work is not None else work
+        return run
+
+    x = make_data("normal", mib * MIB, rank, Path())
+    fn, _ = op_call(op, x, world, zipccl, fresh=False)
+    native, _ = op_call(op, x, world, dist, fresh=False)
+    saved = {k: os.environ.get(k) for k in ("ZIPCCL_MODE", "ZIPCCL_CHUNK_BYTES")}
+    os.environ.update(ZIPCCL_MODE="always", ZIPCCL_CHUNK_BYTES=str(4 * mib * MIB))
+    spans: list[tuple[float, ...]] = []
+    try:
+        for name in WIRE_OPS:
+            setattr(dist, name, marking(name))
+        for i in range(reps + 2):
+            STATS.reset()
+            dist.barrier()
+            sync()
+            start, t0 = recorded(), time.perf_counter()
+            fn()
+            end, t1 = recorded(), time.perf_counter()
+            sync()
+            if i >= 2:  # warm-up calls
+                spans.append((start.elapsed_time(marks["ready"]),
+                              marks["ready"].elapsed_time(marks["done"]),
+                              marks["done"].elapsed_time(end), 1e3 * (t1 - t0)))
+    finally:
+        for name, f in real.items():
+            setattr(dist, name, f)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+    sent = torch.tensor([STATS.sent], device=DEV)  # a broadcast's receivers sent nothing
+    dist.all_reduce(sent, dist.ReduceOp.MAX)
+    piece = torch.empty(int(sent.item()), dtype=torch.uint8, device=DEV)
+    wire, _ = op_call("broadcast" if op == "broadcast" else "all_gather", piece, world, dist,
+                      fresh=False)
+    ready, collective, tail, host = (statistics.median(c) for c in zip(*spans, strict=True))
+    return {"op": op, "mib": mib, "ready_ms": ready, "collective_ms": collective,
+            "tail_ms": tail, "call_ms": host, "sent_bytes": piece.numel(),
+            "native_ms": 1e3 * timed(native, reps), "wire_ms": 1e3 * timed(wire, reps)}
+
+
 def timeline(chrome: dict) -> str:
     """The last ``zipccl.call`` of a chrome trace as text lines: start, duration, kind, name."""
     events = [e for e in chrome["traceEvents"] if e.get("ph") == "X"]
@@ -451,8 +535,24 @@ def train(args: argparse.Namespace, rank: int, hooked: bool) -> dict:
 # --------------------------------------------------------------------------- report
 
 
+def phases_table(rows: list[dict]) -> str:
+    """Markdown of :func:`phases` rows."""
+    lines = ["| op | MiB/rank | to the wire ms | collective ms | after it ms | call ms |"
+             " native ms | x | wire alone ms (its bytes, native) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['op']} | {r['mib']} | {r['ready_ms']:.2f} | {r['collective_ms']:.2f} "
+                     f"| {r['tail_ms']:.2f} | {r['call_ms']:.2f} | {r['native_ms']:.2f} | "
+                     f"{r['native_ms'] / r['call_ms']:.2f} | {r['wire_ms']:.2f} |")
+    return "\n".join(lines)
+
+
 def table(out: Path) -> str:
     lines = []
+    for path in sorted(out.glob("phases-*.json")):
+        found = json.loads(path.read_text())
+        lines += [f"\n### phases of one compressed call, transport: {found['transport']}\n",
+                  phases_table(found["rows"])]
     for path in sorted(out.glob("sweep-*.json")):
         rows = json.loads(path.read_text())["rows"]
         lines += [f"\n### transport: {rows[0]['transport']}\n",
@@ -504,6 +604,10 @@ def main() -> None:
     ap.add_argument("--trace", type=int, default=0,
                     help="timeline of one compressed call of each --trace-ops at this many MiB")
     ap.add_argument("--trace-ops", nargs="+", default=["all_gather"], choices=OPS)
+    ap.add_argument("--phases", type=int, nargs="*", default=[],
+                    help="CUDA-event phases of a compressed call of each --phase-ops at these MiB")
+    ap.add_argument("--phase-ops", nargs="+", default=["all_gather", "all_to_all", "broadcast"],
+                    choices=["all_gather", "all_to_all", "broadcast"])
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--layers", type=int, default=6)
@@ -547,6 +651,14 @@ def main() -> None:
         text = trace(rank, world, args.trace, op, args.out_dir)
         if rank == 0:
             print(f"trace {op} {args.trace} MiB\n{text}", flush=True)
+    if args.phases:
+        if DEV.type != "cuda":
+            raise SystemExit("--phases times CUDA events: it needs the GPUs")
+        found = [phases(rank, world, mib, op) for mib in args.phases for op in args.phase_ops]
+        if rank == 0:
+            (args.out_dir / f"phases-{args.transport}.json").write_text(json.dumps(
+                {"rows": found, "transport": args.transport}, indent=1))
+            print(phases_table(found), flush=True)
     if not args.skip_sweep:
         probed = probe(rank) if DEV.type == "cuda" else {}
         rows = sweep(args, rank, world)
