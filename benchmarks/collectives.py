@@ -60,6 +60,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import zipccl
 from torch import nn
+from zipccl import switch
 from zipccl.collectives import STATS
 
 MIB = 1 << 20
@@ -513,6 +514,7 @@ def train(args: argparse.Namespace, rank: int, hooked: bool) -> dict:
     # a learnable stream: token t = start + a * t (mod vocab), one of 8 fixed strides a
     a = torch.randint(1, vocab, (8,), device=DEV, generator=gen)
     losses, times = [], []
+    switch.ROUTES.clear()  # a cache: what remains after the steps is what the hook decided
     for _ in range(args.steps):
         start = torch.randint(0, vocab, (args.batch, 1), device=DEV, generator=gen)
         which = torch.randint(0, 8, (args.batch, 1), device=DEV, generator=gen)
@@ -528,8 +530,9 @@ def train(args: argparse.Namespace, rank: int, hooked: bool) -> dict:
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
     params = sum(p.numel() for p in model.parameters())
+    routes = {int(k[3]): v for k, v in switch.ROUTES.items() if k[1] == "all_reduce"}
     return {"hooked": hooked, "losses": losses, "step_s": statistics.median(times[20:]),
-            "params": params}
+            "params": params, "routes": routes}
 
 
 # --------------------------------------------------------------------------- report
@@ -579,6 +582,11 @@ def table(out: Path) -> str:
             name = "native" if not r["hooked"] else f"zipccl hook #{i}"
             lines.append(f"| {name} | {1e3 * r['step_s']:.2f} | {base['step_s'] / r['step_s']:.3f}"
                          f" | {r['losses'][-1]:.4f} | {diff:.3g} |")
+        paths = {n: p for r in runs for n, p in r.get("routes", {}).items()}
+        if paths:
+            listed = ", ".join(f"{int(n) / MIB:.1f} MiB {p}" for n, p in sorted(
+                paths.items(), key=lambda kv: int(kv[0])))
+            lines.append(f"\nThe hook's buckets: {listed}")
         hooked = [r["losses"] for r in runs if r["hooked"]]
         lines.append(f"\nzipccl runs identical to each other: {all(h == hooked[0] for h in hooked)}"
                      f"; identical to native: {hooked[0] == base['losses']}")
@@ -615,7 +623,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--bucket-mb", type=float, default=25.0)
-    ap.add_argument("--train-mode", default="auto", choices=["auto", "always"])
+    ap.add_argument("--train-mode", default="auto", choices=["auto", "always", "never"])
     ap.add_argument("--cpu", action="store_true", help="gloo on CPU: a smoke test of the script")
     args = ap.parse_args()
     if args.what == "table":
