@@ -500,6 +500,7 @@ class GPT(nn.Module):
 
 
 def train(args: argparse.Namespace, rank: int, hooked: bool) -> dict:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
@@ -508,7 +509,7 @@ def train(args: argparse.Namespace, rank: int, hooked: bool) -> dict:
     model = GPT(vocab, args.d_model, args.layers, 8, ctx).to(DEV, torch.bfloat16)
     ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
     if hooked:
-        ddp.register_comm_hook(None, zipccl.ddp_hook)
+        ddp.register_comm_hook(None, zipccl.ddp_hook if args.hook == "zipccl" else allreduce_hook)
     opt = torch.optim.AdamW(ddp.parameters(), lr=3e-4)
     gen = torch.Generator(device=DEV).manual_seed(100 + rank)
     # a learnable stream: token t = start + a * t (mod vocab), one of 8 fixed strides a
@@ -574,12 +575,13 @@ def table(out: Path) -> str:
         runs = json.loads(path.read_text())["runs"]
         base = runs[0]
         conf = json.loads(path.read_text()).get("config", "")
+        hook = json.loads(path.read_text()).get("hook", "zipccl")
         lines += [f"\n### DDP training ({path.stem}, {base['params'] / 1e6:.1f} M params) {conf}\n",
                   "| run | median step ms | speedup | final loss | max abs loss diff vs native |",
                   "| --- | --- | --- | --- | --- |"]
         for i, r in enumerate(runs):
             diff = max(abs(x - y) for x, y in zip(r["losses"], base["losses"], strict=True))
-            name = "native" if not r["hooked"] else f"zipccl hook #{i}"
+            name = "native" if not r["hooked"] else f"{hook} hook #{i}"
             lines.append(f"| {name} | {1e3 * r['step_s']:.2f} | {base['step_s'] / r['step_s']:.3f}"
                          f" | {r['losses'][-1]:.4f} | {diff:.3g} |")
         paths = {n: p for r in runs for n, p in r.get("routes", {}).items()}
@@ -588,7 +590,7 @@ def table(out: Path) -> str:
                 paths.items(), key=lambda kv: int(kv[0])))
             lines.append(f"\nThe hook's buckets: {listed}")
         hooked = [r["losses"] for r in runs if r["hooked"]]
-        lines.append(f"\nzipccl runs identical to each other: {all(h == hooked[0] for h in hooked)}"
+        lines.append(f"\n{hook} runs identical to each other: {all(h == hooked[0] for h in hooked)}"
                      f"; identical to native: {hooked[0] == base['losses']}")
     return "\n".join(lines)
 
@@ -624,6 +626,9 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--train-mode", default="auto", choices=["auto", "always", "never"])
+    ap.add_argument("--hook", default="zipccl", choices=["zipccl", "torch"],
+                    help="the hooked runs' hook: zipccl.ddp_hook, or torch's own Python "
+                         "allreduce_hook (what any Python comm hook costs against DDP's built-in)")
     ap.add_argument("--cpu", action="store_true", help="gloo on CPU: a smoke test of the script")
     args = ap.parse_args()
     if args.what == "table":
@@ -680,8 +685,9 @@ def main() -> None:
         runs = [train(args, rank, hooked) for hooked in (False, True, True)]
         if rank == 0:
             (args.out_dir / f"train-{args.transport}.json").write_text(
-                json.dumps({"runs": runs, "config": f"ZIPCCL_MODE={args.train_mode}, "
-                            f"bucket_cap_mb={args.bucket_mb}"}, indent=1))
+                json.dumps({"runs": runs, "hook": args.hook,
+                            "config": f"ZIPCCL_MODE={args.train_mode}, "
+                            f"bucket_cap_mb={args.bucket_mb}, hook={args.hook}"}, indent=1))
             for r in runs:
                 print("train", r["hooked"], r["step_s"], r["losses"][-1], flush=True)
     dist.destroy_process_group()
