@@ -18,7 +18,7 @@ import torch.distributed as dist
 import zipccl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from zipccl import _torch, codec, collectives, switch
+from zipccl import _comm, _torch, codec, collectives, switch
 from zipccl.collectives import STATS
 
 from golden.container import DEFAULT_BLOCK, HEADER_BYTES
@@ -623,6 +623,25 @@ def test_one_host_read_per_call(pair):
     enough for the split layout."""
     env = {**ALWAYS, "ZIPCCL_CHUNK_BYTES": "20000"}
     assert pair.run(sc_host_reads, 40000, env=env) == [[2, 2, 1], [2, 2, 1]]
+
+
+def sc_exchange_reuse(rank: int, world: int) -> list[list[list[int]]]:
+    """Three exchanges through the kept buffers -- two of one width, one wider with a filled
+    tail -- and the first one's rows as returned, read after the others."""
+    g = _comm.resolve(None)
+    first = _comm.exchange(g, [7, 0, 10 + rank], "probe")
+    second = _comm.exchange(g, [7, 0, 20 + rank], "probe")
+    tail = _comm.exchange(g, [7, 0, 30 + rank], "probe", 2, lambda t: t.fill_(rank - 5))
+    return [first.tolist(), second.tolist(), tail.tolist()]
+
+
+def test_exchange_rows_are_each_calls_own(pair):
+    """The exchange keeps its rows between calls; what it returns is a copy, and a wider row's
+    tail holds what ``fill`` wrote there on each rank."""
+    got = pair.run(sc_exchange_reuse)
+    want = [[[7, 0, 10], [7, 0, 11]], [[7, 0, 20], [7, 0, 21]],
+            [[7, 0, 30, -5, -5], [7, 0, 31, -4, -4]]]
+    assert got == [want, want]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
