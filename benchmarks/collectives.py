@@ -572,10 +572,9 @@ def table(out: Path) -> str:
                 f"{n / r['auto_nv_s']:.2f} | {1e3 * r['always_s']:.2f} | {n / r['always_s']:.2f} | "
                 f"{r['always_wire'] / max(1, r['native_wire']):.3f} | {'yes' if exact else 'NO'} |")
     for path in sorted(out.glob("train-*.json")):
-        runs = json.loads(path.read_text())["runs"]
+        found = json.loads(path.read_text())
+        runs, conf, hook = found["runs"], found.get("config", ""), found.get("hook", "zipccl")
         base = runs[0]
-        conf = json.loads(path.read_text()).get("config", "")
-        hook = json.loads(path.read_text()).get("hook", "zipccl")
         lines += [f"\n### DDP training ({path.stem}, {base['params'] / 1e6:.1f} M params) {conf}\n",
                   "| run | median step ms | speedup | final loss | max abs loss diff vs native |",
                   "| --- | --- | --- | --- | --- |"]

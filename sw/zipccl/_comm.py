@@ -149,21 +149,28 @@ class _Rows:
 _LOCAL = threading.local()
 
 
-def _rows(g: Group, width: int) -> _Rows:
-    kept = _LOCAL.__dict__.setdefault("rows", {})
-    key = (g.device, width, g.world)
+def per_thread(key: tuple, make: Callable[[], object]) -> object:
+    """This thread's object under ``key``, made on first use: small buffers a call reuses, which
+    that call is done with (its host reads waited for them) before the thread's next call."""
+    kept = _LOCAL.__dict__.setdefault("kept", {})
     if key not in kept:
-        if g.cuda:
-            host_row = torch.zeros(width, dtype=torch.int64).pin_memory()
-            table = torch.empty(g.world * width, dtype=torch.int64, device=g.device)
-            kept[key] = _Rows(host_row, torch.zeros(width, dtype=torch.int64, device=g.device),
-                              table, torch.empty_like(table, device="cpu").pin_memory(),
-                              torch.cuda.Event())
-        else:
-            row = torch.zeros(width, dtype=torch.int64)
-            table = torch.empty(g.world * width, dtype=torch.int64)
-            kept[key] = _Rows(row, row, table, table, None)
+        kept[key] = make()
     return kept[key]
+
+
+def _rows(g: Group, width: int) -> _Rows:
+    return per_thread(("rows", g.device, width, g.world), lambda: _new_rows(g, width))
+
+
+def _new_rows(g: Group, width: int) -> _Rows:
+    if not g.cuda:
+        row = torch.zeros(width, dtype=torch.int64)
+        table = torch.empty(g.world * width, dtype=torch.int64)
+        return _Rows(row, row, table, table, None)
+    table = torch.empty(g.world * width, dtype=torch.int64, device=g.device)
+    return _Rows(torch.zeros(width, dtype=torch.int64).pin_memory(),
+                 torch.zeros(width, dtype=torch.int64, device=g.device), table,
+                 torch.empty_like(table, device="cpu").pin_memory(), torch.cuda.Event())
 
 
 def require_same(table: np.ndarray, column: int, what: str, op_name: str,

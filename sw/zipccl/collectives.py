@@ -74,7 +74,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -104,6 +103,7 @@ from zipccl._comm import (
     dtype_name,
     exchange,
     ordered,
+    per_thread,
     require_same,
     resolve,
     streams_for,
@@ -541,16 +541,10 @@ class _Unpack:
         return over
 
 
-_THREAD = threading.local()
-
-
 def _flag(device: torch.device) -> torch.Tensor:
     """The decoders' int32 error flag on ``device``, one per thread: a call reads it back (and so
     waits for it) before it returns, and the next call's first decode zeroes it."""
-    flags = _THREAD.__dict__.setdefault("flags", {})
-    if device not in flags:
-        flags[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return flags[device]
+    return per_thread(("flag", device), lambda: torch.zeros(1, dtype=torch.int32, device=device))
 
 
 def _checked(head: bytes, fmt: FloatFormat, numel: int, table: Codebook) -> bytes:
