@@ -10,7 +10,8 @@ clock carries N codes of any length.
 :class:`QLCEncoderN` (no serial dependency): N LUT reads in parallel (one block RAM copy per
 read port), each code left aligned, a binary merge tree that concatenates the N codes (each
 merge shifts the right half by the left half's length: a prefix sum and shifter network in
-one), and the single-lane packer widened to beats.
+one) with a register after every level (log2 N clocks of latency, one merge per clock path),
+and the single-lane packer widened to beats.
 
 :class:`QLCDecoderN`: the single-lane decoder with N length selects chained in the parse loop
 (``p[j+1] = p[j] + 3 + width(prefix at p[j])``), N heads, N region lookups, N rank LUT read
@@ -71,19 +72,50 @@ def beat_layout(words: int) -> data.StructLayout:
     return data.StructLayout({"data": WORD_BITS * words, "last": 1, "bits": COUNT_BITS})
 
 
-def merge_codes(codes: list[tuple[Value, Value, int]]) -> tuple[Value, Value, int]:
-    """Concatenate left-aligned codes ``(bits, length, width)`` (zeros below ``length``): a
-    binary tree of ``left | right >> left_length``."""
-    while len(codes) > 1:
-        merged = []
-        for k in range(0, len(codes) - 1, 2):
-            (a, la, wa), (b, lb, wb) = codes[k], codes[k + 1]
-            bits = Cat(C(0, wb), a) | (Cat(C(0, wa), b) >> la)
-            merged.append((bits, la + lb, wa + wb))
-        if len(codes) % 2:
-            merged.append(codes[-1])
-        codes = merged
-    return codes[0]
+Code = tuple[Value, Value, int]  # left-aligned bits (zeros below ``length``), length, width
+
+
+def merge_pair(a: Code, b: Code) -> Code:
+    """Concatenate two left-aligned codes: ``a | b >> len(a)``."""
+    (bits_a, len_a, width_a), (bits_b, len_b, width_b) = a, b
+    bits = Cat(C(0, width_b), bits_a) | (Cat(C(0, width_a), bits_b) >> len_a)
+    return bits, len_a + len_b, width_a + width_b
+
+
+class MergeTree:
+    """A binary tree of :func:`merge_pair` with a register after every level, so the critical
+    path is one merge (one shifter) at any lane count; the levels form a pipeline that holds
+    under back-pressure like the stages around it. ``connect`` closes the handshake chain once
+    the consumer's ``free`` is known."""
+
+    def __init__(self, m: Module, codes: list[Code], valid: Value, last: Value) -> None:
+        self.levels: list[tuple[Signal, Signal]] = []  # (free, valid) per level
+        while len(codes) > 1:
+            depth = len(self.levels)
+            merged = [merge_pair(codes[k], codes[k + 1]) for k in range(0, len(codes) - 1, 2)]
+            merged += codes[len(codes) - len(codes) % 2 :]
+            free, lvl_valid, lvl_last = (Signal(name=f"merge{depth}_{n}")
+                                         for n in ("free", "valid", "last"))
+            regs = []
+            for k, (bits, length, width) in enumerate(merged):
+                r_bits = Signal(width, name=f"merge{depth}_bits{k}")
+                r_len = Signal(range(width + 1), name=f"merge{depth}_len{k}")
+                with m.If(free):
+                    m.d.sync += [r_bits.eq(bits), r_len.eq(length)]
+                regs.append((r_bits, r_len, width))
+            with m.If(free):
+                m.d.sync += [lvl_valid.eq(valid), lvl_last.eq(last)]
+            self.levels.append((free, lvl_valid))
+            codes, valid, last = regs, lvl_valid, lvl_last
+        (self.block, self.length, self.width), = codes
+        self.valid, self.last = valid, last
+
+    def connect(self, m: Module, out_free: Value) -> Value:
+        """Drive each level's advance from the one after it; returns the tree's input free."""
+        for free, valid in reversed(self.levels):
+            m.d.comb += free.eq(~valid | out_free)
+            out_free = free
+        return out_free
 
 
 class QLCEncoderN(wiring.Component):
@@ -103,7 +135,6 @@ class QLCEncoderN(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         n_lanes, beat = self.lanes, WORD_BITS * self.words
-        block_bits = MAX_CODE_LENGTH * n_lanes
         m.submodules.lut = lut = memory.Memory(
             shape=ENC_WORD_BITS, depth=ALPHABET, init=self.book.encoder_words()
         )
@@ -115,17 +146,19 @@ class QLCEncoderN(wiring.Component):
         s2_valid, s2_last = Signal(), Signal()
         s2_codes = [Signal(MAX_CODE_LENGTH, name=f"s2_code{j}") for j in range(n_lanes)]
         s2_lens = [Signal(range(MAX_CODE_LENGTH + 1), name=f"s2_len{j}") for j in range(n_lanes)]
-        s3_valid, s3_last = Signal(), Signal()
-        s3_block, s3_len = Signal(block_bits), Signal(range(block_bits + 1))
 
         tw_take = table_write_port(m, self.tw, ~in_packet, wr, Mem.ENC)
 
-        pack = add_packer(
-            m, self.o, beat=beat, code_bits=block_bits, valid=s3_valid, code=s3_block,
-            length=s3_len, last=s3_last,
+        # stage 3: the merge tree, one register per level
+        tree = MergeTree(
+            m, [(c, ln, MAX_CODE_LENGTH) for c, ln in zip(s2_codes, s2_lens, strict=True)],
+            s2_valid, s2_last,
         )
-        s3_free = ~s3_valid | pack
-        s2_free = ~s2_valid | s3_free
+        pack = add_packer(
+            m, self.o, beat=beat, code_bits=tree.width, valid=tree.valid, code=tree.block,
+            length=tree.length, last=tree.last,
+        )
+        s2_free = tree.connect(m, ~tree.valid | pack)
         s1_free = ~s1_valid | s2_free
         take = self.i.valid & self.i.ready
         m.d.comb += self.i.ready.eq(s1_free & ~tw_take)
@@ -154,16 +187,7 @@ class QLCEncoderN(wiring.Component):
                     s2_lens[j].eq(Mux(live, PREFIX_BITS + entry.width, 0)),
                 ]
 
-        # stage 3: the merge tree
-        block, length, _ = merge_codes(
-            [(c, ln, MAX_CODE_LENGTH) for c, ln in zip(s2_codes, s2_lens, strict=True)]
-        )
-        with m.If(s3_free):
-            m.d.sync += [
-                s3_valid.eq(s2_valid), s3_last.eq(s2_last), s3_block.eq(block), s3_len.eq(length)
-            ]
-
-        # stage 4: the packer (hw.packer, beat wide)
+        # last stage: the packer (hw.packer, beat wide)
         return m
 
 
