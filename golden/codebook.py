@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
+import re
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import SupportsIndex
 
 import numpy as np
 
@@ -24,6 +29,13 @@ MAX_CODE_LENGTH = PREFIX_BITS + MAX_WIDTH
 
 TABLE_FILE_FORMAT = "zipccl-region-code"
 TABLE_FILE_VERSION = 1
+# A table file is a few KiB (to_json of 256 ranks is ~3.5 KiB); anything far larger is refused
+# before it is parsed, so a hostile file costs bounded time and memory.
+MAX_TABLE_FILE_BYTES = 1 << 16
+MAX_NAME_CHARS = 256
+_FILE_KEYS = {"format", "version", "name", "regions", "rank_to_symbol", "sha256"}
+_REGION_KEYS = {"prefix", "width", "kind"}
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 # Canonical binary form (also embedded verbatim in every compressed buffer's header):
 #   bytes 0..7    region descriptors: bits 0-3 width, bit 7 literal flag
@@ -68,13 +80,17 @@ class Codebook:
     name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
-        object.__setattr__(self, "ranks", tuple(int(s) for s in self.ranks))
+        object.__setattr__(self, "widths", _int_tuple(self.widths, "widths", NUM_REGIONS))
+        object.__setattr__(self, "ranks", _int_tuple(self.ranks, "ranks", ALPHABET))
+        if self.literal is not None:
+            object.__setattr__(self, "literal", _int(self.literal, "literal region"))
         self._validate()
 
     def _validate(self) -> None:
         if len(self.widths) != NUM_REGIONS:
             raise TableError(f"a table has {NUM_REGIONS} regions, got {len(self.widths)} widths")
+        if len(self.ranks) > ALPHABET:
+            raise TableError(f"rank table has {len(self.ranks)} entries, more than {ALPHABET}")
         for p, w in enumerate(self.widths):
             if not 0 <= w <= MAX_WIDTH:
                 raise TableError(f"region {p} width {w} is outside 0..{MAX_WIDTH}")
@@ -90,7 +106,7 @@ class Codebook:
         if bad:
             raise TableError(f"rank table holds symbols outside 0..255: {bad[:5]}")
         if len(set(self.ranks)) != len(self.ranks):
-            dup = sorted({s for s in self.ranks if self.ranks.count(s) > 1})
+            dup = sorted(s for s, k in Counter(self.ranks).items() if k > 1)
             raise TableError(f"rank table lists symbols more than once: {dup[:5]}")
         if len(self.ranks) > self.capacity:
             raise TableError(
@@ -227,35 +243,33 @@ class Codebook:
 
     @classmethod
     def from_json(cls, text: str) -> Codebook:
+        """Parse a table file strictly: exact keys and types, no floats or constants, bounded
+        size; every malformed file is a TableError, checked in time linear in its length."""
+        if not isinstance(text, str):
+            raise TableError(f"a table file is text, got {type(text).__name__}")
+        if len(text) > MAX_TABLE_FILE_BYTES:
+            raise TableError(f"table file of {len(text)} characters exceeds {MAX_TABLE_FILE_BYTES}")
         try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TableError(f"table file is not JSON: {exc}") from None
-        if not isinstance(doc, dict) or doc.get("format") != TABLE_FILE_FORMAT:
+            doc = json.loads(text, parse_float=_no_float, parse_constant=_no_float)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, digit limits, nesting
+            raise TableError(f"table file is not JSON of a table: {exc}") from None
+        doc = _dict(doc, _FILE_KEYS - {"name"}, _FILE_KEYS, "table file")
+        if doc["format"] != TABLE_FILE_FORMAT:
             raise TableError(f"not a {TABLE_FILE_FORMAT} table file")
-        if doc.get("version") != TABLE_FILE_VERSION:
-            raise TableError(f"table file version {doc.get('version')!r} is not supported")
-        try:
-            regions = sorted(doc["regions"], key=lambda r: r["prefix"])
-            if [r["prefix"] for r in regions] != list(range(NUM_REGIONS)):
-                raise TableError(f"table file must list prefixes 0..{NUM_REGIONS - 1} once each")
-            kinds = [r["kind"] for r in regions]
-            if set(kinds) - {"ranked", "literal"}:
-                raise TableError(f"unknown region kind in {kinds}")
-            literals = [p for p, k in enumerate(kinds) if k == "literal"]
-            if len(literals) > 1:
-                raise TableError(f"more than one literal region: {literals}")
-            book = cls(
-                widths=tuple(r["width"] for r in regions),
-                literal=literals[0] if literals else None,
-                ranks=tuple(doc["rank_to_symbol"]),
-                name=str(doc.get("name", "")),
-            )
-        except (KeyError, TypeError) as exc:
-            raise TableError(f"table file is missing or mistypes a field: {exc}") from None
-        if doc.get("sha256") != book.sha256:
+        if type(doc["version"]) is not int or doc["version"] != TABLE_FILE_VERSION:
+            raise TableError(f"table file version {doc['version']!r} is not supported")
+        name = doc.get("name", "")
+        if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
+            raise TableError(f"table name must be a string of at most {MAX_NAME_CHARS} characters")
+        widths, literal = _regions(doc["regions"])
+        ranks = doc["rank_to_symbol"]
+        if not isinstance(ranks, list):
+            raise TableError("rank_to_symbol must be a list of symbols")
+        book = cls(widths, literal, _int_tuple(ranks, "rank_to_symbol", ALPHABET), name=name)
+        digest = doc["sha256"]
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest) or digest != book.sha256:
             raise TableError(
-                f"table file hash {doc.get('sha256')!r} does not match its content ({book.sha256})"
+                f"table file hash {digest!r} does not match its content ({book.sha256})"
             )
         return book
 
@@ -264,7 +278,16 @@ class Codebook:
 
     @classmethod
     def load(cls, path: str | Path) -> Codebook:
-        return cls.from_json(Path(path).read_text())
+        """Read and parse a table file; a file over the size bound is refused unread."""
+        with Path(path).open("rb") as f:
+            data = f.read(MAX_TABLE_FILE_BYTES + 1)
+        if len(data) > MAX_TABLE_FILE_BYTES:
+            raise TableError(f"table file {path} exceeds {MAX_TABLE_FILE_BYTES} bytes")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TableError(f"table file {path} is not UTF-8: {exc}") from None
+        return cls.from_json(text)
 
     # ----------------------------------------------------------------- RTL memory images
     def encoder_words(self) -> list[int]:
@@ -307,3 +330,56 @@ class Codebook:
     def describe(self) -> str:
         kinds = "".join("L" if p == self.literal else str(w) for p, w in enumerate(self.widths))
         return f"{self.name or 'table'} [{kinds}] n={self.num_ranked} sha256={self.sha256[:12]}"
+
+
+# ---------------------------------------------------------------------- strict field parsing
+def _int(value: object, what: str) -> int:
+    """An integer (Python or NumPy), never a bool, float or string: nothing is silently cut."""
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+        raise TableError(f"{what} must be an integer, got {value!r}")
+    return operator.index(value)
+
+
+def _int_tuple(values: object, what: str, limit: int) -> tuple[int, ...]:
+    """A sequence of at most ``limit`` integers, its length checked before any element."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray):
+        raise TableError(f"{what} must be a sequence of integers, got {type(values).__name__}")
+    if len(values) > limit:
+        raise TableError(f"{what} has {len(values)} entries, more than {limit}")
+    return tuple(_int(v, f"{what} entry") for v in values)
+
+
+def _no_float(token: str) -> None:
+    raise TableError(f"table files hold only integers and strings, got {token}")
+
+
+def _dict(value: object, required: set[str], allowed: set[str], what: str) -> dict:
+    if not isinstance(value, dict):
+        raise TableError(f"{what} must be a JSON object, got {type(value).__name__}")
+    missing, extra = required - value.keys(), value.keys() - allowed
+    if missing or extra:
+        raise TableError(
+            f"{what} is missing or mistypes a field: missing {sorted(missing)}, "
+            f"unknown {sorted(extra)}"
+        )
+    return value
+
+
+def _regions(regions: object) -> tuple[tuple[int, ...], int | None]:
+    """The table file's region list -> (widths by prefix, literal prefix or None)."""
+    if not isinstance(regions, list) or len(regions) != NUM_REGIONS:
+        raise TableError(f"table file must list prefixes 0..{NUM_REGIONS - 1} once each")
+    by_prefix: dict[int, dict] = {}
+    for r in regions:
+        r = _dict(r, _REGION_KEYS, _REGION_KEYS, "region")
+        by_prefix[_int(r["prefix"], "region prefix")] = r
+    if sorted(by_prefix) != list(range(NUM_REGIONS)):
+        raise TableError(f"table file must list prefixes 0..{NUM_REGIONS - 1} once each")
+    kinds = [by_prefix[p]["kind"] for p in range(NUM_REGIONS)]
+    if any(k not in ("ranked", "literal") for k in kinds):
+        raise TableError(f"unknown region kind in {kinds}")
+    literals = [p for p, k in enumerate(kinds) if k == "literal"]
+    if len(literals) > 1:
+        raise TableError(f"more than one literal region: {literals}")
+    widths = tuple(_int(by_prefix[p]["width"], f"region {p} width") for p in range(NUM_REGIONS))
+    return widths, literals[0] if literals else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from golden.codebook import (
     ALPHABET,
     ENC_PREFIX_SHIFT,
     ENC_WIDTH_SHIFT,
+    MAX_TABLE_FILE_BYTES,
     REGION_LITERAL_SHIFT,
     REGION_WIDTH_SHIFT,
     TABLE_BYTES,
@@ -126,6 +128,109 @@ def test_corrupt_table_files_are_rejected(edit, message: str) -> None:
     edit(doc)
     with pytest.raises(TableError, match=message):
         Codebook.from_json(json.dumps(doc))
+
+
+def _with_token(token: str) -> str:
+    """ZIPCCL's table file with its first rank replaced by the raw JSON ``token``."""
+    doc = json.loads(ZIPCCL.to_json())
+    doc["rank_to_symbol"][0] = "@@"
+    return json.dumps(doc).replace('"@@"', token)
+
+
+@pytest.mark.parametrize(
+    "token",
+    ["Infinity", "-Infinity", "NaN", "1e400", "126.0", "126.9", '"126"', '"a"', "true", "null",
+     "[126]", '{"126": 1}', "1" * 5000, "[" * 20000 + "]" * 20000],
+    ids=lambda t: t[:12],
+)
+def test_malformed_rank_entries_raise_table_error(token: str) -> None:
+    """Before: OverflowError, RecursionError, bare ValueError, or silently int()-converted."""
+    with pytest.raises(TableError):
+        Codebook.from_json(_with_token(token))
+
+
+def _set_region_field(key: str, value: object):
+    return lambda d: d["regions"][1].update({key: value})
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        _set_region_field("width", 0.0),
+        _set_region_field("width", "0"),
+        _set_region_field("width", False),
+        _set_region_field("prefix", 1.0),
+        _set_region_field("extra", 1),
+        lambda d: d.update(version=True),
+        lambda d: d.update(version=1.0),
+        lambda d: d.update(name={"a": 1}),
+        lambda d: d.update(name="x" * 10_000),
+        lambda d: d.update(comment="unknown keys are refused"),
+        lambda d: d.update(rank_to_symbol="~}|{zyx"),
+        lambda d: d.update(rank_to_symbol={"126": 0}),
+        lambda d: d.update(regions={"0": d["regions"][0]}),
+        lambda d: d["regions"].__setitem__(1, [1, 0, "ranked"]),
+        lambda d: d["regions"].append(d["regions"][0]),
+        lambda d: d.update(sha256=ZIPCCL.sha256.upper()),
+    ],
+)
+def test_mistyped_table_file_fields_raise_table_error(edit) -> None:
+    """Every edit keeps the content's hash, so before strict typing most were accepted."""
+    doc = json.loads(ZIPCCL.to_json())
+    edit(doc)
+    with pytest.raises(TableError):
+        Codebook.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize("document", ["[]", '"zipccl"', "7", "null", b"{}"], ids=repr)
+def test_table_file_must_be_an_object_in_text(document: str | bytes) -> None:
+    with pytest.raises(TableError):
+        Codebook.from_json(document)  # type: ignore[arg-type]
+
+
+def test_table_file_size_is_bounded_before_parsing(tmp_path) -> None:
+    huge = _with_token(", ".join(["126"] * 40_000))
+    assert len(huge) > MAX_TABLE_FILE_BYTES
+    with pytest.raises(TableError, match="exceeds"):
+        Codebook.from_json(huge)
+    (tmp_path / "big.json").write_bytes(b" " * (MAX_TABLE_FILE_BYTES + 1))
+    with pytest.raises(TableError, match="exceeds"):
+        Codebook.load(tmp_path / "big.json")
+    (tmp_path / "latin.json").write_bytes(b"\xff{}")
+    with pytest.raises(TableError, match="UTF-8"):
+        Codebook.load(tmp_path / "latin.json")
+
+
+def test_long_rank_tables_are_rejected_in_linear_time() -> None:
+    """40,000 ranks took 19 s in the quadratic duplicate check; now the length is checked first,
+    and the duplicate check itself is linear (a full 256-symbol table of repeats)."""
+    start = time.perf_counter()
+    with pytest.raises(TableError, match="more than 256"):
+        Codebook(QLC.widths, None, tuple(range(ALPHABET)) * 157)
+    with pytest.raises(TableError, match="more than once"):
+        Codebook(QLC.widths, None, (0,) * ALPHABET)
+    assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"widths": (8.0,) + (0,) * 7, "literal": 0, "ranks": ()},
+        {"widths": (8,) + (0,) * 7, "literal": 0.0, "ranks": ()},
+        {"widths": (8,) + (0,) * 7, "literal": 0, "ranks": (126.5,)},
+        {"widths": (8,) + (0,) * 7, "literal": 0, "ranks": ("7",)},
+        {"widths": "80000000", "literal": 0, "ranks": ()},
+        {"widths": (8,) + (0,) * 7, "literal": 0, "ranks": 7},
+    ],
+)
+def test_constructor_refuses_non_integers(kwargs: dict) -> None:
+    with pytest.raises(TableError, match="integer"):
+        Codebook(**kwargs)
+
+
+def test_constructor_takes_numpy_integers() -> None:
+    book = Codebook(np.array(ZIPCCL.widths), np.int64(0), np.array(ZIPCCL.ranks, np.uint8))
+    assert book == ZIPCCL and all(type(v) is int for v in book.widths + book.ranks)
 
 
 def test_non_json_table_file_is_rejected() -> None:
