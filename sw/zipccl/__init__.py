@@ -2,11 +2,14 @@
 
 The codec (:mod:`zipccl.codec`) writes golden/container.py buffers on CPU or CUDA; the collectives
 (:mod:`zipccl.collectives`) have torch.distributed's signatures; :mod:`zipccl.hooks` plugs them
-into DDP and FSDP2.
+into DDP and FSDP2; importing the package registers the ``zipccl`` torch.distributed backend
+(:mod:`zipccl.backend`), through which unchanged training code reaches the collectives.
 """
 
+from zipccl.backend import ProcessGroupZipccl
 from zipccl.codec import (
     Compressed,
+    check_errors,
     compress,
     compress_into,
     decompress,
@@ -32,6 +35,7 @@ __all__ = [
     "FSDP2_HOOKS",
     "CollectiveMismatchError",
     "Compressed",
+    "ProcessGroupZipccl",
     "ZipAllGather",
     "ZipReduceScatter",
     "all_gather",
@@ -40,6 +44,7 @@ __all__ = [
     "all_reduce_strategy",
     "all_to_all_single",
     "broadcast",
+    "check_errors",
     "compress",
     "compress_into",
     "ddp_hook",

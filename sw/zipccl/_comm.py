@@ -53,6 +53,12 @@ class CollectiveMismatchError(ValueError):
     """Ranks called a collective with arguments that do not fit together (raised on every rank)."""
 
 
+class Forwarding:
+    """Marks a process group whose own collectives call zipccl's on inner groups (the ``zipccl``
+    backend): zipccl's functions hand a call on it straight to torch.distributed, which brings
+    it back through the backend, instead of compressing it twice."""
+
+
 @dataclass(frozen=True)
 class Group:
     """A resolved process group: the handle torch wants plus what the protocols need."""
@@ -183,17 +189,24 @@ def require_same(table: np.ndarray, column: int, what: str, op_name: str,
     return int(values[0])
 
 
-class DoneWork:
+class DoneWork(dist._Work):
     """What ``async_op=True`` returns for a collective whose work is already enqueued in order.
 
-    Compressed collectives finish their host-side protocol before returning and leave the caller's
-    current stream ordered after all their GPU work, so waiting has nothing left to do.
+    Compressed collectives finish their host-side protocol before returning and leave the
+    caller's current stream ordered after all their GPU work. The future is CUDA-aware, as
+    NCCL's is: waiting on it (``wait()``, ``get_future().wait()``/``then``) orders the waiting
+    stream after the stream that issued the call, without blocking the host.
     """
 
-    def __init__(self, result: object = None) -> None:
+    def __init__(self, result: list[torch.Tensor] | None = None) -> None:
+        super().__init__()
         self._result = result
+        devices = {t.device for t in result or () if t.is_cuda}
+        self._future: torch.futures.Future = torch.futures.Future(devices=list(devices) or None)
+        self._future.set_result(result)
 
     def wait(self, timeout: object = None) -> bool:
+        self._future.wait()
         return True
 
     def is_completed(self) -> bool:
@@ -202,13 +215,11 @@ class DoneWork:
     def is_success(self) -> bool:
         return True
 
-    def result(self) -> object:
+    def result(self) -> list[torch.Tensor] | None:
         return self._result
 
     def get_future(self) -> torch.futures.Future:
-        fut: torch.futures.Future = torch.futures.Future()
-        fut.set_result(self._result)
-        return fut
+        return self._future
 
 
 @dataclass

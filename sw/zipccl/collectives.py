@@ -73,7 +73,6 @@ read's, whatever the chunk count (plus, for an all-reduce, its all-gather half's
 from __future__ import annotations
 
 import math
-import os
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -92,7 +91,7 @@ from golden.container import (
     Header,
 )
 from golden.formats import FloatFormat
-from zipccl import codec, switch
+from zipccl import _comm, codec, settings, switch
 from zipccl._comm import (
     CODEC_DTYPES,
     CollectiveMismatchError,
@@ -156,7 +155,7 @@ def _table_hash(table: Codebook | None) -> int:
     return table.hash64 if table is not None else 0
 
 
-VERIFY_POLICIES = ("auto", "1", "0")
+VERIFY_POLICIES = settings.VERIFY_POLICIES
 
 
 def verify_policy(verify: bool | None = None) -> str:
@@ -168,10 +167,7 @@ def verify_policy(verify: bool | None = None) -> str:
     """
     if verify is not None:
         return "1" if verify else "0"
-    value = os.environ.get("ZIPCCL_VERIFY", "auto").strip().lower() or "auto"
-    if value not in VERIFY_POLICIES:
-        raise ValueError(f"ZIPCCL_VERIFY must be one of {VERIFY_POLICIES}, got {value!r}")
-    return value
+    return settings.current().verify
 
 
 def _direct(group: dist.ProcessGroup | None, t: torch.Tensor, name: str, nbytes: int | None,
@@ -179,30 +175,29 @@ def _direct(group: dist.ProcessGroup | None, t: torch.Tensor, name: str, nbytes:
     """Whether this call goes straight to torch.distributed with the caller's own arguments.
 
     True when the local decision is native and the policy does not ask for verification
-    (``ZIPCCL_MODE=never`` always bypasses zipccl). The decision depends only on values every rank
-    shares in a correct program, so no rank can take the other branch.
+    (``ZIPCCL_MODE=never`` always bypasses zipccl), and for a group of the ``zipccl`` backend,
+    which compresses inside. The decision depends only on values every rank shares in a correct
+    program -- the group's first call checks that they do (:func:`_entered`) -- so no rank can
+    take the other branch.
     """
-    env = _env()
-    policy = verify_policy(verify) if verify is not None else (
-        _RAW_POLICY.get(env[1]) or verify_policy())
+    if _entered(group):
+        return True
+    env = settings.raw()
+    policy = verify_policy(verify)
     if policy == "1":  # first: the local decision may load the profile, itself a collective
         return switch.mode() == "never"  # that ranks in different modes would not match
     return _local_strategy(group, t, name, nbytes, red_code, env) == switch.NATIVE
 
 
-_ENV_KEYS = ("ZIPCCL_MODE", "ZIPCCL_VERIFY", "ZIPCCL_CHUNK_BYTES", "ZIPCCL_NATIVE_REDUCE")
-_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
-_RAW_ENV_KEYS = tuple(k.encode() for k in _ENV_KEYS)
-_RAW_POLICY = {None: "auto", b"auto": "auto", b"1": "1", b"0": "0", "auto": "auto", "1": "1",
-               "0": "0"}
-
-
-def _env() -> tuple[object, ...]:
-    """The raw values of zipccl's variables, for cache keys. On POSIX read from os.environ's own
-    bytes dict: plain dict lookups, several times cheaper than os.environ.get on the hot path."""
-    if _ENV_DATA is None:
-        return tuple(map(os.environ.get, _ENV_KEYS))
-    return tuple(map(_ENV_DATA.get, _RAW_ENV_KEYS))
+def _entered(group: dist.ProcessGroup | None) -> bool:
+    """Whether ``group`` belongs to the ``zipccl`` backend (whose own collectives call zipccl's
+    on its inner groups); for any other group, its ranks' settings are agreed first (once per
+    group: settings.ensure_agreed)."""
+    key = switch.group_key(group)
+    if isinstance(key, _comm.Forwarding):
+        return True
+    settings.ensure_agreed(key)
+    return False
 
 
 def _local_strategy(group: dist.ProcessGroup | None, t: torch.Tensor, name: str,
@@ -210,12 +205,12 @@ def _local_strategy(group: dist.ProcessGroup | None, t: torch.Tensor, name: str,
                     ) -> str:
     """:func:`_strategy` from this rank's own (op, dtype, size, reduce op), cached per group
     (switch.group_key: a re-created default group is a new key) and environment (``env``:
-    :func:`_env`, read again when None).
+    :func:`settings.raw`, read again when None).
 
     ``nbytes`` None: an all-to-all with explicit splits, whose sizes differ per rank; it is native
     only where the profile never compresses that op and dtype, else AGREE (needs the exchange).
     """
-    env = env or _env()
+    env = env or settings.raw()
     key = (switch.group_key(group), name, t.dtype, nbytes, red_code, env[0], env[2], env[3])
     found = switch.ROUTES.get(key)
     if found is None:
@@ -347,6 +342,8 @@ def all_reduce_strategy(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
                         group: dist.ProcessGroup | None = None) -> str:
     """What :func:`all_reduce` would do with this tensor (without verification): "native",
     "a2a_reduce" or "compressed". Hooks use it to hand native calls straight to torch."""
+    if _entered(group):
+        return switch.NATIVE
     nbytes = tensor.numel() * tensor.element_size()
     return _local_strategy(group, tensor, "all_reduce", nbytes, _red_code(op))
 

@@ -43,10 +43,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zipccl import _comm
+from zipccl import _comm, settings
 from zipccl._comm import Group
+from zipccl.settings import MODES
 
-MODES = ("auto", "always", "never")
 MARGIN = 0.9  # compress only when predicted at <= 90 % of the native time
 OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce", "broadcast")
 NATIVE, A2A_REDUCE, COMPRESSED = "native", "a2a_reduce", "compressed"
@@ -59,18 +59,12 @@ _TRANSPORT_ENV = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_IB_D
 
 def mode() -> str:
     """``ZIPCCL_MODE``: auto (default), always or never."""
-    value = os.environ.get("ZIPCCL_MODE", "auto").strip().lower() or "auto"
-    if value not in MODES:
-        raise ValueError(f"ZIPCCL_MODE must be one of {MODES}, got {value!r}")
-    return value
+    return settings.current().mode
 
 
 def native_reduce() -> bool:
     """``ZIPCCL_NATIVE_REDUCE`` (default 0): 1 lets auto take the backend's reductions for any W."""
-    value = os.environ.get("ZIPCCL_NATIVE_REDUCE", "0").strip() or "0"
-    if value not in ("0", "1"):
-        raise ValueError(f"ZIPCCL_NATIVE_REDUCE must be 0 or 1, got {value!r}")
-    return value == "1"
+    return settings.current().native_reduce
 
 
 def chunk_bytes(cuda: bool) -> int:
@@ -79,11 +73,8 @@ def chunk_bytes(cuda: bool) -> int:
     In ``auto`` mode on CUDA without the variable the cost model picks the chunk count instead
     (:func:`best_chunks`); this size is then only the ``always`` mode's.
     """
-    default = 32 << 20 if cuda else 1 << 62
-    value = int(os.environ.get("ZIPCCL_CHUNK_BYTES", default))
-    if value <= 0:
-        raise ValueError(f"ZIPCCL_CHUNK_BYTES must be positive, got {value}")
-    return value
+    given = settings.current().chunk_bytes
+    return given if given is not None else 32 << 20 if cuda else 1 << 62
 
 
 @dataclass(frozen=True)
@@ -239,7 +230,7 @@ CHUNK_GAIN = 1.01  # more chunks only where the model predicts at least a 1 % ga
 
 
 def chunks_given() -> bool:
-    return "ZIPCCL_CHUNK_BYTES" in os.environ
+    return settings.current().chunk_bytes is not None
 
 
 def best_chunks(p: Profile, call: Call) -> int:

@@ -1,0 +1,288 @@
+"""The ``zipccl`` torch.distributed backend: zipccl's collectives under unchanged training code.
+
+``import zipccl`` registers it, so ``dist.init_process_group("zipccl")`` (or
+``"cpu:gloo,cuda:zipccl"``, or ``dist.new_group(backend="zipccl")``) makes a group whose
+collectives go through zipccl's switch -- DDP, FSDP2, DTensor and anything else that calls
+torch.distributed then reach zipccl without a hook.
+
+A :class:`ProcessGroupZipccl` creates, for the same ranks, an inner gloo group (CPU tensors) and,
+where NCCL is available, an inner NCCL group (CUDA tensors), each a regular registered process
+group. Every call goes to the inner group of its tensors' device:
+
+* what zipccl compresses -- all-gather (list, into-tensor, coalesced), reduce-scatter (list,
+  tensor, coalesced), all-reduce, all-to-all (single, list), broadcast -- through zipccl's
+  functions, which apply the switch, ``ZIPCCL_MODE`` and verification as on any group; reduce
+  ops zipccl does not reduce itself (PREMUL_SUM, bitwise) go to the inner group's own;
+* everything else -- send/recv, barrier, gather, scatter, reduce, ``allreduce_coalesced``, the
+  ops of a coalescing window -- straight to the inner group, which returns its own Work.
+
+A compressed call returns a completed :class:`~zipccl._comm.DoneWork` (its future holds the
+outputs, CUDA-aware); a call zipccl kept native returns the inner backend's own Work.
+
+The group's ranks agree on their ZIPCCL_* settings when it is created (:mod:`zipccl.settings`):
+ranks started with different ones get a CollectiveMismatchError from ``init_process_group``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+from zipccl import collectives, settings
+from zipccl._comm import DoneWork, Forwarding
+
+NAME = "zipccl"
+_INNER = {"cpu": ("gloo", dist.ProcessGroup.BackendType.GLOO),
+          "cuda": ("nccl", dist.ProcessGroup.BackendType.NCCL)}
+
+
+class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
+    """A process group whose collectives zipccl compresses where it pays (module docstring)."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
+                 global_ranks: list[int], name: str) -> None:
+        settings.agree(store, rank, size)  # before anything else: a mismatch raises here
+        super().__init__(rank, size)
+        self._coalescing = False
+        self._inner: dict[str, dist.ProcessGroup] = {}
+        for device in _devices():
+            backend, kind = _INNER[device]
+            pg = _inner_group(backend, store, rank, size, timeout, global_ranks, name)
+            on = torch.device(device)
+            self._register_backend(on, kind, pg._get_backend(on))
+            settings.mark_agreed(pg)
+            self._inner[device] = pg
+
+    def getBackendName(self) -> str:  # the C++ name, which the trampoline looks up
+        return NAME
+
+    def inner(self, device: torch.device | str) -> dist.ProcessGroup:
+        """The inner group that moves tensors of ``device``'s type."""
+        kind = torch.device(device).type
+        if kind not in self._inner:
+            raise ValueError(f"the zipccl backend moves tensors on {sorted(self._inner)}, "
+                             f"not on {kind} (no inner group for it)")
+        return self._inner[kind]
+
+    # ----------------------------------------------------------------- compressed ops
+
+    def allreduce(self, tensors: list[torch.Tensor],
+                  opts: dist.AllreduceOptions | None = None) -> dist.Work:
+        opts = opts or dist.AllreduceOptions()
+        if self._coalescing or len(tensors) != 1:
+            return self._pass("allreduce", tensors, opts)
+        (t,) = tensors
+        return _work(tensors, collectives.all_reduce(t, _reduce_op(opts), self.inner(t.device),
+                                                     True))
+
+    def broadcast(self, tensors: list[torch.Tensor],
+                  opts: dist.BroadcastOptions | None = None) -> dist.Work:
+        opts = opts or dist.BroadcastOptions()
+        if self._coalescing or len(tensors) != 1:
+            return self._pass("broadcast", tensors, opts)
+        (t,) = tensors
+        group = self.inner(t.device)
+        src = dist.get_global_rank(group, opts.rootRank)
+        return _work(tensors, collectives.broadcast(t, src, group, True))
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  opts: dist.AllgatherOptions | None = None) -> dist.Work:
+        opts = opts or dist.AllgatherOptions()
+        if self._coalescing or len(inputs) != 1:
+            return self._pass("allgather", output_lists, inputs, opts)
+        (t,), (outs,) = inputs, output_lists
+        return _work(outs, collectives.all_gather(outs, t, self.inner(t.device), True))
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: dist.AllgatherOptions | None = None) -> dist.Work:
+        if self._coalescing:
+            return self._pass("all_gather_single", output, input,
+                              opts or dist.AllgatherOptions())
+        return _work([output], collectives.all_gather_into_tensor(
+            output, input, self.inner(input.device), True))
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
+                                    inputs: list[torch.Tensor],
+                                    opts: dist.AllgatherOptions | None = None) -> dist.Work:
+        """One zipccl all-gather per pair (FSDP's and DTensor's coalesced all-gathers), each
+        finished before the next; one Work for all."""
+        if self._coalescing:
+            return self._pass("all_gather_single_coalesced", outputs, inputs,
+                              opts or dist.AllgatherOptions())
+        for out, inp in zip(outputs, inputs, strict=True):
+            collectives.all_gather_into_tensor(out, inp, self.inner(inp.device))
+        return DoneWork(outputs)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: dist.ReduceScatterOptions | None = None) -> dist.Work:
+        opts = opts or dist.ReduceScatterOptions()
+        if self._coalescing:
+            return self._pass("reduce_scatter_single", output, input, opts)
+        return _work([output], collectives.reduce_scatter_tensor(
+            output, input, _reduce_op(opts), self.inner(input.device), True))
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor],
+                                        opts: dist.ReduceScatterOptions | None = None
+                                        ) -> dist.Work:
+        opts = opts or dist.ReduceScatterOptions()
+        if self._coalescing:
+            return self._pass("reduce_scatter_single_coalesced", outputs, inputs, opts)
+        op = _reduce_op(opts)
+        for out, inp in zip(outputs, inputs, strict=True):
+            collectives.reduce_scatter_tensor(out, inp, op, self.inner(inp.device))
+        return DoneWork(outputs)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts: dist.ReduceScatterOptions | None = None) -> dist.Work:
+        """The list form as one zipccl reduce-scatter of the inputs laid end to end (where they
+        all match the output, as torch requires; else the inner group's own)."""
+        opts = opts or dist.ReduceScatterOptions()
+        if self._coalescing or len(outputs) != 1 or not _alike(outputs[0], input_lists[0]):
+            return self._pass("reduce_scatter", outputs, input_lists, opts)
+        (out,), (parts,) = outputs, input_lists
+        flat = torch.cat([p.reshape(-1) for p in parts])
+        collectives.reduce_scatter_tensor(out, flat, _reduce_op(opts), self.inner(out.device))
+        return DoneWork(outputs)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_splits: list[int], input_splits: list[int],
+                          opts: dist.AllToAllOptions | None = None) -> dist.Work:
+        if self._coalescing:
+            return self._pass("all_to_all_single", output, input, output_splits, input_splits,
+                              opts or dist.AllToAllOptions())
+        return _work([output], collectives.all_to_all_single(
+            output, input, list(output_splits) or None, list(input_splits) or None,
+            self.inner(input.device), True))
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                 opts: dist.AllToAllOptions | None = None) -> dist.Work:
+        """The list form as one zipccl all-to-all of the tensors laid end to end, split by their
+        sizes (where all share one dtype and device; else the inner group's own)."""
+        opts = opts or dist.AllToAllOptions()
+        if self._coalescing or len({(t.dtype, t.device) for t in [*outputs, *inputs]}) != 1:
+            return self._pass("alltoall", outputs, inputs, opts)
+        flat_in = torch.cat([t.reshape(-1) for t in inputs])
+        flat_out = torch.empty(sum(t.numel() for t in outputs), dtype=flat_in.dtype,
+                               device=flat_in.device)
+        collectives.all_to_all_single(flat_out, flat_in, [t.numel() for t in outputs],
+                                      [t.numel() for t in inputs], self.inner(flat_in.device))
+        for out, part in zip(outputs, flat_out.split([t.numel() for t in outputs]), strict=True):
+            out.copy_(part.view(out.shape))
+        return DoneWork(outputs)
+
+    # torch's older names for the same calls (still looked up by some callers)
+    _allgather_base = all_gather_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    _reduce_scatter_base = reduce_scatter_single
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    alltoall_base = all_to_all_single
+
+    # ----------------------------------------------------------------- passed through
+
+    def barrier(self, opts: dist.BarrierOptions | None = None) -> dist.Work:
+        opts = opts or dist.BarrierOptions()
+        device = opts.device if opts.device is not None else (
+            "cuda" if "cuda" in self._inner and torch.cuda.is_available() else "cpu")
+        return self.inner(device).barrier(opts)
+
+    def monitored_barrier(self, *args: object) -> None:
+        """gloo's own (the only backend that has one)."""
+        return self.inner("cpu").monitored_barrier(*args)
+
+    def _start_coalescing(self, device: torch.device) -> None:
+        """Calls between this and :meth:`_end_coalescing` go to the inner backend as they are:
+        it runs them together, so none may take zipccl's protocols (host syncs between its
+        collectives)."""
+        self._coalescing = True
+        self.inner(device)._start_coalescing(device)
+
+    def _end_coalescing(self, device: torch.device) -> dist.Work:
+        self._coalescing = False
+        return self.inner(device)._end_coalescing(device)
+
+    def _pass(self, method: str, *args: object) -> dist.Work:
+        """``method`` of the inner group of the first tensor in ``args``, with ``args``."""
+        return getattr(self.inner(_first_tensor(args).device), method)(*args)
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupZipccl(rank={self.rank()}, size={self.size()}, " \
+               f"inner={sorted(self._inner)})"
+
+
+def _passed(method: str) -> Callable[..., dist.Work]:
+    def call(self: ProcessGroupZipccl, *args: object) -> dist.Work:
+        return self._pass(method, *args)
+
+    call.__name__ = method
+    call.__doc__ = f"The inner group's own ``{method}``."
+    return call
+
+
+for _method in ("send", "recv", "recv_anysource", "gather", "scatter", "reduce",
+                "allreduce_coalesced", "allgather_coalesced"):
+    setattr(ProcessGroupZipccl, _method, _passed(_method))
+
+
+def _devices() -> list[str]:
+    """cpu always (gloo); cuda where this torch has NCCL and a GPU."""
+    cuda = dist.is_nccl_available() and torch.cuda.is_available()
+    return ["cpu", "cuda"] if cuda else ["cpu"]
+
+
+def _inner_group(backend: str, store: dist.Store, rank: int, size: int, timeout: timedelta,
+                 global_ranks: list[int], name: str) -> dist.ProcessGroup:
+    """A registered ``backend`` group of the same ranks, by torch's own helper (so every
+    torch.distributed function takes it), under a name and tag of its own."""
+    inner_name = f"{name}:zipccl:{backend}"
+    pg, _ = c10d._new_process_group_helper(size, rank, global_ranks, backend, store,
+                                            group_name=inner_name, timeout=timeout,
+                                            pg_tag=inner_name)
+    ranks = global_ranks or range(size)  # empty: the default group, global ranks = group ranks
+    c10d._world.pg_group_ranks[pg] = {g: r for r, g in enumerate(ranks)}
+    return pg
+
+
+def _reduce_op(opts: object) -> object:
+    """The reduce op as zipccl takes it: the plain op type, or PREMUL_SUM whole (with its
+    factor), which zipccl leaves to the inner backend."""
+    op = opts.reduceOp
+    return op if op.op == dist.ReduceOp.PREMUL_SUM else op.op
+
+
+def _work(outputs: list[torch.Tensor], returned: object) -> dist.Work:
+    """What a compressed op returns: torch's Work where zipccl handed the call to torch, else a
+    completed one holding the outputs."""
+    return DoneWork(outputs) if isinstance(returned, DoneWork) else returned
+
+
+def _alike(out: torch.Tensor, parts: list[torch.Tensor]) -> bool:
+    return all(p.shape == out.shape and p.dtype == out.dtype for p in parts)
+
+
+def _first_tensor(args: tuple[object, ...]) -> torch.Tensor:
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg
+        if isinstance(arg, list | tuple) and arg:
+            try:
+                return _first_tensor(tuple(arg))
+            except ValueError:
+                continue
+    raise ValueError("the zipccl backend routes a call by its tensors' device, and got none")
+
+
+def _create(opts: dist.distributed_c10d._DistributedBackendOptions,
+            backend_options: object) -> ProcessGroupZipccl:
+    """torch's extended backend API: what the group's creator needs, ranks included."""
+    return ProcessGroupZipccl(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                              list(opts.global_ranks_in_group), str(opts.group_id))
+
+
+dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+
+__all__ = ["NAME", "ProcessGroupZipccl"]

@@ -1,0 +1,154 @@
+"""The ZIPCCL_* settings that decide what a collective puts on the wire, parsed in one place and
+agreed across a group's ranks.
+
+Ranks that disagree on one of them would run different protocols -- one compressing, one not;
+one exchanging a descriptor, one calling torch straight away; different chunk counts -- and abort
+or hang inside the transport. So every group agrees on them once, through its store, before its
+first zipccl call (the ``zipccl`` backend: when the group is created): each rank publishes its
+values, and every rank reads every rank's, so all raise the same
+:class:`~zipccl._comm.CollectiveMismatchError` within one store round trip, naming each rank's
+value. The store, not a collective, carries it: it cannot collide with a collective another rank
+is already in. Values are still read at every call (tests and benchmarks change them between
+calls); a program that changes them must change them on every rank between the same two calls.
+
+Settings that leave the bytes on the wire unchanged (``ZIPCCL_BACKEND``, ``ZIPCCL_FAST``,
+``ZIPCCL_CACHE_DIR``) are not agreed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from zipccl._comm import CollectiveMismatchError
+
+MODES = ("auto", "always", "never")
+VERIFY_POLICIES = ("auto", "1", "0")
+KEYS = ("ZIPCCL_MODE", "ZIPCCL_VERIFY", "ZIPCCL_CHUNK_BYTES", "ZIPCCL_NATIVE_REDUCE")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One rank's parsed settings (the defaults are the variables' unset values)."""
+
+    mode: str = "auto"  # ZIPCCL_MODE: auto | always | never
+    verify: str = "auto"  # ZIPCCL_VERIFY: auto | 1 | 0
+    chunk_bytes: int | None = None  # ZIPCCL_CHUNK_BYTES; None: the mode's own choice
+    native_reduce: bool = False  # ZIPCCL_NATIVE_REDUCE=1
+
+
+_ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+_RAW_KEYS = tuple(k.encode() for k in KEYS)
+
+
+def raw() -> tuple[object, ...]:
+    """The variables' raw values (None where unset), e.g. for cache keys. On POSIX read from
+    os.environ's own bytes dict: plain dict lookups, several times cheaper than os.environ.get
+    on a collective's hot path."""
+    if _ENV_DATA is None:
+        return tuple(map(os.environ.get, KEYS))
+    return tuple(map(_ENV_DATA.get, _RAW_KEYS))
+
+
+def current() -> Settings:
+    """This rank's settings now; ValueError naming the variable if one is malformed."""
+    return _parse(raw())
+
+
+@functools.lru_cache(maxsize=256)
+def _parse(values: tuple[object, ...]) -> Settings:
+    return Settings(*(_PARSERS[k](_text(v)) for k, v in zip(KEYS, values, strict=True)))
+
+
+def _text(value: object) -> str:
+    text = value.decode() if isinstance(value, bytes) else (value or "")
+    return str(text).strip().lower()
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
+    """``value`` if allowed, the first choice (the default) if empty, else a ValueError."""
+    if not value:
+        return allowed[0]
+    if value not in allowed:
+        raise ValueError(f"{key} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def _chunk_bytes(value: str) -> int | None:
+    if not value:
+        return None
+    if not value.isdigit() or int(value) <= 0:
+        raise ValueError(f"ZIPCCL_CHUNK_BYTES must be a positive integer, got {value!r}")
+    return int(value)
+
+
+_PARSERS: dict[str, Callable[[str], object]] = {  # KEYS order: Settings' fields
+    "ZIPCCL_MODE": lambda v: _choice("ZIPCCL_MODE", v, MODES),
+    "ZIPCCL_VERIFY": lambda v: _choice("ZIPCCL_VERIFY", v, VERIFY_POLICIES),
+    "ZIPCCL_CHUNK_BYTES": _chunk_bytes,
+    "ZIPCCL_NATIVE_REDUCE": lambda v: _choice("ZIPCCL_NATIVE_REDUCE", v, ("0", "1")) == "1",
+}
+
+
+def _published(values: tuple[object, ...]) -> list[str]:
+    """What a rank tells the others, one entry per key: the parsed value (so "Always" and
+    "always" agree), or the raw text where it does not parse (so a malformed value on one rank is
+    a mismatch every rank reports, not a ValueError on that rank alone)."""
+    out = []
+    for key, value in zip(KEYS, values, strict=True):
+        try:
+            out.append(str(_PARSERS[key](_text(value))))
+        except ValueError:
+            out.append(f"invalid {_text(value)!r}")
+    return out
+
+
+_SEP = "\x1f"
+
+
+def agree(store: dist.Store, rank: int, world: int) -> Settings:
+    """Publish this rank's settings in ``store`` (a group's own) and check every rank's: the same
+    CollectiveMismatchError on every rank where they differ, else this rank's settings.
+
+    Every rank of the group must call it, once per agreement: the store's arrival counter numbers
+    the rounds, so a group may agree again on the same store.
+    """
+    mine = _published(raw())
+    round_no = (store.add("zipccl/settings/arrivals", 1) - 1) // world
+    keys = [f"zipccl/settings/{round_no}/{r}" for r in range(world)]
+    store.set(keys[rank], _SEP.join(mine))
+    store.wait(keys)
+    ranks = [value.decode().split(_SEP) for value in store.multi_get(keys)]
+    differ = [i for i in range(len(KEYS)) if len({values[i] for values in ranks}) > 1]
+    if differ:
+        what = "; ".join(
+            f"{KEYS[i]} (" + ", ".join(f"rank {r}: {values[i]}" for r, values in enumerate(ranks))
+            + ")" for i in differ)
+        raise CollectiveMismatchError(f"zipccl: ranks disagree on {what}")
+    return current()
+
+
+_AGREED: set[object] = set()  # groups whose ranks have agreed (kept alive, like switch's caches)
+
+
+def ensure_agreed(group: dist.ProcessGroup) -> None:
+    """Agree on the settings in ``group`` (a group object, the default one included) unless its
+    ranks have already: before a group's first zipccl call."""
+    if group in _AGREED:
+        return
+    store = dist.distributed_c10d._get_process_group_store(group)
+    agree(store, dist.get_rank(group), dist.get_world_size(group))
+    _AGREED.add(group)
+
+
+def mark_agreed(group: dist.ProcessGroup) -> None:
+    """Record that ``group``'s ranks agreed elsewhere (the backend, for its inner groups)."""
+    _AGREED.add(group)
+
+
+__all__ = ["KEYS", "MODES", "VERIFY_POLICIES", "Settings", "agree", "current", "ensure_agreed",
+           "mark_agreed", "raw"]
