@@ -190,16 +190,12 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
             "cuda" if "cuda" in self._inner and torch.cuda.is_available() else "cpu")
         return self.inner(device).barrier(opts)
 
-    def monitored_barrier(self, *args: object) -> None:
-        """gloo's own (the only backend that has one)."""
-        return self.inner("cpu").monitored_barrier(*args)
-
     def _start_coalescing(self, device: torch.device) -> None:
         """Calls between this and :meth:`_end_coalescing` go to the inner backend as they are:
         it runs them together, so none may take zipccl's protocols (host syncs between its
         collectives)."""
-        self._coalescing = True
         self.inner(device)._start_coalescing(device)
+        self._coalescing = True
 
     def _end_coalescing(self, device: torch.device) -> dist.Work:
         self._coalescing = False

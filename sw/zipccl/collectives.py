@@ -167,7 +167,7 @@ def verify_policy(verify: bool | None = None) -> str:
     """
     if verify is not None:
         return "1" if verify else "0"
-    return settings.current().verify
+    return settings.value("ZIPCCL_VERIFY")
 
 
 def _direct(group: dist.ProcessGroup | None, t: torch.Tensor, name: str, nbytes: int | None,

@@ -59,12 +59,12 @@ _TRANSPORT_ENV = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_IB_D
 
 def mode() -> str:
     """``ZIPCCL_MODE``: auto (default), always or never."""
-    return settings.current().mode
+    return settings.value("ZIPCCL_MODE")
 
 
 def native_reduce() -> bool:
     """``ZIPCCL_NATIVE_REDUCE`` (default 0): 1 lets auto take the backend's reductions for any W."""
-    return settings.current().native_reduce
+    return settings.value("ZIPCCL_NATIVE_REDUCE")
 
 
 def chunk_bytes(cuda: bool) -> int:
@@ -73,7 +73,7 @@ def chunk_bytes(cuda: bool) -> int:
     In ``auto`` mode on CUDA without the variable the cost model picks the chunk count instead
     (:func:`best_chunks`); this size is then only the ``always`` mode's.
     """
-    given = settings.current().chunk_bytes
+    given = settings.value("ZIPCCL_CHUNK_BYTES")
     return given if given is not None else 32 << 20 if cuda else 1 << 62
 
 
@@ -230,7 +230,7 @@ CHUNK_GAIN = 1.01  # more chunks only where the model predicts at least a 1 % ga
 
 
 def chunks_given() -> bool:
-    return settings.current().chunk_bytes is not None
+    return settings.value("ZIPCCL_CHUNK_BYTES") is not None
 
 
 def best_chunks(p: Profile, call: Call) -> int:
