@@ -290,6 +290,43 @@ def sc_subgroup(rank: int, world: int) -> object:
             same_bits(t, zipccl.reference_reduce(inputs)), same_bits(b, inputs[1]))
 
 
+def sc_dtensor(rank: int, world: int) -> dict[str, str]:
+    """DTensor's redistributions (functional collectives, issued from C++) and a tensor-parallel
+    MLP on a mesh of the zipccl group reach zipccl, with the exact or reference bits."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+    whole, parts = data(7, world * N), [data(300 + r, world * N) for r in range(world)]
+    found = {}
+
+    def check(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        found[name] = _verdict(STATS.strategy, same_bits(got, want))
+        STATS.reset()
+
+    STATS.reset()
+    gathered = distribute_tensor(whole, mesh, [Shard(0)]).redistribute(mesh, [Replicate()])
+    check("all_gather", gathered.to_local(), whole)
+    partial = DTensor.from_local(parts[rank], mesh, [Partial()])
+    check("reduce_scatter", partial.redistribute(mesh, [Shard(0)]).to_local(),
+          zipccl.reference_reduce([p.view(world, N)[rank] for p in parts]))
+    check("all_reduce", partial.redistribute(mesh, [Replicate()]).to_local(),
+          zipccl.reference_reduce(parts))
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    local = mlp(x)
+    parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    out = mlp(x)
+    found["tensor_parallel"] = _verdict(STATS.strategy, torch.allclose(out, local, atol=1e-6))
+    return found
+
+
 # --------------------------------------------------------------------------- training
 
 VOCAB = 48
@@ -438,6 +475,11 @@ def test_passed_through_ops(pair, trio):
     for ranks in (pair, trio):
         for found in ranks.run(sc_passed_through, env=ALWAYS):
             assert not found.pop("zipccl") and all(found.values()), found
+
+
+def test_dtensor_and_tensor_parallel(pair):
+    for found in pair.run(sc_dtensor, env=ALWAYS):
+        assert {name: v for name, v in found.items() if v != "ok"} == {}
 
 
 def test_subgroup(trio):
