@@ -18,13 +18,14 @@ more than ``HEADER_BYTES``.
 
 from __future__ import annotations
 
+import math
 import struct
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
-from golden.codebook import PREFIX_BITS, TABLE_BYTES, Codebook, TableError
+from golden.codebook import MAX_WIDTH, PREFIX_BITS, TABLE_BYTES, Codebook, TableError
 from golden.formats import BY_CODE, FloatFormat
 from golden.streams import (
     SplitStream,
@@ -45,6 +46,9 @@ ALIGN = 128
 MAX_DIMS = 8
 DEFAULT_BLOCK = 4096
 MIN_BLOCK, MAX_BLOCK = 64, 1 << 20
+# Far past any tensor (2^48 elements is 256 TiB of FP8) yet small enough that every size derived
+# from it is an exact int64 on every backend: a header beyond it is corrupt, not large.
+MAX_NUMEL = 1 << 48
 
 # offset 0 magic, 4 version, 5 layout, 6 dtype code, 7 ndim, 8 block, 12 reserved (0),
 # 16 numel, 24 payload_bytes, 32 shape[8], 96 table hash64, 104 table (266 bytes), 508 CRC-32
@@ -70,7 +74,7 @@ class Header:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)  # exact: a wrapped int64 product could pass a corrupt shape
 
     def pack(self) -> bytes:
         dims = list(self.shape) + [0] * (MAX_DIMS - len(self.shape))
@@ -117,48 +121,61 @@ class Header:
         if ndim > MAX_DIMS or any(dims[ndim:]):
             raise StreamError(f"bad shape rank {ndim}")
         shape = tuple(dims[:ndim])
-        if (int(np.prod(shape, dtype=np.int64)) if shape else 1) != numel:
-            raise StreamError(f"shape {shape} does not hold {numel} elements")
+        if any(d > MAX_NUMEL for d in shape) or math.prod(shape) != numel:
+            raise StreamError(f"shape {shape} does not hold {numel} elements (at most {MAX_NUMEL})")
+        if not valid_block(block):
+            raise StreamError(f"block size {block} is not a power of two in range")
+        fmt = BY_CODE[code]
         table = None
-        if layout == LAYOUT_RAW and (thash or any(head[_TABLE_AT : _TABLE_AT + TABLE_BYTES])):
-            raise StreamError("raw-layout header carries a table")
-        if layout == LAYOUT_SPLIT:
-            if not (MIN_BLOCK <= block <= MAX_BLOCK and block & (block - 1) == 0):
-                raise StreamError(f"block size {block} is not a power of two in range")
+        if layout == LAYOUT_RAW:
+            if thash or payload_bytes or any(head[_TABLE_AT : _TABLE_AT + TABLE_BYTES]):
+                raise StreamError("raw-layout header carries a table or a payload size")
+        else:
             try:
                 table = Codebook.from_bytes(head[_TABLE_AT : _TABLE_AT + TABLE_BYTES])
             except TableError as exc:
                 raise StreamError(f"header table is invalid: {exc}") from None
             if table.hash64 != thash:
                 raise StreamError("header table hash does not match its table")
-        return cls(layout, BY_CODE[code], shape, block, payload_bytes, table)
+            if payload_bytes > numel * MAX_WIDTH // 8:  # a block's payload is <= 1 byte/element
+                raise StreamError(f"payload of {payload_bytes} bytes for {numel} elements")
+        return cls(layout, fmt, shape, block, payload_bytes, table)
+
+
+def valid_block(block: int) -> bool:
+    return MIN_BLOCK <= block <= MAX_BLOCK and block & (block - 1) == 0
 
 
 @dataclass(frozen=True)
 class Sections:
-    """Byte offsets of the split layout's sections, derived from numel alone."""
+    """Byte offsets of the split layout's sections, derived from numel alone; ``gaps`` are the
+    [start, end) spans of alignment padding between them, zero in every canonical buffer."""
 
     raw_bytes: list[int]
     raw_bits: list[int]
     prefix: list[int]
     offsets: int
     payload: int
+    gaps: list[tuple[int, int]]
 
     @classmethod
     def of(cls, fmt: FloatFormat, numel: int, block: int) -> Sections:
         pos = HEADER_BYTES
         plane_bits = (numel + 7) // 8
+        gaps: list[tuple[int, int]] = []
 
         def take(size: int) -> int:
             nonlocal pos
             at, pos = pos, align(pos + size)
+            if at + size < pos:
+                gaps.append((at + size, pos))
             return at
 
         raw_bytes = [take(numel) for _ in range(fmt.raw_bits // 8)]
         raw_bits = [take(plane_bits) for _ in range(fmt.raw_bits % 8)]
         prefix = [take(plane_bits) for _ in range(PREFIX_BITS)]
         offsets = take(8 * num_blocks(numel, block))
-        return cls(raw_bytes, raw_bits, prefix, offsets, pos)
+        return cls(raw_bytes, raw_bits, prefix, offsets, pos, gaps)
 
 
 def split_size(fmt: FloatFormat, numel: int, block: int, payload_bytes: int) -> int:
@@ -183,14 +200,13 @@ def encode(
 ) -> bytes:
     """Compress the bit patterns ``bits`` (uint8/16/32 view of the tensor) under ``table``."""
     bits = _check_bits(bits, fmt)
-    if not (MIN_BLOCK <= block <= MAX_BLOCK and block & (block - 1) == 0):
+    if not valid_block(block):
         raise ValueError(f"block must be a power of two in [{MIN_BLOCK}, {MAX_BLOCK}], got {block}")
     flat = bits.ravel()
     split = encode_split(fmt.symbols(flat), table, block)
     size = split_size(fmt, flat.size, block, len(split.payload))
     if size >= raw_size(fmt, flat.size):
-        head = Header(LAYOUT_RAW, fmt, bits.shape, block, 0, None)
-        return head.pack() + flat.astype(f"<u{fmt.bits // 8}").tobytes()
+        return encode_raw(bits, fmt, block)
     head = Header(LAYOUT_SPLIT, fmt, bits.shape, block, len(split.payload), table)
     out = bytearray(size)
     out[:HEADER_BYTES] = head.pack()
@@ -204,6 +220,21 @@ def encode(
     out[sec.offsets : sec.offsets + 8 * len(split.offsets)] = split.offsets.astype("<u8").tobytes()
     out[sec.payload :] = split.payload
     return bytes(out)
+
+
+def encode_raw(bits: np.ndarray, fmt: FloatFormat, block: int = DEFAULT_BLOCK) -> bytes:
+    """The raw layout (the encoder's fallback): header, then the tensor's little-endian bytes."""
+    bits = _check_bits(bits, fmt)
+    head = Header(LAYOUT_RAW, fmt, bits.shape, block, 0, None)
+    return head.pack() + bits.ravel().astype(f"<u{fmt.bits // 8}").tobytes()
+
+
+def check_gaps(buf: bytes | np.ndarray, sec: Sections) -> None:
+    """Alignment padding must be zero: a decoder accepts only buffers an encoder can write."""
+    data = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf
+    for lo, hi in sec.gaps:
+        if data[lo:hi].any():
+            raise StreamError(f"alignment gap bytes {lo}..{hi} are not zero")
 
 
 def decode(buf: bytes) -> tuple[FloatFormat, np.ndarray]:
@@ -226,6 +257,7 @@ def decode(buf: bytes) -> tuple[FloatFormat, np.ndarray]:
     sec = Sections.of(fmt, numel, head.block)
     plane_len = (numel + 7) // 8
     arr = np.frombuffer(buf, np.uint8)
+    check_gaps(arr, sec)
     planes = np.stack([arr[at : at + plane_len] for at in sec.prefix])
     nb = num_blocks(numel, head.block)
     offsets = np.frombuffer(buf, "<u8", count=nb, offset=sec.offsets).astype(np.uint64)

@@ -16,10 +16,12 @@ from golden.container import (
     HEADER_BYTES,
     LAYOUT_RAW,
     LAYOUT_SPLIT,
+    MAX_NUMEL,
     PAYLOAD_BYTES_AT,
     Header,
     decode,
     encode,
+    encode_raw,
 )
 from golden.formats import BF16, E4M3, E5M2, FORMATS, FP16, FP32, FloatFormat, get_format
 from golden.streams import StreamError
@@ -187,3 +189,95 @@ def test_header_round_trips_and_records_the_table_hash(good_buffer: bytes) -> No
     assert struct.unpack_from("<Q", good_buffer, 96)[0] == head.table.hash64
     assert struct.unpack_from("<Q", good_buffer, PAYLOAD_BYTES_AT)[0] == head.payload_bytes > 0
     assert head.pack() == good_buffer[:HEADER_BYTES]
+
+
+def _patch_shape(buf: bytes, shape: tuple[int, ...], numel: int) -> bytes:
+    """The header's ndim, numel and dims rewritten (CRC fixed), the body untouched."""
+    dims = struct.pack("<8Q", *shape, *[0] * (8 - len(shape)))
+    out = _patch_header(buf, 7, bytes([len(shape)]))
+    return _patch_header(_patch_header(out, 16, struct.pack("<Q", numel)), 32, dims)
+
+
+@pytest.mark.parametrize(
+    ("shape", "numel"),
+    [
+        ((40, 2**61 + 50), 2000),  # wraps to 2000 in int64
+        ((2**32, 2**32), 0),  # wraps to 0
+        ((0, 2**63), 0),  # holds no element, but no tensor has that dimension
+        ((MAX_NUMEL + 1,), MAX_NUMEL + 1),
+    ],
+)
+def test_header_shapes_are_checked_with_exact_integers(good_buffer: bytes, shape, numel) -> None:
+    with pytest.raises(StreamError, match="does not hold"):
+        Header.unpack(_patch_shape(good_buffer, shape, numel))
+
+
+def test_header_shape_of_the_right_product_is_accepted(good_buffer: bytes) -> None:
+    head = Header.unpack(_patch_shape(good_buffer, (100, 100), 10_000))
+    assert head.shape == (100, 100) and head.numel == 10_000
+
+
+@pytest.fixture(scope="module")
+def raw_buffer() -> bytes:
+    bits = np.random.default_rng(SEED).integers(0, 1 << 16, 3000, dtype=np.uint16)
+    buf = encode(bits, BF16, zipccl_table(BF16, TensorStats(1.0, 0.0)), 1024)
+    assert buf == encode_raw(bits, BF16, 1024)
+    return buf
+
+
+@pytest.mark.parametrize(
+    ("at", "value", "message"),
+    [
+        (PAYLOAD_BYTES_AT, struct.pack("<Q", 1), "payload size"),
+        (8, struct.pack("<I", 0), "block size 0"),
+        (8, struct.pack("<I", 100), "block size 100"),
+        (8, struct.pack("<I", 1 << 21), "block size"),
+    ],
+)
+def test_raw_headers_have_no_payload_size_and_a_valid_block(
+    raw_buffer: bytes, at: int, value: bytes, message: str
+) -> None:
+    """The raw layout ignores these fields, so any value but the encoder's is non-canonical."""
+    with pytest.raises(StreamError, match=message):
+        decode(_patch_header(raw_buffer, at, value))
+
+
+def test_split_payload_size_is_bounded_by_one_byte_per_element(good_buffer: bytes) -> None:
+    head = Header.unpack(good_buffer)
+    for payload, ok in [(head.numel, True), (head.numel + 1, False), (2**63, False)]:
+        forged = Header(LAYOUT_SPLIT, head.fmt, head.shape, head.block, payload, head.table)
+        if ok:
+            assert Header.unpack(forged.pack()).payload_bytes == payload
+        else:
+            with pytest.raises(StreamError, match="payload of"):
+                Header.unpack(forged.pack())
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS.values()), ids=lambda f: f.name)
+def test_alignment_gaps_must_be_zero(fmt: FloatFormat) -> None:
+    """Every gap byte between sections is checked: flip each gap's first and last byte."""
+    table = QLC if fmt.byte_coded else zipccl_table(fmt, TensorStats(1.0, 0.5))
+    bits = np.zeros(1001, fmt.uint)  # all zeros, a ranked symbol: the split layout wins
+    buf = encode(bits, fmt, table, 64)
+    sec = container.Sections.of(fmt, bits.size, 64)
+    assert Header.unpack(buf).layout == LAYOUT_SPLIT and sec.gaps
+    for lo, hi in sec.gaps:
+        assert not any(buf[lo:hi])
+        for at in (lo, hi - 1):
+            bad = bytearray(buf)
+            bad[at] = 0x80
+            with pytest.raises(StreamError, match="alignment gap"):
+                decode(bytes(bad))
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 127, 128, 129, 4097])
+def test_sections_and_gaps_tile_the_fixed_part(n: int) -> None:
+    for fmt in FORMATS.values():
+        sec = container.Sections.of(fmt, n, 64)
+        plane = (n + 7) // 8
+        spans = [(at, at + n) for at in sec.raw_bytes]
+        spans += [(at, at + plane) for at in sec.raw_bits + sec.prefix]
+        spans += [(sec.offsets, sec.offsets + 8 * -(-n // 64)), *sec.gaps]
+        covered = sorted((lo, hi) for lo, hi in spans if hi > lo)
+        ends = [HEADER_BYTES] + [hi for _, hi in covered]
+        assert [lo for lo, _ in covered] == ends[:-1] and ends[-1] == sec.payload

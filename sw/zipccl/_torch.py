@@ -146,6 +146,15 @@ def encode_into(
     return payload.numel()
 
 
+def check_gaps(buf: torch.Tensor, fmt: FloatFormat, numel: int, block: int) -> None:
+    """golden.container.check_gaps for a split-layout buffer on any device (one host read):
+    canonical buffers only, whichever backend decodes the sections. Not in :func:`decode_into`,
+    whose checks and their order every backend shares."""
+    gaps = [buf[lo:hi] for lo, hi in Sections.of(fmt, numel, block).gaps]
+    if gaps and bool(torch.cat(gaps).any()):
+        raise ValueError("alignment gap bytes between sections are not zero")
+
+
 def decode_into(
     buf: torch.Tensor,
     fmt: FloatFormat,
