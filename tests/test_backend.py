@@ -506,18 +506,37 @@ def test_training_three_ranks_is_the_rank_order_reduction(trio, scenario):
         "gloo's own summation order gave the reference's bits: the check cannot tell them apart"
 
 
-@pytest.mark.parametrize(("how", "key", "odd", "shown"), [
-    ("backend", "ZIPCCL_MODE", "never", "ZIPCCL_MODE (rank 0: always, rank 1: never)"),
-    ("backend", "ZIPCCL_CHUNK_BYTES", "4096", "ZIPCCL_CHUNK_BYTES (rank 0: None, rank 1: 4096)"),
-    ("functions", "ZIPCCL_VERIFY", "1", "ZIPCCL_VERIFY (rank 0: auto, rank 1: 1)"),
-    ("functions", "ZIPCCL_NATIVE_REDUCE", "1",
-     "ZIPCCL_NATIVE_REDUCE (rank 0: False, rank 1: True)"),
-    ("functions", "ZIPCCL_MODE", "Sometimes", "rank 1: invalid 'sometimes'"),
+@pytest.mark.parametrize("how", ["backend", "functions"])
+@pytest.mark.parametrize(("key", "odd", "shown"), [
+    ("ZIPCCL_MODE", "never", "ZIPCCL_MODE (rank 0: always, rank 1: never)"),
+    ("ZIPCCL_MODE", "auto", "ZIPCCL_MODE (rank 0: always, rank 1: auto)"),
+    ("ZIPCCL_CHUNK_BYTES", "4096", "ZIPCCL_CHUNK_BYTES (rank 0: None, rank 1: 4096)"),
+    ("ZIPCCL_VERIFY", "1", "ZIPCCL_VERIFY (rank 0: auto, rank 1: 1)"),
+    ("ZIPCCL_NATIVE_REDUCE", "1", "ZIPCCL_NATIVE_REDUCE (rank 0: False, rank 1: True)"),
+    ("ZIPCCL_MODE", "Sometimes", "rank 1: invalid 'sometimes'"),
 ])
 def test_mismatched_settings_raise_on_every_rank(pair, how, key, odd, shown):
+    """Issue 18's cases (one rank's chunk size aborted gloo, never/always aborted, auto/always
+    and the verify policies hung): a zipccl group's creation, or the first zipccl call on a
+    group, raises on every rank at once."""
     for msg, seconds in pair.run(sc_mismatch, how, key, odd, env=ALWAYS):
         assert "ranks disagree on" in msg and shown in msg, msg
         assert seconds < 5, seconds
+
+
+def test_settings_parsed_once_per_variable(monkeypatch):
+    from zipccl import settings
+
+    for key in settings.KEYS:
+        monkeypatch.delenv(key, raising=False)
+    assert settings.current() == settings.Settings()
+    monkeypatch.setenv("ZIPCCL_MODE", " Always ")
+    monkeypatch.setenv("ZIPCCL_CHUNK_BYTES", "4096")
+    assert settings.current() == settings.Settings(mode="always", chunk_bytes=4096)
+    monkeypatch.setenv("ZIPCCL_CHUNK_BYTES", "4k")
+    with pytest.raises(ValueError, match="ZIPCCL_CHUNK_BYTES must be a positive integer"):
+        settings.current()
+    assert settings.value("ZIPCCL_MODE") == "always"  # one bad variable spoils only its own
 
 
 def test_init_process_group_mismatch(pair, tmp_path):
