@@ -194,6 +194,15 @@ def reduction_cases(rank: int, world: int) -> dict[str, tuple[Callable, torch.Te
         finish(dist.reduce_scatter(out, list(mine.view(world, N)), group=g, async_op=a), [out])
         return out
 
+    def reduce_scatter_coalesced(g: object, a: bool) -> torch.Tensor:
+        """One reduce_scatter_single_coalesced call: the whole input, then its first third."""
+        outs = [torch.empty(n, dtype=mine.dtype) for n in (N, N // 3)]
+        with _coalescing_manager(group=g, async_ops=True) as cm:
+            for out in outs:
+                dist.reduce_scatter_tensor(out, mine[: out.numel() * world], group=g)
+        cm.wait()
+        return torch.cat(outs)
+
     def zipccl_all_reduce(g: object, a: bool) -> torch.Tensor:
         """zipccl's own function on the backend's group: handed to torch, compressed once."""
         t = mine.clone()
@@ -203,6 +212,10 @@ def reduction_cases(rank: int, world: int) -> dict[str, tuple[Callable, torch.Te
     cases["reduce_scatter_tensor"] = (reduce_scatter_tensor,
                                       zipccl.reference_reduce(rows, dist.ReduceOp.AVG))
     cases["reduce_scatter"] = (reduce_scatter, zipccl.reference_reduce(rows))
+    third = [x[: N // 3 * world].view(world, -1)[rank] for x in inputs]
+    cases["reduce_scatter_coalesced"] = (reduce_scatter_coalesced,
+                                         torch.cat([cases["reduce_scatter"][1],
+                                                    zipccl.reference_reduce(third)]))
     cases["zipccl_all_reduce"] = (zipccl_all_reduce, zipccl.reference_reduce(inputs))
     return cases
 
