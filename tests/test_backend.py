@@ -58,6 +58,11 @@ def trio(tmp_path_factory):
     yield from _cluster(3, tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def quad(tmp_path_factory):
+    yield from _cluster(4, tmp_path_factory)
+
+
 _PLAIN: dict[str, dist.ProcessGroup] = {}
 
 
@@ -508,11 +513,13 @@ def test_training_two_ranks_matches_gloo(pair, scenario):
     assert all(sent for _, sent in zipped) and not any(sent for _, sent in native)
 
 
+@pytest.mark.parametrize("ranks", ["trio", "quad"])
 @pytest.mark.parametrize("scenario", [sc_ddp, sc_fsdp2], ids=["ddp", "fsdp2"])
-def test_training_three_ranks_is_the_rank_order_reduction(trio, scenario):
-    zipped = trio.run(scenario, "zipccl", env=ALWAYS)
-    reference = trio.run(scenario, "reference", env=ALWAYS)
-    native = trio.run(scenario, "gloo", env=ALWAYS)
+def test_training_three_four_ranks_is_the_rank_order_reduction(request, ranks, scenario):
+    ranks = request.getfixturevalue(ranks)
+    zipped = ranks.run(scenario, "zipccl", env=ALWAYS)
+    reference = ranks.run(scenario, "reference", env=ALWAYS)
+    native = ranks.run(scenario, "gloo", env=ALWAYS)
     assert [params for params, _ in zipped] == [params for params, _ in reference]
     assert all(sent for _, sent in zipped)
     assert [params for params, _ in zipped] != [params for params, _ in native], \

@@ -25,7 +25,7 @@ ranks started with different ones get a CollectiveMismatchError from ``init_proc
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 
 import torch
@@ -52,8 +52,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         for device in _devices():
             backend, kind = _INNER[device]
             pg = _inner_group(backend, store, rank, size, timeout, global_ranks, name)
-            on = torch.device(device)
-            self._register_backend(on, kind, pg._get_backend(on))
+            on = torch.device(device)  # torch's helpers that look a device's backend up (FSDP2's
+            self._register_backend(on, kind, pg._get_backend(on))  # buffers, eager NCCL init)
             settings.mark_agreed(pg)
             self._inner[device] = pg
 
@@ -261,15 +261,18 @@ def _alike(out: torch.Tensor, parts: list[torch.Tensor]) -> bool:
 
 
 def _first_tensor(args: tuple[object, ...]) -> torch.Tensor:
+    found = next(_tensors(args), None)
+    if found is None:
+        raise ValueError("the zipccl backend routes a call by its tensors' device, and got none")
+    return found
+
+
+def _tensors(args: Iterable[object]) -> Iterator[torch.Tensor]:
     for arg in args:
         if isinstance(arg, torch.Tensor):
-            return arg
-        if isinstance(arg, list | tuple) and arg:
-            try:
-                return _first_tensor(tuple(arg))
-            except ValueError:
-                continue
-    raise ValueError("the zipccl backend routes a call by its tensors' device, and got none")
+            yield arg
+        elif isinstance(arg, list | tuple):
+            yield from _tensors(arg)
 
 
 def _create(opts: dist.distributed_c10d._DistributedBackendOptions,
