@@ -30,10 +30,11 @@ from golden.formats import BY_CODE, FloatFormat
 from golden.streams import (
     SplitStream,
     StreamError,
-    decode_split,
     encode_split,
     from_planes,
     num_blocks,
+    parse_split,
+    resolve,
     to_planes,
 )
 
@@ -237,6 +238,25 @@ def check_gaps(buf: bytes | np.ndarray, sec: Sections) -> None:
             raise StreamError(f"alignment gap bytes {lo}..{hi} are not zero")
 
 
+def check_codewords(
+    prefix: np.ndarray, symbols: np.ndarray, table: Codebook, fmt: FloatFormat
+) -> None:
+    """Decoded codewords must be the encoder's: a symbol the format has (FP16's exponent is 5
+    bits), in the region the encoder puts it (no escape of a ranked symbol). Others decode to
+    some value, but to one that re-encodes differently."""
+    limit = 1 << (8 if fmt.byte_coded else fmt.exp_bits)
+    if symbols.size and int(symbols.max()) >= limit:
+        i = int(np.argmax(symbols >= limit))
+        raise StreamError(f"symbol {i} is {int(symbols[i])}, past {fmt.name}'s {limit} symbols")
+    bad = table.encoder_lut()[0][symbols] != prefix
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise StreamError(
+            f"symbol {i} ({int(symbols[i])}) is escaped in literal region {int(prefix[i])} but "
+            "the table ranks it"
+        )
+
+
 def decode(buf: bytes) -> tuple[FloatFormat, np.ndarray]:
     """Decompress a buffer made by :func:`encode` (or any bit-exact twin of it)."""
     if not isinstance(buf, bytes | bytearray | memoryview):
@@ -262,7 +282,9 @@ def decode(buf: bytes) -> tuple[FloatFormat, np.ndarray]:
     nb = num_blocks(numel, head.block)
     offsets = np.frombuffer(buf, "<u8", count=nb, offset=sec.offsets).astype(np.uint64)
     split = SplitStream(planes, offsets, buf[sec.payload :])
-    symbols = decode_split(split, numel, head.table, head.block)
+    cw = parse_split(split, numel, head.table, head.block)
+    symbols = resolve(cw, head.table)
+    check_codewords(cw.prefix, symbols, head.table, fmt)
     raw = np.zeros(numel, np.uint32)
     for b, at in enumerate(sec.raw_bytes):
         raw |= arr[at : at + numel].astype(np.uint32) << (8 * b)

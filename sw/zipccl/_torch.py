@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from golden.codebook import ALPHABET, PREFIX_BITS, Codebook
-from golden.container import Sections
+from golden.container import HEADER_BYTES, Sections
 from golden.formats import FloatFormat
 from golden.streams import num_blocks
 
@@ -146,13 +146,21 @@ def encode_into(
     return payload.numel()
 
 
-def check_gaps(buf: torch.Tensor, fmt: FloatFormat, numel: int, block: int) -> None:
-    """golden.container.check_gaps for a split-layout buffer on any device (one host read):
-    canonical buffers only, whichever backend decodes the sections. Not in :func:`decode_into`,
-    whose checks and their order every backend shares."""
-    gaps = [buf[lo:hi] for lo, hi in Sections.of(fmt, numel, block).gaps]
-    if gaps and bool(torch.cat(gaps).any()):
-        raise ValueError("alignment gap bytes between sections are not zero")
+def check_canonical(buf: torch.Tensor, fmt: FloatFormat, table: Codebook, block: int,
+                    payload_bytes: int, out: torch.Tensor) -> None:
+    """After any backend's decode of the split-layout ``buf`` into ``out``: ``buf`` must be the
+    bytes the encoder writes for ``out`` (zero alignment gaps, no escape of a ranked symbol, no
+    symbol past the format's exponent field -- what decoding alone does not check), by encoding
+    ``out`` again. Separate from :func:`decode_into`, whose checks and their order every backend
+    shares; it costs one encode, so the CUDA kernels check those conditions themselves."""
+    again = torch.empty_like(buf)
+    size = encode_into(out.contiguous(), fmt, table, block, again)
+    if size != payload_bytes or not torch.equal(again[HEADER_BYTES:], buf[HEADER_BYTES:]):
+        raise ValueError(
+            "buffer is not in canonical form: its sections are not what an encoder writes for "
+            "the values they decode to (non-zero gap, escaped ranked symbol or symbol out of "
+            f"{fmt.name}'s range)"
+        )
 
 
 def decode_into(
