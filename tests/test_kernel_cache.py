@@ -1,0 +1,174 @@
+"""The private kernel cache (issue 18 item 1): a planted or tampered library is never returned,
+unsafe directories and files are refused by name, writes are atomic. A fake compiler stands in
+for nvcc, so all of it runs on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from zipccl import _kernel_cache as kc
+
+AS_ROOT = os.geteuid() == 0
+NOBODY = 65534
+
+
+class FakeCompiler:
+    """Writes ``b"lib:" + payload`` where asked, counting its calls."""
+
+    def __init__(self, payload: bytes = b"v1") -> None:
+        self.payload, self.calls = payload, 0
+
+    def __call__(self, out: Path) -> None:
+        self.calls += 1
+        out.write_bytes(b"lib:" + self.payload)
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh cache directory (not yet created) and a process that has built nothing."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv(kc.ENV, str(root))
+    monkeypatch.setattr(kc, "_BUILT", {})
+    return root
+
+
+def _forget_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a new process would start: nothing built by this process."""
+    monkeypatch.setattr(kc, "_BUILT", {})
+
+
+def _record(cache: Path) -> Path:
+    (record,) = cache.glob("*.json")
+    return record
+
+
+def test_the_cache_directory_is_created_private_whatever_the_umask(cache: Path) -> None:
+    old = os.umask(0)
+    try:
+        assert kc.cache_dir() == cache
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+
+
+def test_a_build_is_compiled_once_and_then_verified(cache: Path, monkeypatch) -> None:
+    cc = FakeCompiler()
+    lib = kc.cached_build("codec_sm90", b"source", cc)
+    assert lib.parent == cache and lib.read_bytes() == b"lib:v1" and cc.calls == 1
+    assert stat.S_IMODE(lib.stat().st_mode) == 0o500
+    assert kc.cached_build("codec_sm90", b"source", cc) == lib and cc.calls == 1
+    _forget_builds(monkeypatch)
+    assert kc.cached_build("codec_sm90", b"source", cc) == lib and cc.calls == 1
+    assert kc.cached_build("codec_sm90", b"other source", cc) != lib and cc.calls == 2
+    assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_tampered_library_is_rebuilt_not_loaded(cache: Path, monkeypatch) -> None:
+    lib = kc.cached_build("codec", b"k", FakeCompiler())
+    os.chmod(lib, 0o700)
+    lib.write_bytes(b"lib:evil")
+    _forget_builds(monkeypatch)
+    cc = FakeCompiler(b"v2")
+    again = kc.cached_build("codec", b"k", cc)
+    assert cc.calls == 1 and again.read_bytes() == b"lib:v2"
+
+
+@pytest.mark.parametrize("record", [b"", b"{", b"[]", b'{"sha256": 5}', b'{"sha256": "../x"}',
+                                    b'{"sha256": "' + b"0" * 64 + b'"}', b" " * 5000])
+def test_a_malformed_or_planted_record_means_a_rebuild(cache: Path, monkeypatch,
+                                                       record: bytes) -> None:
+    """Whatever the record says, only a library whose bytes hash to it is ever returned."""
+    kc.cached_build("codec", b"k", FakeCompiler())
+    path = _record(cache)
+    if len(record) > kc.RECORD_BYTES:
+        path.write_bytes(record)
+        with pytest.raises(kc.UnsafeCacheError, match="over"):
+            kc.cached_build("codec", b"k", FakeCompiler())
+        return
+    path.write_bytes(record)
+    _forget_builds(monkeypatch)
+    cc = FakeCompiler(b"v3")
+    assert kc.cached_build("codec", b"k", cc).read_bytes() == b"lib:v3" and cc.calls == 1
+
+
+def test_a_library_planted_under_the_recorded_name_is_not_loaded(cache: Path, monkeypatch) -> None:
+    """The only way in is a file whose SHA-256 is the one the verified build recorded."""
+    lib = kc.cached_build("codec", b"k", FakeCompiler())
+    record = json.loads(_record(cache).read_bytes())
+    lib.unlink()
+    lib.write_bytes(b"lib:planted")
+    _forget_builds(monkeypatch)
+    cc = FakeCompiler()
+    assert kc.cached_build("codec", b"k", cc).read_bytes() == b"lib:v1" and cc.calls == 1
+    assert json.loads(_record(cache).read_bytes()) == record
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o777, 0o720, 0o702])
+def test_a_group_or_other_writable_directory_is_refused_by_name(cache: Path, mode: int) -> None:
+    cache.mkdir()
+    os.chmod(cache, mode)
+    with pytest.raises(kc.UnsafeCacheError, match=f"{cache}.*writable by group or others"):
+        kc.cached_build("codec", b"k", FakeCompiler())
+
+
+def test_a_group_writable_cache_file_is_refused_by_name(cache: Path) -> None:
+    kc.cached_build("codec", b"k", FakeCompiler())
+    os.chmod(_record(cache), 0o662)
+    with pytest.raises(kc.UnsafeCacheError, match=f"{_record(cache)}.*writable"):
+        kc.cached_build("codec", b"k", FakeCompiler())
+
+
+def test_a_symbolic_link_in_the_cache_is_refused(cache: Path, tmp_path: Path) -> None:
+    kc.cached_build("codec", b"k", FakeCompiler())
+    record = _record(cache)
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(record.read_bytes())
+    record.unlink()
+    record.symlink_to(elsewhere)
+    with pytest.raises(kc.UnsafeCacheError, match=str(record)):
+        kc.cached_build("codec", b"k", FakeCompiler())
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="needs root to give a file to another user")
+def test_a_directory_or_file_of_another_user_is_refused(cache: Path) -> None:
+    kc.cached_build("codec", b"k", FakeCompiler())
+    os.chown(_record(cache), NOBODY, NOBODY)
+    with pytest.raises(kc.UnsafeCacheError, match=f"{_record(cache)} is owned by uid {NOBODY}"):
+        kc.cached_build("codec", b"k", FakeCompiler())
+    os.chown(cache, NOBODY, NOBODY)
+    with pytest.raises(kc.UnsafeCacheError, match=f"{cache} is owned by uid {NOBODY}"):
+        kc.cache_dir()
+
+
+def test_a_failed_build_leaves_nothing_behind(cache: Path) -> None:
+    def broken(out: Path) -> None:
+        out.write_bytes(b"half a lib")
+        raise RuntimeError("nvcc failed")
+
+    with pytest.raises(RuntimeError, match="nvcc failed"):
+        kc.cached_build("codec", b"k", broken)
+    assert list(cache.iterdir()) == []
+    with pytest.raises(FileNotFoundError, match="wrote no library"):
+        kc.cached_build("codec", b"k", lambda out: None)
+    assert list(cache.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["", "../codec", "a/b", "x" * 65, "codec\0"])
+def test_entry_names_cannot_leave_the_directory(cache: Path, name: str) -> None:
+    with pytest.raises(ValueError, match="cache entry names"):
+        kc.cached_build(name, b"k", FakeCompiler())
+
+
+def test_read_private_refuses_what_is_not_a_regular_file(cache: Path) -> None:
+    root = kc.cache_dir()
+    assert kc.read_private(root / "missing", 10) is None
+    (root / "dir").mkdir()
+    with pytest.raises(kc.UnsafeCacheError, match="not a regular file"):
+        kc.read_private(root / "dir", 10)
+    os.mkfifo(root / "fifo", 0o600)
+    with pytest.raises(kc.UnsafeCacheError, match="not a regular file"):
+        kc.read_private(root / "fifo", 10)
