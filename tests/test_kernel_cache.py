@@ -10,6 +10,8 @@ import stat
 from pathlib import Path
 
 import pytest
+import torch
+from zipccl import _comm, switch
 from zipccl import _kernel_cache as kc
 
 AS_ROOT = os.geteuid() == 0
@@ -172,3 +174,66 @@ def test_read_private_refuses_what_is_not_a_regular_file(cache: Path) -> None:
     os.mkfifo(root / "fifo", 0o600)
     with pytest.raises(kc.UnsafeCacheError, match="not a regular file"):
         kc.read_private(root / "fifo", 10)
+
+
+# ---------------------------------------------------------------------- the switch's profile
+GLOO_PAIR = _comm.Group(None, 0, 2, torch.device("cpu"), "gloo")
+
+
+def _profile(scale: float = 1.0) -> switch.Profile:
+    line = switch.Line(1e-5 * scale, 1e9)
+    return switch.Profile(
+        dict.fromkeys(switch.OPS, line), line, line, line, line,
+        ratio={switch._name(d): 0.7 for d in switch._PRIOR_DTYPES},
+    )
+
+
+def test_a_profile_is_cached_privately_and_read_back(cache: Path) -> None:
+    switch._save_profile(GLOO_PAIR, _profile(2.0))
+    (path,) = cache.glob("profile-*.json")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert switch._load_profile(GLOO_PAIR) == _profile(2.0)
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda path: path.write_text(json.dumps({"vector": [0.0] * len(_profile().vector())})),
+        lambda path: path.write_bytes(b"\0" * 100),
+        lambda path: path.write_text("[]"),
+        lambda path: path.write_text('{"vector": 5}'),
+        lambda path: path.write_text('{"vector": [1, 2]}'),
+        lambda path: path.write_text("[" * 50_000),
+        lambda path: path.write_text(_profile().to_json().replace("1e-05", "NaN", 1)),
+        lambda path: path.write_text(_profile().to_json().replace("1e-05", "-1.0", 1)),
+        lambda path: path.write_text(_profile().to_json().replace("1e-05", "true", 1)),
+        lambda path: path.write_text(_profile().to_json().replace("1000000000.0", "0", 1)),
+        lambda path: path.write_text(_profile().to_json().replace("0.7", "Infinity", 1)),
+        lambda path: (path.unlink(), path.mkdir()),
+        lambda path: os.chmod(path, 0o666),
+    ],
+)
+def test_a_corrupt_or_unsafe_profile_is_measured_again(cache: Path, corrupt) -> None:
+    """Before: all zeros raised ZeroDivisionError in every later run, a directory raised on rank
+    0 only (the other ranks hung in the broadcast); now rank 0 warns and the group re-measures,
+    and the fresh profile replaces a corrupt file."""
+    switch._save_profile(GLOO_PAIR, _profile())
+    (path,) = cache.glob("profile-*.json")
+    corrupt(path)
+    with pytest.warns(UserWarning, match="measuring again"):
+        assert switch._load_profile(GLOO_PAIR) is None
+    if path.is_file() and not stat.S_IMODE(path.stat().st_mode) & 0o022:
+        switch._save_profile(GLOO_PAIR, _profile(3.0))
+        assert switch._load_profile(GLOO_PAIR) == _profile(3.0)
+
+
+def test_a_profile_that_cannot_be_cached_is_a_warning(cache: Path) -> None:
+    switch._save_profile(GLOO_PAIR, _profile())
+    (path,) = cache.glob("profile-*.json")
+    path.unlink()
+    path.mkdir()
+    with pytest.warns(UserWarning, match="could not cache"):
+        switch._save_profile(GLOO_PAIR, _profile())
+    os.chmod(cache, 0o777)
+    with pytest.warns(UserWarning, match="writable by group or others"):
+        switch._save_profile(GLOO_PAIR, _profile())

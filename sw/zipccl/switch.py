@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,7 +45,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zipccl import _comm, settings
+from zipccl import _comm, _kernel_cache, settings
 from zipccl._comm import Group
 from zipccl.settings import MODES
 
@@ -132,7 +134,27 @@ class Profile:
 
     @classmethod
     def from_json(cls, text: str) -> Profile:
-        return cls.from_vector(json.loads(text)["vector"])
+        """A cached profile, validated: a corrupt one (zeros, NaN, negative times) would divide
+        by zero or mislead every later decision, so any doubt is a ValueError."""
+        try:
+            doc = json.loads(text)
+            vector = doc["vector"]
+        except (KeyError, TypeError, RecursionError) as exc:
+            raise ValueError(f"not a profile: {exc!r}") from None
+        return cls.from_vector(_checked_vector(vector))
+
+
+def _checked_vector(v: object) -> list[float]:
+    """A profile vector: alphas >= 0, bandwidths and ratios > 0, all finite numbers."""
+    size = 2 * _LINES + len(_PRIOR_DTYPES)
+    if not isinstance(v, list) or len(v) != size:
+        raise ValueError(f"a profile vector has {size} numbers")
+    if not all(type(x) in (int, float) and math.isfinite(x) for x in v):
+        raise ValueError("a profile vector holds finite numbers only")
+    alphas, positive = v[0 : 2 * _LINES : 2], v[1 : 2 * _LINES : 2] + v[2 * _LINES :]
+    if min(alphas) < 0 or min(positive) <= 0:
+        raise ValueError("a profile has negative latencies or non-positive bandwidths or ratios")
+    return [float(x) for x in v]
 
 
 _LINES = len(OPS) + 6  # Lines in a Profile's vector form
@@ -300,15 +322,11 @@ def profile_for(g: Group) -> Profile:
     if key in _PROFILES:
         return _PROFILES[key]
     size = 2 * _LINES + len(_PRIOR_DTYPES)
-    path = _cache_path(g)
     shared = torch.zeros(size + 1, dtype=torch.float64, device=g.device)
-    if g.rank == 0 and path.exists():
-        try:
-            shared[1:] = torch.tensor(Profile.from_json(path.read_text()).vector(),
-                                      dtype=torch.float64)
-            shared[0] = 1
-        except (ValueError, KeyError, TypeError):
-            shared[0] = 0  # a stale or corrupt cache: measure again
+    cached = _load_profile(g) if g.rank == 0 else None  # never raises: the others wait on it
+    if cached is not None:
+        shared[1:] = torch.tensor(cached.vector(), dtype=torch.float64)
+        shared[0] = 1
     dist.broadcast(shared, src=dist.get_global_rank(g.pg, 0) if g.pg else 0, group=g.pg)
     if shared[0].item() == 1:
         profile = Profile.from_vector(shared[1:].cpu().tolist())
@@ -320,19 +338,42 @@ def profile_for(g: Group) -> Profile:
         mine[1::2][:_LINES] *= -1
         profile = Profile.from_vector(mine.cpu().tolist())
         if g.rank == 0:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(profile.to_json())
+            _save_profile(g, profile)
     _PROFILES[key] = profile
     return profile
 
 
 def _cache_path(g: Group) -> Path:
+    """The profile's file in the private cache directory (refused if not private)."""
     device = torch.cuda.get_device_name(g.device) if g.cuda else "cpu"
     env = {k: os.environ.get(k, "") for k in _TRANSPORT_ENV}
     ident = json.dumps([g.backend, g.world, device, torch.__version__, env, _PROFILE_VERSION])
     digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
-    root = Path(os.environ.get("ZIPCCL_CACHE_DIR", Path.home() / ".cache" / "zipccl"))
-    return root / f"profile-{digest}.json"
+    return _kernel_cache.cache_dir() / f"profile-{digest}.json"
+
+
+_PROFILE_BYTES = 1 << 16  # a profile is ~1 KiB of JSON
+
+
+def _load_profile(g: Group) -> Profile | None:
+    """Rank 0's cached profile, or None (measure again) for a missing, corrupt or unsafe one
+    -- a warning, never an exception, since the other ranks are waiting on rank 0."""
+    try:
+        raw = _kernel_cache.read_private(_cache_path(g), _PROFILE_BYTES)
+        return None if raw is None else Profile.from_json(raw.decode())
+    except (OSError, ValueError) as exc:  # UnsafeCacheError, a directory, bad JSON or values
+        warnings.warn(f"zipccl: not using the cached profile, measuring again: {exc}",
+                      stacklevel=3)
+        return None
+
+
+def _save_profile(g: Group, profile: Profile) -> None:
+    """Cache the agreed profile atomically; a failure to cache costs a later run a measurement,
+    so it is a warning."""
+    try:
+        _kernel_cache.write_private(_cache_path(g), profile.to_json().encode())
+    except OSError as exc:
+        warnings.warn(f"zipccl: could not cache the profile: {exc}", stacklevel=3)
 
 
 _PROFILE_VERSION = 6  # 5: + the measured overhead of compressed calls; 6: one collective
