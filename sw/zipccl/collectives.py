@@ -81,6 +81,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from golden import theory
 from golden.codebook import Codebook
 from golden.container import (
     CRC_AT,
@@ -325,8 +326,11 @@ def _plan(g: Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int
     the agreed profile. Auto mode on CUDA takes the model's chunk count unless
     ``ZIPCCL_CHUNK_BYTES`` is set (switch.best_chunks)."""
     chunks = _chunks(g, nbytes)
-    if dtype not in CODEC_DTYPES or nbytes == 0 or red_code == 99:
+    if dtype not in CODEC_DTYPES or red_code == 99:
         return switch.NATIVE, chunks  # nothing to compress, or an op only the backend implements
+    if nbytes == 0:  # nothing to compress; but gloo cannot reduce fp8, not even an empty tensor
+        gloo_fp8 = red_code >= 0 and dtype in _BYTE_VIEW and not g.cuda
+        return (switch.A2A_REDUCE if gloo_fp8 else switch.NATIVE), chunks
     mode = switch.mode()
     if mode != "auto":
         return (switch.COMPRESSED if mode == "always" else switch.NATIVE), chunks
@@ -408,10 +412,23 @@ def _sources(dtype: torch.dtype, summaries: np.ndarray, table: Codebook | None
     """Every rank's :class:`_Source` from the exchanged sample summaries (codec.sample_summary):
     the agreed ``table``, else each rank's theory table -- built alike on every rank."""
     found = []
-    for row in summaries:
+    for rank, row in enumerate(summaries):
+        _check_summary(rank, row)
         book = _canonical(table if table is not None else codec.summary_table(dtype, row))
         found.append(_Source(book, codec.payload_bits(book, row)))
     return tuple(found)
+
+
+def _check_summary(rank: int, row: np.ndarray) -> None:
+    """A summary sizes every rank's buffers, and every rank sees the same rows: one no sample
+    gives (negative or too many counts, negative or non-finite sums) raises on every rank."""
+    counts, sums = row[3:], row[:3].astype(np.int64).view(np.float64)
+    fits = counts.min() >= 0 and counts.max() <= theory.SAMPLE_SIZE
+    total = int(counts.sum()) if fits else -1
+    if not (0 <= total <= theory.SAMPLE_SIZE and np.isfinite(sums).all() and sums.min() >= 0
+            and sums[1] + sums[2] <= total):
+        raise ValueError(f"rank {rank} sent a corrupt sample summary: {total} counts, sums "
+                         f"{sums.tolist()} (at most {theory.SAMPLE_SIZE} values, sums >= 0)")
 
 
 @dataclass(frozen=True)
