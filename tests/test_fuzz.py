@@ -257,3 +257,17 @@ def test_non_canonical_buffers_are_rejected(make: Callable[[], bytes], message: 
 def test_codec_rejects_non_canonical_buffers(make: Callable[[], bytes]) -> None:
     with pytest.raises(ValueError):
         zipccl.decompress(torch.tensor(list(make()), dtype=torch.uint8))
+
+
+@pytest.mark.parametrize(("shape", "numel"), [((40, 2**61 + 50), 2000), ((0, 2**63), 0),
+                                              ((2**49,), 2**49)])
+def test_torch_decoder_checks_shapes_with_exact_integers(shape, numel) -> None:
+    """Before: (40, 2**61 + 50) passed as 2000 elements (int64 product), into a 2000-element
+    output, and (0, 2**63) reached torch.empty."""
+    buf = bytearray(CORPUS["bf16"])
+    buf[7] = len(shape)
+    struct.pack_into("<Q", buf, 16, numel)
+    struct.pack_into("<8Q", buf, 32, *shape, *[0] * (8 - len(shape)))
+    _fix_crc(buf)
+    with pytest.raises(ValueError, match="does not hold"):
+        zipccl.decompress(torch.tensor(list(buf), dtype=torch.uint8))
