@@ -224,3 +224,140 @@ def test_gpu_fp8_regions_past_the_ranks() -> None:
     sec = container.Sections.of(E4M3, x.numel(), 1024)
     i = int(torch.nonzero(small[:1000] == x.view(torch.uint8)[:1000])[0])  # prefix 1, 4 bits
     assert_illegal(with_prefix(c.buffer, sec, i, 3))  # prefix 3 codes 4 bits too: same size
+
+
+# ---------------------------------------------------------------------- the no-sync call
+def scaled(n: int, dtype: torch.dtype, sigma: float, zeros: float, seed: int) -> torch.Tensor:
+    """N(0, sigma^2) values of ``dtype`` with a ``zeros`` share of exact zeros."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=g, dtype=torch.float64) * sigma
+    x[torch.rand(n, generator=g) < zeros] = 0.0
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_device_theory_table_is_golden(dtype: torch.dtype) -> None:
+    """The table the kernels build from the sample is golden.theory's for the sample's statistics
+    (the same sums as sample_summary's), its header (hash, CRC) is golden's, and the buffer's
+    bytes are the CPU codec's under that table."""
+    from golden import theory
+
+    fmt = zipccl.codec._fmt(dtype)
+    for seed, sigma in enumerate([1e-6, 3e-3, 0.02, 0.7, 1.0, 5.0, 300.0, 6e4]):
+        for zeros in (0.0, 0.3, 0.97):
+            if dtype == torch.float16 and sigma < 1e-4:
+                continue  # FP16 has no normal values there
+            x = scaled(200_003, dtype, sigma, zeros, seed).to(CUDA)
+            c = zipccl.compress(x)
+            summary = zipccl.codec.sample_summary(x).cpu().numpy()
+            sums = summary[:3].view(np.float64).tolist()
+            want = theory.zipccl_table(fmt, zipccl.codec._stats_of(sums, int(summary[3:].sum())))
+            msg = f"sigma={sigma} zeros={zeros} seed={seed}"
+            if c.layout == "raw":
+                continue  # incompressible at this scale: no table to compare
+            assert c.table == want, msg
+            parsed = zipccl.Compressed.from_buffer(c.buffer.clone())  # golden's header checks
+            assert parsed.table == want and parsed.nbytes == c.nbytes, msg
+            cpu = zipccl.compress(x.cpu(), want)
+            assert torch.equal(c.buffer.cpu(), cpu.buffer), msg
+            assert torch.equal(zipccl.decompress(c).view(torch.uint8), x.view(torch.uint8)), msg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_sizes_stay_on_the_device(dtype: torch.dtype) -> None:
+    """compress returns before the size is read; the first read reads it once, and matches what
+    golden's parser says of the buffer. Incompressible data takes the raw layout on the device."""
+    for x in (gaussian(300_001, dtype, seed=51, scale=2.0), random_bits(300_001, dtype, seed=52)):
+        c = zipccl.compress(x.to(CUDA))
+        assert c._sizes is None
+        y = zipccl.decompress(c, sync=False)
+        zipccl.check_errors()
+        assert c._sizes is None  # decompress needed no size on the host
+        assert torch.equal(y.cpu().view(torch.uint8), x.view(torch.uint8))
+        parsed = zipccl.Compressed.from_buffer(c.buffer.clone())
+        assert (parsed.nbytes, parsed.layout, parsed.payload_bytes) == (
+            c.nbytes, c.layout, c.payload_bytes)
+        cpu = zipccl.compress(x, c.table)
+        assert torch.equal(c.buffer.cpu(), cpu.buffer)
+
+
+def test_gpu_tiny_tensors_are_raw() -> None:
+    for n in (0, 1, 8, 63):
+        x = gaussian(n, torch.bfloat16, seed=n).to(CUDA)
+        c = zipccl.compress(x)
+        assert c.layout == "raw"
+        assert torch.equal(c.buffer.cpu(), zipccl.compress(x.cpu()).buffer)
+        assert torch.equal(zipccl.decompress(c, sync=False).cpu().view(torch.int16),
+                           x.cpu().view(torch.int16))
+
+
+def offsets_damaged(c: zipccl.Compressed) -> None:
+    """Make block 1's offset point past the payload (in place)."""
+    sec = container.Sections.of(zipccl.codec._fmt(c.dtype), c.numel, c.block)
+    c._storage[sec.offsets + 8 + 6] = 0x7F
+
+
+def test_gpu_corrupt_buffer_sync_and_deferred() -> None:
+    """sync=True raises at once; sync=False raises at the next check_errors, once."""
+    x = gaussian(100_003, torch.bfloat16, seed=61).to(CUDA)
+    c = zipccl.compress(x)
+    offsets_damaged(c)
+    with pytest.raises(ValueError, match="offsets"):
+        zipccl.decompress(c)
+    zipccl.decompress(c, sync=False)  # queued; nothing raised yet
+    with pytest.raises(ValueError, match="offsets"):
+        zipccl.check_errors(CUDA)
+    zipccl.check_errors(CUDA)  # reported once
+    good = zipccl.compress(x)
+    zipccl.decompress(good, sync=False)
+    zipccl.check_errors()
+
+
+def test_gpu_compress_decompress_capture_and_replay() -> None:
+    """compress -> decompress with the default table in one CUDA graph: replays with new data in
+    the input are bit-exact, and the captured buffer equals an eager compress of that data."""
+    n = 1 << 20
+    x = torch.empty(n, dtype=torch.bfloat16, device=CUDA)
+    x.copy_(torch.randn(n, device=CUDA).to(torch.bfloat16))
+    y = torch.empty_like(x)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up: build the kernels and plans outside the capture
+        zipccl.decompress(zipccl.compress(x), out=y, sync=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        c = zipccl.compress(x)
+        zipccl.decompress(c, out=y, sync=False)
+    for seed, scale in enumerate([1.0, 1e-3, 50.0, 0.0]):
+        g = torch.Generator(device=CUDA).manual_seed(seed)
+        x.copy_((torch.randn(n, device=CUDA, generator=g) * scale).to(torch.bfloat16))
+        y.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y.view(torch.int16), x.view(torch.int16)), f"replay {seed}"
+        eager = zipccl.compress(x)
+        assert torch.equal(c._storage[: eager.nbytes], eager.buffer), f"replay {seed}"
+    zipccl.check_errors()
+
+
+def test_gpu_threads_do_not_share_scratch() -> None:
+    """Two host threads compressing on the default stream each get their own scratch."""
+    import threading
+
+    xs = [gaussian(400_001, torch.bfloat16, seed=70 + i, scale=10.0 ** i).to(CUDA)
+          for i in range(2)]
+    results: dict[int, list[torch.Tensor]] = {0: [], 1: []}
+
+    def work(i: int) -> None:
+        for _ in range(20):
+            results[i].append(zipccl.compress(xs[i]).buffer)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(2):
+        want = zipccl.compress(xs[i]).buffer
+        assert all(torch.equal(b, want) for b in results[i])

@@ -9,7 +9,6 @@ architecture under ``$ZIPCCL_CACHE_DIR`` (default ``~/.cache/zipccl``).
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
 import functools
 import hashlib
@@ -17,18 +16,32 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from golden import theory
 from golden.codebook import ALPHABET, NUM_REGIONS, Codebook
-from golden.container import CRC_AT, HEADER_BYTES, PAYLOAD_BYTES_AT, Sections, align
+from golden.container import (
+    CRC_AT,
+    HEADER_BYTES,
+    LAYOUT_RAW,
+    LAYOUT_SPLIT,
+    PAYLOAD_BYTES_AT,
+    Header,
+    Sections,
+    align,
+    raw_size,
+)
 from golden.formats import FloatFormat
 from golden.streams import num_blocks
 
-SOURCE = Path(__file__).with_name("csrc") / "codec.cu"
+CSRC = Path(__file__).with_name("csrc")
+SOURCE = CSRC / "codec.cu"  # includes the other files under csrc/
 MAX_BLOCK = 16384  # one warp stages a block's payload in shared memory
 MAX_HEADER = 512  # codec.cu kMaxHeader: the kernel that writes the header stages it in shared
 assert CRC_AT + 4 == HEADER_BYTES <= MAX_HEADER
@@ -65,6 +78,7 @@ class Layout(ctypes.Structure):
         ("crc_at", ctypes.c_longlong),
         ("gap_lo", ctypes.c_longlong * GAPS),
         ("gap_hi", ctypes.c_longlong * GAPS),
+        ("raw_size", ctypes.c_longlong),
     ]
 
 
@@ -78,8 +92,10 @@ def _cache_dir() -> Path:
 
 def build(arch: str) -> Path:
     """Compile codec.cu for ``arch`` (e.g. "90") unless a cached build exists; return the .so."""
-    src = SOURCE.read_bytes()
-    key = hashlib.sha256(src + arch.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(arch.encode())
+    for path in sorted(CSRC.iterdir()):  # every file: codec.cu includes the others
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    key = digest.hexdigest()[:16]
     lib = _cache_dir() / f"zipccl_codec_{key}_sm{arch}.so"
     if lib.exists():
         return lib
@@ -97,8 +113,12 @@ def build(arch: str) -> Path:
     return lib
 
 
+_LIB: ctypes.CDLL | None = None  # _lib()'s library once loaded (the hot path skips the call)
+
+
 @functools.cache
 def _lib() -> ctypes.CDLL | None:
+    global _LIB
     major, minor = torch.cuda.get_device_capability()
     try:
         lib = ctypes.CDLL(str(build(f"{major}{minor}")))
@@ -107,16 +127,20 @@ def _lib() -> ctypes.CDLL | None:
         warnings.warn(f"zipccl: CUDA kernels unavailable, using torch ops ({detail})", stacklevel=3)
         return None
     ptr, layout = ctypes.c_void_p, ctypes.POINTER(Layout)
-    lib.zipccl_encode.argtypes = [ctypes.c_int, ptr, ptr, layout, ptr, ptr, ptr, ptr]
-    lib.zipccl_decode.argtypes = [ctypes.c_int, ptr, ptr, ptr, layout, ptr, ptr, ctypes.c_int, ptr]
+    dev_kind = [ctypes.c_int, ctypes.c_int]  # every launcher's device index and kernel kind
+    lib.zipccl_encode.argtypes = [*dev_kind, ptr, ptr, layout, ptr, ptr, ptr, ptr]
+    lib.zipccl_decode.argtypes = [*dev_kind, ptr, ptr, ptr, layout, ptr, ptr, ctypes.c_int, ptr]
     lib.zipccl_encode.restype = lib.zipccl_decode.restype = ctypes.c_int
-    lib.zipccl_summary.argtypes = [ctypes.c_int, ptr, ctypes.c_longlong, ctypes.c_longlong, ptr,
-                                   ptr]
+    lib.zipccl_compress.argtypes = [*dev_kind, ptr, ptr, layout, ptr, ptr, ptr, ptr, ptr,
+                                    ctypes.c_longlong, ctypes.c_longlong, ptr, ptr]
+    lib.zipccl_compress.restype = ctypes.c_int
+    lib.zipccl_summary.argtypes = [*dev_kind, ptr, ctypes.c_longlong, ctypes.c_longlong, ptr, ptr]
     lib.zipccl_summary.restype = ctypes.c_int
     lib.zipccl_work_bytes.argtypes = [ctypes.c_longlong, ctypes.c_longlong]
     lib.zipccl_work_bytes.restype = ctypes.c_longlong
     lib.zipccl_error_string.argtypes = [ctypes.c_int]
     lib.zipccl_error_string.restype = ctypes.c_char_p
+    _LIB = lib
     return lib
 
 
@@ -166,9 +190,10 @@ def _table_words(table: Codebook) -> tuple[int, ...]:
     return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)  # as int32
 
 
-def _kind(fmt: FloatFormat, table: Codebook, block: int) -> int:
-    """Kernel choice: BF16 under a byte-escape table takes the SIMD fast path."""
-    fast = fmt.name == "bfloat16" and _byte_escape(table)
+def _kind(fmt: FloatFormat, table: Codebook | None, block: int) -> int:
+    """Kernel choice: BF16 under a byte-escape table (None: the theory table, always one) takes
+    the SIMD fast path."""
+    fast = fmt.name == "bfloat16" and (table is None or _byte_escape(table))
     return FAST_BF16 if fast and os.environ.get("ZIPCCL_FAST", "1") != "0" else KIND[fmt.name]
 
 
@@ -222,13 +247,6 @@ def _stream(device: torch.device) -> int:
     return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
-def _on(device: torch.device) -> contextlib.AbstractContextManager:
-    """The launchers run on the host thread's current device: switch only when it differs."""
-    if torch.cuda.current_device() == device.index:
-        return contextlib.nullcontext()
-    return torch.cuda.device(device)
-
-
 @functools.lru_cache(maxsize=256)
 def _payload_at(fmt: FloatFormat, n: int, block: int) -> int:
     return Sections.of(fmt, n, block).payload
@@ -236,7 +254,8 @@ def _payload_at(fmt: FloatFormat, n: int, block: int) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _layout(fmt: FloatFormat, n: int, block: int, capacity: int, payload_bytes: int,
-            payload_cap: int) -> Layout:
+            payload_cap: int, raw: int = 0) -> Layout:
+    """codec.cu's Layout; ``raw``: the raw layout's size where the buffer may hold it."""
     sec = Sections.of(fmt, n, block)
     nb = num_blocks(n, block)
     plane = (n + 7) // 8
@@ -255,6 +274,7 @@ def _layout(fmt: FloatFormat, n: int, block: int, capacity: int, payload_bytes: 
     lay.offsets_at, lay.payload_at = sec.offsets, sec.payload
     lay.capacity, lay.payload_bytes, lay.payload_cap = capacity, payload_bytes, payload_cap
     lay.size_field_at, lay.crc_at = PAYLOAD_BYTES_AT, CRC_AT
+    lay.raw_size = raw
     return lay
 
 
@@ -292,11 +312,10 @@ def launch_encode(
     words = -(-lib.zipccl_work_bytes(lay.nb, block) // 8)
     work = torch.empty(words, dtype=torch.int64, device=x.device)
     head = _header_tensor(header, x.device).data_ptr() if header is not None else None
-    with _on(x.device):
-        _check(lib.zipccl_encode(
-            _kind(fmt, table, block), x.data_ptr(), out.data_ptr(), ctypes.byref(lay),
-            _table_tensor(table, x.device).data_ptr(), work.data_ptr(), head, _stream(x.device),
-        ))
+    _check(lib.zipccl_encode(
+        x.device.index, _kind(fmt, table, block), x.data_ptr(), out.data_ptr(), ctypes.byref(lay),
+        _table_tensor(table, x.device).data_ptr(), work.data_ptr(), head, _stream(x.device),
+    ))
     return work[:1]
 
 
@@ -352,12 +371,11 @@ def launch_decode(
                   room)
     lib = _lib()
     assert lib is not None
-    with _on(buf.device):
-        _check(lib.zipccl_decode(
-            _kind(fmt, table, block), buf.data_ptr(), at, out.data_ptr(),
-            ctypes.byref(lay), _table_tensor(table, buf.device).data_ptr(), flag.data_ptr(),
-            int(clear), _stream(buf.device),
-        ))
+    _check(lib.zipccl_decode(
+        buf.device.index, _kind(fmt, table, block), buf.data_ptr(), at, out.data_ptr(),
+        ctypes.byref(lay), _table_tensor(table, buf.device).data_ptr(), flag.data_ptr(),
+        int(clear), _stream(buf.device),
+    ))
 
 
 def launch_summary(x: torch.Tensor, fmt: FloatFormat, stride: int, count: int,
@@ -367,9 +385,8 @@ def launch_summary(x: torch.Tensor, fmt: FloatFormat, stride: int, count: int,
     _check_dense(x, out)
     lib = _lib()
     assert lib is not None
-    with _on(x.device):
-        _check(lib.zipccl_summary(KIND[fmt.name], x.data_ptr(), stride, count, out.data_ptr(),
-                                  _stream(x.device)))
+    _check(lib.zipccl_summary(x.device.index, KIND[fmt.name], x.data_ptr(), stride, count,
+                              out.data_ptr(), _stream(x.device)))
 
 
 def raise_on_flag(code: int) -> None:
@@ -390,3 +407,112 @@ def decode_into(
     flag = torch.empty(1, dtype=torch.int32, device=buf.device)
     launch_decode(buf, fmt, table, block, payload_bytes, out, flag, clear=True)
     raise_on_flag(int(flag.item()))
+
+
+# ---------------------------------------------------------------------- the device-side codec
+TABLE_WORDS = 526  # table.cuh kTableWords: the int32 words of _table_words
+META_BYTES = 16 + 4 * TABLE_WORDS  # a compressed buffer's record: int64 [bytes, payload], words
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """Everything a device-side compress or decompress of one format, shape and block on one device
+    needs that does not depend on the data, made once: sizes, the kernels' layouts, golden.theory's
+    sample (every ``stride``-th value, ``count`` of them) and golden's two headers on the device."""
+
+    fmt: FloatFormat
+    numel: int
+    block: int
+    cap: int  # the raw layout's size: the most a buffer can take
+    fixed: int  # the split layout's bytes before its payload
+    meta_at: int  # where codec.compress puts the buffer's META_BYTES record in its allocation
+    stride: int
+    count: int
+    encode: Layout
+    decode: Layout
+    work_bytes: int
+    split_head: torch.Tensor  # golden's split header, payload size and table zero
+    raw_head: torch.Tensor  # golden's raw header, complete
+
+    @property
+    def split_possible(self) -> bool:
+        """Tiny tensors cannot be smaller split: they are stored raw without encoding."""
+        return self.fixed < self.cap
+
+
+@functools.lru_cache(maxsize=256)
+def plan(fmt: FloatFormat, shape: tuple[int, ...], block: int, device: torch.device) -> Plan:
+    n = 1
+    for d in shape:
+        n *= d
+    cap, fixed = raw_size(fmt, n), _payload_at(fmt, n, block)
+    stride = max(1, n // theory.SAMPLE_SIZE)  # golden.theory.sample_indices
+    lib = _lib()
+    assert lib is not None
+    split = Header(LAYOUT_SPLIT, fmt, tuple(shape), block, 0, None).pack()
+    raw = Header(LAYOUT_RAW, fmt, tuple(shape), block, 0, None).pack()
+    return Plan(
+        fmt, n, block, cap, fixed, meta_at=-(-cap // 16) * 16, stride=stride,
+        count=min(theory.SAMPLE_SIZE, -(-n // stride)),
+        encode=_layout(fmt, n, block, cap, 0, 0, cap),
+        decode=_layout(fmt, n, block, cap, -1, max(cap - fixed, 0), cap),
+        work_bytes=align(lib.zipccl_work_bytes(num_blocks(n, block), block)),
+        split_head=_header_tensor(split, device), raw_head=_header_tensor(raw, device),
+    )
+
+
+_THREAD = threading.local()
+
+
+SCRATCH_WORK_AT = 2048  # codec.cu kScratchWorkAt: header stage and theory control come first
+
+
+def _scratch(device: torch.device, stream: int, p: Plan) -> torch.Tensor:
+    """Scratch for one compress (codec.cu zeroes what must start at zero). Reused per host thread
+    and stream, whose calls run in order on the device; inside a CUDA graph capture each call
+    takes a new one from the graph's pool, so replays share nothing with other work."""
+    size = SCRATCH_WORK_AT + p.work_bytes
+    if torch._C._cuda_isCurrentStreamCapturing():
+        return torch.empty(size, dtype=torch.uint8, device=device)
+    kept = getattr(_THREAD, "scratch", None)
+    if kept is None:
+        kept = _THREAD.scratch = {}
+    key = (device.index, stream)
+    scratch = kept.get(key)
+    if scratch is None or scratch.numel() < size:
+        scratch = kept[key] = torch.empty(size, dtype=torch.uint8, device=device)
+    return scratch
+
+
+def compress(x: torch.Tensor, p: Plan, table: Codebook | None, header: bytes | None,
+             out: torch.Tensor, meta: int) -> None:
+    """Queue codec.compress of the contiguous ``x`` into ``out`` (>= p.cap bytes): one call that
+    launches every kernel, no host sync. ``meta``: the device address of a META_BYTES record that
+    gets [buffer bytes, payload bytes] and, for ``table`` None, golden.theory's table words (built
+    on the device); a given ``table`` comes with its split ``header`` template."""
+    device = x.device
+    stream = _stream(device)
+    if table is None:
+        tab, head = None, p.split_head.data_ptr()
+    else:
+        tab = _table_tensor(table, device).data_ptr()
+        head = _header_tensor(header, device).data_ptr()
+    _check(_LIB.zipccl_compress(
+        device.index, _kind(p.fmt, table, p.block), x.data_ptr(), out.data_ptr(),
+        ctypes.byref(p.encode), tab, meta + 16, _scratch(device, stream, p).data_ptr(), head,
+        p.raw_head.data_ptr(), p.stride, p.count, meta, stream,
+    ))
+
+
+def decompress(buf: torch.Tensor, p: Plan, table: Codebook | None, meta: int,
+               out: torch.Tensor, flag: torch.Tensor, clear: bool) -> None:
+    """Queue the decode of a buffer that :func:`compress` wrote (layout and payload size read
+    from its header on the device); ``table`` None: the theory table whose words are in the
+    record at ``meta``. Problems are OR-ed into ``flag`` (zeroed first when ``clear``)."""
+    device = buf.device
+    at = buf.data_ptr()
+    tab = meta + 16 if table is None else _table_tensor(table, device).data_ptr()
+    _check(_LIB.zipccl_decode(
+        device.index, _kind(p.fmt, table, p.block), at, at + p.fixed, out.data_ptr(),
+        ctypes.byref(p.decode), tab, flag.data_ptr(), int(clear), _stream(device),
+    ))

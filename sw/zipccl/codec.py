@@ -38,7 +38,6 @@ import math
 import os
 import struct
 import zlib
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -77,10 +76,16 @@ __all__ = [
 TableSpec = Codebook | str | None
 
 
+_FORMATS: dict[torch.dtype, FloatFormat] = {}
+
+
 def _fmt(dtype: torch.dtype) -> FloatFormat:
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"expected a torch.dtype, got {type(dtype).__name__}")
-    return get_format(str(dtype).removeprefix("torch."))
+    fmt = _FORMATS.get(dtype)
+    if fmt is None:
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"expected a torch.dtype, got {type(dtype).__name__}")
+        fmt = _FORMATS[dtype] = get_format(str(dtype).removeprefix("torch."))
+    return fmt
 
 
 def _dtype(fmt: FloatFormat) -> torch.dtype:
@@ -324,40 +329,79 @@ def _resolve_table(tensor: torch.Tensor, table: TableSpec) -> Codebook:
 
 
 # ---------------------------------------------------------------------- the buffer
-@dataclass(frozen=True)
-class Compressed:
-    """One compressed tensor: ``buffer`` is the whole golden/container buffer, sendable as is."""
+_FROM_HEADER = object()  # a table the device chose: read from the buffer's header when asked
 
-    buffer: torch.Tensor
-    dtype: torch.dtype
-    shape: torch.Size
-    numel: int
-    nbytes: int
-    ratio: float
-    table_hash: int
-    layout: str
-    block: int
-    payload_bytes: int
-    table: Codebook | None
+
+class Compressed:
+    """One compressed tensor: ``buffer`` is the whole golden/container buffer, sendable as is.
+
+    A CUDA compress returns before the device knows the buffer's size: ``nbytes``, ``ratio``,
+    ``layout``, ``payload_bytes``, ``buffer``, ``table`` and ``table_hash`` read it on first use
+    (one host sync, once). :func:`decompress` needs none of them.
+    """
+
+    __slots__ = ("_meta", "_plan", "_sizes", "_storage", "_table", "block", "dtype", "numel",
+                 "shape")
+
+    def __init__(self, storage: torch.Tensor, dtype: torch.dtype, shape: torch.Size, block: int,
+                 sizes: tuple[int, int] | None, table: object, meta: tuple[torch.Tensor, int]
+                 | None = None, plan: object = None) -> None:
+        self._storage, self._sizes, self._table = storage, sizes, table
+        self._meta, self._plan = meta, plan  # the device's size record; _cuda.Plan
+        self.dtype, self.shape, self.block = dtype, torch.Size(shape), block
+        self.numel = self.shape.numel()
+
+    def _read_sizes(self) -> tuple[int, int]:
+        if self._sizes is None:
+            assert self._meta is not None
+            meta, at = self._meta
+            nbytes, payload = meta[at : at + 16].view(torch.int64).tolist()
+            self._sizes = (nbytes, payload)
+        return self._sizes
+
+    @property
+    def nbytes(self) -> int:
+        return self._read_sizes()[0]
+
+    @property
+    def payload_bytes(self) -> int:
+        return self._read_sizes()[1]
+
+    @property
+    def layout(self) -> str:
+        """"split", or "raw" where that is not larger (the split layout is always smaller)."""
+        return "raw" if self.nbytes == raw_size(_fmt(self.dtype), self.numel) else "split"
+
+    @property
+    def ratio(self) -> float:
+        return self.nbytes / max(1, self.numel * _fmt(self.dtype).bits // 8)
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        return self._storage[: self.nbytes]
+
+    @property
+    def table(self) -> Codebook | None:
+        """The table the buffer was coded with (None for the raw layout)."""
+        if self.layout == "raw":
+            return None
+        if self._table is _FROM_HEADER:  # validates the device's header (CRC, table hash)
+            self._table = Header.unpack(self.header_bytes()).table
+        return self._table  # type: ignore[return-value]
+
+    @property
+    def table_hash(self) -> int:
+        table = self.table
+        return _hash64(table) if table is not None else 0
+
+    def header_bytes(self) -> bytes:
+        return bytes(self._storage[:HEADER_BYTES].cpu().numpy())
 
     @classmethod
     def _of(cls, buffer: torch.Tensor, head: Header) -> Compressed:
-        fmt = head.fmt
-        numel = head.numel
-        nbytes = buffer.numel()
-        return cls(
-            buffer=buffer,
-            dtype=_dtype(fmt),
-            shape=torch.Size(head.shape),
-            numel=numel,
-            nbytes=nbytes,
-            ratio=nbytes / max(1, numel * fmt.bits // 8),
-            table_hash=_hash64(head.table) if head.table else 0,
-            layout="split" if head.layout == LAYOUT_SPLIT else "raw",
-            block=head.block,
-            payload_bytes=head.payload_bytes,
-            table=head.table,
-        )
+        sizes = (buffer.numel(), head.payload_bytes)
+        return cls(buffer, _dtype(head.fmt), torch.Size(head.shape), head.block, sizes,
+                   head.table)
 
     @classmethod
     def from_buffer(cls, buf: torch.Tensor) -> Compressed:
@@ -450,6 +494,56 @@ def _check_input(tensor: torch.Tensor) -> FloatFormat:
     return _fmt(tensor.dtype)
 
 
+def _check_out(tensor: torch.Tensor, out: torch.Tensor, cap: int) -> None:
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.uint8 or out.dim() != 1:
+        raise ValueError(f"out must be a 1-D uint8 tensor of at least {cap} bytes")
+    if out.numel() < cap:
+        raise ValueError(f"out must be a 1-D uint8 tensor of at least {cap} bytes")
+    if out.device != tensor.device:
+        raise ValueError(f"out is on {out.device}, the tensor on {tensor.device}")
+
+
+_cuda = None  # zipccl._cuda once a CUDA tensor has been seen (its import needs torch.cuda)
+
+
+def _device_codec(device: torch.device, block: int):
+    """zipccl._cuda where it codes tensors on ``device`` entirely on the device, else None."""
+    global _cuda
+    if device.type != "cuda":
+        return None
+    backend = _backend(device, block)
+    if _cuda is None:
+        from zipccl import _cuda as module
+
+        _cuda = module
+    return backend if backend is _cuda else None
+
+
+def _compress_on_device(x: torch.Tensor, fmt: FloatFormat, table: TableSpec, block: int,
+                        out: torch.Tensor | None, cuda) -> Compressed:
+    """compress/compress_into with no host sync: the CUDA kernels build the theory table (or take
+    the given one), write the header, and choose the layout; the sizes stay on the device."""
+    if not x.is_contiguous():
+        x = x.contiguous()
+    plan = cuda.plan(fmt, x.shape, block, x.device)
+    if out is None:
+        out = torch.empty(plan.meta_at + cuda.META_BYTES, dtype=torch.uint8, device=x.device)
+        meta = (out, plan.meta_at)
+    else:
+        _check_out(x, out, plan.cap)
+        meta = (torch.empty(cuda.META_BYTES, dtype=torch.uint8, device=x.device), 0)
+    if not plan.split_possible:
+        out[:HEADER_BYTES].copy_(plan.raw_head)
+        out[HEADER_BYTES : plan.cap].copy_(x.reshape(-1).view(torch.uint8))
+        return Compressed(out, x.dtype, x.shape, block, (plan.cap, 0), None)
+    theory_on_device = (table is None or table == "theory") and not fmt.byte_coded
+    book = None if theory_on_device else _resolve_table(x, table)
+    header = None if book is None else _header_template(LAYOUT_SPLIT, fmt, x.shape, block, book)
+    cuda.compress(x, plan, book, header, out, meta[0].data_ptr() + meta[1])
+    table_of = _FROM_HEADER if book is None else book
+    return Compressed(out, x.dtype, x.shape, block, None, table_of, meta, plan)
+
+
 def compress_into(
     tensor: torch.Tensor,
     out: torch.Tensor,
@@ -457,16 +551,17 @@ def compress_into(
     *,
     block: int = DEFAULT_BLOCK,
 ) -> Compressed:
-    """Compress into the preallocated uint8 ``out`` (>= max_compressed_bytes, same device)."""
+    """Compress into the preallocated uint8 ``out`` (>= max_compressed_bytes, same device); the
+    result's buffer is a view of ``out``. On CUDA nothing waits for the device."""
     fmt = _check_input(tensor)
     _check_block(block)
+    cuda = _device_codec(tensor.device, block)
+    if cuda is not None:
+        return _compress_on_device(tensor, fmt, table, block, out, cuda)
     numel = tensor.numel()
     cap = raw_size(fmt, numel)
-    if out.dtype != torch.uint8 or out.dim() != 1 or out.numel() < cap:
-        raise ValueError(f"out must be a 1-D uint8 tensor of at least {cap} bytes")
-    if out.device != tensor.device:
-        raise ValueError(f"out is on {out.device}, the tensor on {tensor.device}")
-    x = tensor.contiguous()
+    _check_out(tensor, out, cap)
+    x = tensor.detach().contiguous()
     book = _resolve_table(x, table)
     shape = tuple(tensor.shape)
     payload, header_written = None, False
@@ -495,40 +590,103 @@ def compress(
 ) -> Compressed:
     """Compress ``tensor`` losslessly; the buffer lives on the tensor's device.
 
-    The buffer is a view of a max_compressed_bytes allocation (no copy on the hot path).
+    On CUDA the call only queues work (table, encode, header, layout choice all on the device)
+    and returns; the buffer is a view of one max_compressed_bytes allocation.
     """
     fmt = _check_input(tensor)
     _check_block(block)
+    cuda = _device_codec(tensor.device, block)
+    if cuda is not None:
+        return _compress_on_device(tensor, fmt, table, block, None, cuda)
     out = torch.empty(raw_size(fmt, tensor.numel()), dtype=torch.uint8, device=tensor.device)
     return compress_into(tensor, out, table, block=block)
 
 
-def decompress(c: Compressed | torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Decompress to a new tensor, or into ``out`` (same dtype and numel; returned)."""
+_PENDING: dict[torch.device, torch.Tensor] = {}  # per device: decode errors of sync=False calls
+
+
+def _pending_flag(device: torch.device) -> torch.Tensor:
+    flag = _PENDING.get(device)
+    if flag is None:
+        flag = _PENDING[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return flag
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """"cuda" as the device it means now ("cuda:0", ...), the key tensors' devices have."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def check_errors(device: torch.device | str | None = None) -> None:
+    """Raise what ``decompress(..., sync=False)`` calls found wrong since the last check
+    (ValueError naming it), on ``device`` or on every device; waits for those decodes."""
+    devices = list(_PENDING) if device is None else [_indexed(torch.device(device))]
+    for dev in devices:
+        flag = _PENDING.get(dev)
+        code = int(flag.item()) if flag is not None else 0
+        if code:
+            flag.zero_()
+            from zipccl._cuda import raise_on_flag
+
+            raise_on_flag(code)
+
+
+def decompress(
+    c: Compressed | torch.Tensor, out: torch.Tensor | None = None, *, sync: bool = True
+) -> torch.Tensor:
+    """Decompress to a new tensor, or into ``out`` (same dtype and numel; returned).
+
+    ``sync=True`` (default) checks the buffer before returning: a corrupt one raises ValueError.
+    ``sync=False`` on CUDA only queues the decode (no host sync): problems are recorded on the
+    device and raised by the next :func:`check_errors`, and the output of a corrupt buffer is
+    undefined until then. A bare uint8 buffer is parsed (its header checked) on the host first.
+    """
     if isinstance(c, torch.Tensor):
         c = Compressed.from_buffer(c)
     if not isinstance(c, Compressed):
         raise TypeError(f"expected a Compressed or a uint8 tensor, got {type(c).__name__}")
-    buf = c.buffer
-    if buf.numel() != c.nbytes:
-        raise ValueError(f"buffer is {buf.numel()} bytes, Compressed says {c.nbytes}")
+    device = c._storage.device
     if out is None:
-        out = torch.empty(c.shape, dtype=c.dtype, device=buf.device)
-    elif out.dtype != c.dtype or out.numel() != c.numel or out.device != buf.device:
+        out = torch.empty(c.shape, dtype=c.dtype, device=device)
+    elif out.dtype != c.dtype or out.numel() != c.numel or out.device != device:
         raise ValueError(
-            f"out must be {c.dtype} with {c.numel} elements on {buf.device}, got "
+            f"out must be {c.dtype} with {c.numel} elements on {device}, got "
             f"{out.dtype} with {out.numel()} on {out.device}"
         )
     contiguous = out.is_contiguous()
     target = out if contiguous else torch.empty_like(out, memory_format=torch.contiguous_format)
-    fmt = _fmt(c.dtype)
-    if c.layout == "raw":
-        target.view(-1).view(torch.uint8).copy_(buf[HEADER_BYTES:])
+    if c._plan is not None:
+        _decompress_on_device(c, target, sync)
     else:
-        assert c.table is not None
-        _backend(buf.device, c.block).decode_into(
-            buf, fmt, c.table, c.block, c.payload_bytes, target
-        )
+        _decompress_known(c, target, sync)
     if target is not out:
         out.copy_(target)
     return out
+
+
+def _decompress_on_device(c: Compressed, target: torch.Tensor, sync: bool) -> None:
+    """A buffer the device compressed: its layout and payload size are read there."""
+    book = None if c._table is _FROM_HEADER else c._table
+    meta, at = c._meta  # type: ignore[misc]
+    device = target.device
+    flag = torch.empty(1, dtype=torch.int32, device=device) if sync else _pending_flag(device)
+    _cuda.decompress(c._storage, c._plan, book, meta.data_ptr() + at, target, flag, sync)
+    if sync:
+        _cuda.raise_on_flag(int(flag.item()))
+
+
+def _decompress_known(c: Compressed, target: torch.Tensor, sync: bool) -> None:
+    """A buffer whose header the host has read."""
+    buf = c.buffer
+    if c.layout == "raw":
+        target.view(-1).view(torch.uint8).copy_(buf[HEADER_BYTES:])
+        return
+    assert c.table is not None
+    backend = _backend(buf.device, c.block)
+    if not sync and _device_codec(buf.device, c.block) is not None:
+        backend.launch_decode(buf, _fmt(c.dtype), c.table, c.block, c.payload_bytes, target,
+                              _pending_flag(buf.device))
+        return
+    backend.decode_into(buf, _fmt(c.dtype), c.table, c.block, c.payload_bytes, target)

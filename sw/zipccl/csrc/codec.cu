@@ -37,6 +37,8 @@
 #include <mutex>
 #include <type_traits>
 
+#include "table.cuh"
+
 constexpr int kGaps = 10;
 
 // Mirrors the ctypes structure in zipccl/_cuda.py: all fields 64-bit, no padding. (Outside the
@@ -47,6 +49,10 @@ struct Layout {
   long long offsets_at, payload_at, capacity, payload_bytes, payload_cap;
   long long size_field_at, crc_at;  // golden.container's header: payload_bytes and CRC-32 fields
   long long gap_lo[kGaps], gap_hi[kGaps];
+  // The raw layout's size when the buffer may hold it (codec.compress on the device: the encoder
+  // stores the tensor raw where the split layout is not smaller, the decoder reads the layout from
+  // the header); 0 for a buffer known to be split (a collective's piece).
+  long long raw_size;
 };
 
 namespace {
@@ -61,13 +67,7 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kErrOffsets = 1, kErrSize = 2, kErrRank = 4, kErrPadding = 8, kErrPlanePad = 16;
 constexpr int kErrRoom = 32;  // the header's payload size exceeds the payload's room
 
-// Table words (int32): [0,256) encoder: payload | prefix << 8 | width << 12;
-// [256,264) regions: width | base << 4 | literal << 15; [264,520) rank -> symbol; [520] count.
-constexpr int kRegionAt = 256, kRankAt = 264, kCountAt = 520;
-// Byte-escape tables (one literal region, every ranked region of width 0: the ZipCCL exponent
-// layout) also carry, for the BF16 fast-path decoder: [521] literal prefix L, [522..523] prefix ->
-// symbol bytes, [524..525] prefix -> 0xFF if the prefix is illegal.
-constexpr int kFastAt = 521;
+// The table words (kRegionAt, kRankAt, kCountAt, kFastAt) are laid out in table.cuh.
 
 // Warps per CTA and stage words per warp for a block size: a block's payload is at most `block`
 // bytes (codewords are at most 8 bits) plus two words of slack for the bit extractor, rounded to
@@ -117,7 +117,10 @@ struct Fmt {
   static constexpr int RAWB = RAW / 8;  // raw byte planes
   static constexpr int RAWb = RAW % 8;  // raw bit planes
   static constexpr uint32_t MMASK = (1u << MANT) - 1;
-  __device__ static uint32_t sym(uint32_t x) { return BYTE ? x : (x >> MANT) & ((1u << EXPB) - 1); }
+  static constexpr int EXP_BITS = EXPB;
+  __device__ static uint32_t sym(uint32_t x) {
+    return BYTE ? x : (x >> MANT) & ((1u << EXP_BITS) - 1);
+  }
   __device__ static uint32_t raw(uint32_t x) {
     return BYTE ? 0u : ((x >> (BITS - 1)) << MANT) | (x & MMASK);
   }
@@ -555,75 +558,98 @@ __device__ inline unsigned long long cta_scan(unsigned long long v, unsigned lon
 constexpr int kMaxHeader = 512;  // zipccl/_cuda.py checks golden's header fits
 
 // Header bytes [0, L.crc_at) from `head` (golden's header with payload_bytes 0) with the payload
-// size patched in, then their CRC-32 (zlib's: reflected 0xEDB88320) at L.crc_at.
+// size patched in, then their CRC-32 at L.crc_at.
 __device__ inline void write_header(uint8_t* out, const Layout& L, const uint8_t* head,
                                     unsigned long long total) {
-  __shared__ uint32_t s_crc[256];
+  __shared__ Crc8 s_crc;
   __shared__ uint8_t s_head[kMaxHeader];
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-    uint32_t c = static_cast<uint32_t>(i);
-    for (int k = 0; k < 8; ++k) c = c & 1u ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    s_crc[i] = c;
-  }
+  crc_tables(s_crc);
   for (int i = threadIdx.x; i < L.crc_at; i += blockDim.x) {
     const long long f = i - L.size_field_at;
     s_head[i] = f >= 0 && f < 8 ? static_cast<uint8_t>(total >> (8 * f)) : head[i];
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    uint32_t c = 0xffffffffu;
-    for (int i = 0; i < L.crc_at; ++i) c = s_crc[(c ^ s_head[i]) & 0xffu] ^ (c >> 8);
-    c ^= 0xffffffffu;
+    const uint32_t c = crc32(s_crc, s_head, static_cast<int>(L.crc_at));
     for (int k = 0; k < 4; ++k) s_head[L.crc_at + k] = static_cast<uint8_t>(c >> (8 * k));
   }
   __syncthreads();
   for (int i = threadIdx.x; i < L.crc_at + 4; i += blockDim.x) out[i] = s_head[i];
 }
 
-// One CTA: the tile sums become exclusive tile bases (in place) and `*total` the payload size;
-// the alignment gaps between sections are zeroed (they are zero in golden's buffers); `head`, if
-// given, becomes the buffer's split-layout header (the host replaces it when it stores raw).
-__global__ void __launch_bounds__(1024)
-tile_scan_kernel(uint8_t* __restrict__ out, const Layout L, Work work,
-                 const uint8_t* __restrict__ head) {
-  const long long nt = num_tiles(L.nb);
-  unsigned long long carry = 0;
-  for (long long base = 0; base < nt; base += blockDim.x) {
-    const long long i = base + threadIdx.x;
-    const unsigned long long v = i < nt ? work.tiles[i] : 0ull;
-    unsigned long long sum;
-    const unsigned long long incl = cta_scan(v, sum);
-    if (i < nt) work.tiles[i] = carry + incl - v;
-    carry += sum;
+// `len` bytes from `src` to `dst` by the whole grid, 16 bytes a thread where both are aligned.
+__device__ inline void grid_copy(uint8_t* dst, const uint8_t* src, long long len) {
+  const long long tid = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+  long long done = 0;
+  if (aligned(dst, 16) && aligned(src, 16)) {
+    const long long vecs = len / 16;
+    for (long long i = tid; i < vecs; i += step)
+      reinterpret_cast<uint4*>(dst)[i] = __ldcs(reinterpret_cast<const uint4*>(src) + i);
+    done = 16 * vecs;
   }
-  if (threadIdx.x == 0) *work.total = carry;
-  if (head) write_header(out, L, head, carry);
-  for (int g = 0; g < L.ngaps; ++g)
-    for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += blockDim.x) out[i] = 0;
+  for (long long i = done + tid; i < len; i += step) dst[i] = src[i];
 }
 
-// CTA t (kTile threads): the uint64 offsets of tile t's blocks (written only when the payload
-// fits in the buffer; otherwise the host stores the tensor raw and nothing here is used).
-__global__ void __launch_bounds__(kTile)
-offsets_kernel(uint8_t* __restrict__ out, const Layout L, const Work work) {
-  const long long b = static_cast<long long>(blockIdx.x) * kTile + threadIdx.x;
-  const uint32_t n = b < L.nb ? work.counts[b] : 0u;
-  unsigned long long sum;
-  const unsigned long long at = work.tiles[blockIdx.x] + cta_scan(n, sum) - n;
-  if (b < L.nb && L.payload_at + static_cast<long long>(*work.total) <= L.capacity)
-    store_bytes(out + L.offsets_at + 8 * b, 8, at);
+// Whether the buffer gets the raw layout: where L allows it and the split one is not smaller.
+__device__ inline bool store_raw(const Layout& L, unsigned long long total) {
+  return L.raw_size > 0 && L.payload_at + static_cast<long long>(total) >= L.raw_size;
 }
 
-// Each warp moves one block's payload from its scratch slot to its offset (or nothing, when the
-// payload overflows the buffer).
-__global__ void __launch_bounds__(256)
-compact_kernel(uint8_t* __restrict__ out, const Layout L, const Work work) {
-  if (L.payload_at + static_cast<long long>(*work.total) > L.capacity) return;
-  const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
-  for (long long b = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-       b < L.nb; b += warps) {
-    const unsigned long long at = load_bytes(out + L.offsets_at + 8 * b, 8);
-    warp_copy(out + L.payload_at + at, work.scratch + b * L.block, work.counts[b]);
+// The encoder's last step, with no CTA waiting on another. Every CTA sums the tile sums (the
+// payload size); each group of kGroup blocks (one per warp) then learns its base (the tiles and
+// the tile's counts before it) and each warp gives its block its uint64 offset and moves its
+// payload from the scratch slot. CTA 0 writes the size to `work.total` and to `size` ([buffer
+// bytes, payload bytes]), zeroes the alignment gaps and writes the header from `head` (golden's
+// split header with payload_bytes 0). Where store_raw, the tensor's bytes under `raw_head` are
+// stored instead; where the payload overflows the buffer (a collective's room), no payload is
+// placed.
+constexpr int kGroup = 8;
+__global__ void __launch_bounds__(32 * kGroup)
+finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
+              Work work, const uint8_t* __restrict__ head, const uint8_t* __restrict__ raw_head,
+              long long* __restrict__ size) {
+  const long long nt = num_tiles(L.nb);
+  unsigned long long all = 0;
+  for (long long t = threadIdx.x; t < nt; t += blockDim.x) all += work.tiles[t];
+  cta_scan(all, all);
+  const bool raw = store_raw(L, all);
+  const bool fits = !raw && L.payload_at + static_cast<long long>(all) <= L.capacity;
+  if (blockIdx.x == 0) {
+    if (threadIdx.x == 0) {
+      *work.total = all;
+      if (size) size[0] = raw ? L.raw_size : L.payload_at + static_cast<long long>(all);
+      if (size) size[1] = raw ? 0 : static_cast<long long>(all);
+    }
+    if (raw) {
+      for (int i = threadIdx.x; i < L.crc_at + 4; i += blockDim.x) out[i] = raw_head[i];
+    } else {
+      if (head) write_header(out, L, head, all);
+      for (int g = 0; g < L.ngaps; ++g)
+        for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += blockDim.x) out[i] = 0;
+    }
+  }
+  if (raw) {
+    grid_copy(out + L.crc_at + 4, in, L.raw_size - L.crc_at - 4);
+  } else if (fits) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (long long first = static_cast<long long>(blockIdx.x) * kGroup; first < L.nb;
+         first += static_cast<long long>(gridDim.x) * kGroup) {
+      const long long tile = first / kTile;  // kTile is a multiple of kGroup
+      unsigned long long before = 0;
+      for (long long t = threadIdx.x; t < tile; t += blockDim.x) before += work.tiles[t];
+      for (long long j = tile * kTile + threadIdx.x; j < first; j += blockDim.x)
+        before += work.counts[j];
+      cta_scan(before, before);
+      const long long b = first + warp;
+      unsigned long long mine = lane < warp && first + lane < L.nb ? work.counts[first + lane] : 0;
+      for (int d = 16; d; d >>= 1) mine += __shfl_xor_sync(kFull, mine, d);
+      if (b < L.nb) {
+        const unsigned long long at = before + mine;
+        if (lane == 0) store_bytes(out + L.offsets_at + 8 * b, 8, at);
+        warp_copy(out + L.payload_at + at, work.scratch + b * L.block, work.counts[b]);
+      }
+    }
   }
 }
 
@@ -1134,6 +1160,11 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
   __shared__ uint32_t s_spread4[kSpread ? 256 : 1];  // bit k of a plane byte -> nibble k
   __shared__ uint32_t s_off[F::BYTE_CODED ? 8 : 1];  // compact symbol table: region offsets
   extern __shared__ uint4 s_stage[];
+  const long long head = L.crc_at + 4;
+  if (L.raw_size > 0 && buf[kLayoutAt] == kLayoutRaw) {  // uniform: the tensor's bytes follow
+    grid_copy(reinterpret_cast<uint8_t*>(out), buf + head, L.raw_size - head);
+    return;
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * stage_words(L.block);
   if constexpr (kSpread) {
@@ -1286,21 +1317,22 @@ unsigned resident_grid(K kernel, int threads, size_t smem, long long ctas) {
   return static_cast<unsigned>(grid < ctas ? grid : ctas);
 }
 
-template <class F, bool Z = false>
+// The encoder's launches once its table is ready (and its tile sums zero): encode, finish.
+template <class F, bool Z>
 int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab, void* work,
-                  const uint8_t* head, cudaStream_t s) {
+                  const uint8_t* head, const uint8_t* raw_head, long long* size, cudaStream_t s) {
   const int warps = warps_for(L->block), threads = 32 * warps;
   const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4;
   const long long ctas = (L->nb + warps - 1) / warps;
   const Work w = work_of(work, L->nb);
-  cudaError_t e = cudaMemsetAsync(work, 0, counts_at(L->nb), s);
-  if (e != cudaSuccess) return e;
   uint8_t* o = static_cast<uint8_t*>(out);
   encode_kernel<F, Z><<<resident_grid(encode_kernel<F, Z>, threads, smem, ctas), threads, smem, s>>>(
       static_cast<const typename F::T*>(in), o, *L, tab, w);
-  tile_scan_kernel<<<1, 1024, 0, s>>>(o, *L, w, head);
-  offsets_kernel<<<static_cast<unsigned>(num_tiles(L->nb)), kTile, 0, s>>>(o, *L, w);
-  compact_kernel<<<resident_grid(compact_kernel, 256, 0, (L->nb + 7) / 8), 256, 0, s>>>(o, *L, w);
+  const long long copiers = L->raw_size >> 18;  // CTAs to share a raw store, 256 KiB each
+  const long long groups = (L->nb + kGroup - 1) / kGroup;
+  finish_kernel<<<resident_grid(finish_kernel, 32 * kGroup, 0, groups > copiers ? groups : copiers),
+                  32 * kGroup, 0, s>>>(static_cast<const uint8_t*>(in), o, *L, w, head, raw_head,
+                                       size);
   return cudaGetLastError();
 }
 
@@ -1341,50 +1373,188 @@ __device__ inline double value_of(uint32_t x) {
   else return __half2float(__ushort_as_half(static_cast<unsigned short>(x)));
 }
 
-// codec.sample_summary in one CTA: of the `count` values in[0], in[stride], ..., words 0-2 get
-// the float64 bits of [sum of squares of the finite non-zero values, their count, the zero
-// count] (zero for FP8), then the count of each of the 256 symbols. Each thread sums a fixed set
-// of values and the partial sums meet in a fixed order: the same bits on every run.
-template <class F>
-__global__ void __launch_bounds__(1024)
-summary_kernel(const typename F::T* __restrict__ in, long long stride, long long count,
-               long long* __restrict__ out) {
-  __shared__ unsigned s_hist[256];
-  __shared__ double s_part[32][3];
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) s_hist[i] = 0;
-  __syncthreads();
-  double sq = 0.0, live = 0.0, zeros = 0.0;
-  for (long long i = threadIdx.x; i < count; i += blockDim.x) {
-    const uint32_t x = in[i * stride];
-    atomicAdd(&s_hist[F::sym(x)], 1u);
-    if constexpr (!F::BYTE_CODED) {
-      const double d = value_of<F>(x);
-      if (d == 0.0) {
-        zeros += 1.0;
-      } else if (isfinite(d)) {
-        sq += d * d;
-        live += 1.0;
+// The sample is read as kSlots interleaved slots: slot i holds the values in[i * stride],
+// in[(i + kSlots) * stride], ... (the sample's values i, i + kSlots, ...). Each slot is summed in
+// order, the 32 slots of a warp by a shuffle tree, and the kSlots / 32 warp sums in order: the
+// same bits on every run, whether one CTA or many read the slots.
+constexpr int kSlots = 1024;
+constexpr int kSampleSize = 65536;  // golden.theory.SAMPLE_SIZE: the most values a sample holds
+struct Sums {  // the finite non-zero values' squares, their count, the zero count (FP8: zero)
+  double sq, live, zeros;
+};
+
+// The sums of sample slot `slot`; with HIST, the count of each symbol added to `hist`.
+// Strided loads are latency-bound: IN of them are in flight at once.
+template <class F, bool HIST, int IN>
+__device__ inline Sums slot_sums(const typename F::T* __restrict__ in, long long stride,
+                                 long long count, long long slot, unsigned* hist) {
+  constexpr int kInFlight = IN;
+  Sums s{0.0, 0.0, 0.0};
+  for (long long i0 = slot; i0 < count; i0 += kInFlight * kSlots) {
+    uint32_t v[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const long long i = i0 + static_cast<long long>(k) * kSlots;
+      v[k] = i < count ? static_cast<uint32_t>(in[i * stride]) : 0u;
+    }
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      if (i0 + static_cast<long long>(k) * kSlots >= count) break;
+      const uint32_t x = v[k];
+      if constexpr (HIST) atomicAdd(&hist[F::sym(x)], 1u);
+      if constexpr (!F::BYTE_CODED) {
+        const double d = value_of<F>(x);
+        if (d == 0.0) {
+          s.zeros += 1.0;
+        } else if (isfinite(d)) {
+          s.sq += d * d;
+          s.live += 1.0;
+        }
       }
     }
   }
+  return s;
+}
+
+// The warp's sum of its lanes' Sums, in lane 0.
+__device__ inline Sums warp_sums(Sums s) {
   for (int d = 16; d; d >>= 1) {
-    sq += __shfl_down_sync(kFull, sq, d);
-    live += __shfl_down_sync(kFull, live, d);
-    zeros += __shfl_down_sync(kFull, zeros, d);
+    s.sq += __shfl_down_sync(kFull, s.sq, d);
+    s.live += __shfl_down_sync(kFull, s.live, d);
+    s.zeros += __shfl_down_sync(kFull, s.zeros, d);
   }
+  return s;
+}
+
+// Component i of the kSlots / 32 warp sums, added in order.
+__device__ inline double sum_warps(const double (*part)[3], int i) {
+  double total = 0.0;
+  for (int w = 0; w < kSlots / 32; ++w) total += part[w][i];
+  return total;
+}
+
+// codec.sample_summary in one CTA of kSlots threads: words 0-2 the float64 bits of the sample's
+// sums, then the count of each of the 256 symbols.
+template <class F>
+__global__ void __launch_bounds__(kSlots)
+summary_kernel(const typename F::T* __restrict__ in, long long stride, long long count,
+               long long* __restrict__ out) {
+  __shared__ unsigned s_hist[256];
+  __shared__ double s_part[kSlots / 32][3];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) s_hist[i] = 0;
+  __syncthreads();
+  const Sums w = warp_sums(slot_sums<F, true, 16>(in, stride, count, threadIdx.x, s_hist));
   if ((threadIdx.x & 31) == 0) {
-    s_part[threadIdx.x >> 5][0] = sq;
-    s_part[threadIdx.x >> 5][1] = live;
-    s_part[threadIdx.x >> 5][2] = zeros;
+    s_part[threadIdx.x >> 5][0] = w.sq;
+    s_part[threadIdx.x >> 5][1] = w.live;
+    s_part[threadIdx.x >> 5][2] = w.zeros;
   }
   __syncthreads();
-  if (threadIdx.x < 3) {
-    double total = 0.0;
-    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) total += s_part[w][threadIdx.x];
-    out[threadIdx.x] = __double_as_longlong(total);
-  }
+  if (threadIdx.x < 3) out[threadIdx.x] = __double_as_longlong(sum_warps(s_part, threadIdx.x));
   for (int i = threadIdx.x; i < 256; i += blockDim.x) out[3 + i] = s_hist[i];
 }
+
+// The theory kernel's scratch, after the header stage in a compress call's scratch (zeroed by the
+// call's memset).
+struct TheoryControl {
+  unsigned ticket;  // sampling warps done
+  unsigned pad;
+  double part[kSlots / 32][3];  // each sampling warp's sums
+};
+
+// codec.default_table on the device: golden.theory.zipccl_table from the sample's statistics
+// (RMS of the finite non-zero values, zero share), as table words in `words` and as the header
+// template `head` (table bytes zero) completed with the table and its hash in `stage`. Launched
+// as kSlots / 32 CTAs whose first warp reads 32 sample slots (the sample is strided: one SM alone
+// reads it at a fraction of the memory's speed); the last CTA to finish (a ticket, no waiting)
+// adds the warps' sums in summary_kernel's order and builds the table, one bin per thread.
+constexpr int kTheoryThreads = 256;
+template <class F>
+__global__ void __launch_bounds__(kTheoryThreads)
+theory_kernel(const typename F::T* __restrict__ in, long long stride, long long count,
+              const uint8_t* __restrict__ head, uint8_t* __restrict__ stage,
+              int32_t* __restrict__ words) {
+  __shared__ double s_cdf[257], s_prob[256], s_sums[3];
+  __shared__ uint8_t s_tb[kTableBytes];
+  __shared__ bool s_last;
+  __shared__ unsigned long long s_hash;
+  auto* ctl = reinterpret_cast<TheoryControl*>(stage + kMaxHeader);
+  const int tid = threadIdx.x, lane = tid & 31;
+  if (tid < 32) {
+    const Sums w = warp_sums(
+        slot_sums<F, false, kSampleSize / kSlots>(in, stride, count, blockIdx.x * 32ll + lane,
+                                                     nullptr));
+    if (lane == 0) {
+      ctl->part[blockIdx.x][0] = w.sq;
+      ctl->part[blockIdx.x][1] = w.live;
+      ctl->part[blockIdx.x][2] = w.zeros;
+      __threadfence();
+      s_last = atomicAdd(&ctl->ticket, 1u) == gridDim.x - 1;
+    }
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // the other CTAs' sums are visible
+  if (tid < 32) {
+    const volatile double(*part)[3] = ctl->part;
+    for (int i = 0; i < 3; ++i) {  // lane w loads warp w's sum; added in order, as sum_warps does
+      const double mine = part[lane][i];
+      double total = 0.0;
+      for (int v = 0; v < kSlots / 32; ++v) total += __shfl_sync(kFull, mine, v);
+      if (lane == 0) s_sums[i] = total;
+    }
+  }
+  for (int i = tid; i < kTableBytes; i += blockDim.x) s_tb[i] = 0;
+  __syncthreads();
+  const double sigma = s_sums[1] > 0.0 ? sqrt(s_sums[0] / s_sums[1]) : 0.0;
+  const double zeros = s_sums[2] / static_cast<double>(count);
+  constexpr int top = (1 << F::EXP_BITS) - 1, bias = (1 << F::EXP_BITS) / 2 - 1;
+  const bool spread = sigma > 0.0 && isfinite(sigma);
+  for (int j = tid; j <= top + 1; j += blockDim.x)
+    s_cdf[j] = spread ? theory_cdf(j, top, bias, sigma) : 0.0;
+  __syncthreads();
+  for (int i = tid; i < 256; i += blockDim.x)
+    s_prob[i] = i <= top ? theory_prob(i, s_cdf[i], s_cdf[i + 1], zeros) : 0.0;
+  __syncthreads();
+  for (int i = tid; i < 256; i += blockDim.x) {  // golden.theory.top_symbols: the 7 best bins
+    const int r = theory_rank(s_prob, i);
+    if (r < kTop) s_tb[10 + r] = static_cast<uint8_t>(i);
+  }
+  if (tid == 0) s_tb[0] = 8 | kLiteralFlag, s_tb[8] = kTop;  // zipccl_layout: p0 escapes
+  __syncthreads();
+  table_words(s_tb, words);
+  if (tid == 0) {
+    unsigned long long key = 0;
+    for (int r = 0; r < kTop; ++r) key |= static_cast<unsigned long long>(s_tb[10 + r]) << (8 * r);
+    s_hash = theory_hash64(s_tb, key);
+  }
+  __syncthreads();
+  for (int i = tid; i < kMaxHeader; i += blockDim.x) {
+    const int t = i - kTableAt, h = i - kHashAt;
+    stage[i] = t >= 0 && t < kTableBytes ? s_tb[t]
+             : h >= 0 && h < 8 ? static_cast<uint8_t>(s_hash >> (8 * h)) : head[i];
+  }
+}
+
+// The launchers run on `device` (the tensors' device), switching the host thread's current device
+// for the call only where it differs.
+class OnDevice {
+ public:
+  explicit OnDevice(int device) {
+    cudaGetDevice(&prev_);
+    if (prev_ != device) cudaSetDevice(device);
+  }
+  ~OnDevice() {
+    int now = prev_;
+    cudaGetDevice(&now);
+    if (now != prev_) cudaSetDevice(prev_);
+  }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int prev_ = 0;
+};
 
 }  // namespace
 
@@ -1395,20 +1565,60 @@ extern "C" long long zipccl_work_bytes(long long nb, long long block) {
 
 // `head`: golden's split-layout header with payload_bytes 0 (device memory), written with the
 // real size and CRC; or null.
-extern "C" int zipccl_encode(int kind, const void* in, void* out, const Layout* L,
+extern "C" int zipccl_encode(int device, int kind, const void* in, void* out, const Layout* L,
                              const int32_t* tab, void* work, const void* head, void* stream) {
+  const OnDevice on(device);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaMemsetAsync(work, 0, counts_at(L->nb), s);  // a new work area
+  if (e != cudaSuccess) return e;
   const uint8_t* h = static_cast<const uint8_t*>(head);
   return by_kind(kind, [&](auto f, auto z) {
-    return launch_encode<decltype(f), decltype(z)::value>(in, out, L, tab, work, h, s);
+    return launch_encode<decltype(f), decltype(z)::value>(in, out, L, tab, work, h, nullptr,
+                                                         nullptr, s);
+  });
+}
+
+// codec.compress's kernels in one call, none of which waits for the host. `scratch`: the header
+// stage (kMaxHeader bytes), the theory kernel's control, then the encoder's work area at
+// kScratchWorkAt; one memset zeroes everything that must start at zero. `tab`: a given table's
+// words; null builds golden.theory's table on the device (theory_kernel) from the `count` values
+// `stride` apart into `words`, and completes the header template `head` with it in the stage.
+// The buffer takes the raw layout (`raw_head`, L->raw_size) where the split one is not smaller;
+// `size` gets [buffer bytes, payload bytes].
+constexpr long long kScratchWorkAt = 2048;
+static_assert(kMaxHeader + sizeof(TheoryControl) <= kScratchWorkAt, "scratch layout");
+
+extern "C" int zipccl_compress(int device, int kind, const void* in, void* out, const Layout* L,
+                               const int32_t* tab, int32_t* words, void* scratch,
+                               const void* head, const void* raw_head, long long stride,
+                               long long count, long long* size, void* stream) {
+  const OnDevice on(device);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  uint8_t* stage = static_cast<uint8_t*>(scratch);
+  void* work = stage + kScratchWorkAt;
+  cudaError_t e = cudaMemsetAsync(scratch, 0, kScratchWorkAt + counts_at(L->nb), s);
+  if (e != cudaSuccess) return e;
+  const uint8_t* h = static_cast<const uint8_t*>(head);
+  const uint8_t* rh = static_cast<const uint8_t*>(raw_head);
+  return by_kind(kind, [&](auto f, auto z) {
+    using F = decltype(f);
+    if constexpr (F::BYTE_CODED) {
+      if (!tab) return static_cast<int>(cudaErrorInvalidValue);  // FP8 has no theory table
+    } else if (!tab) {
+      theory_kernel<F><<<kSlots / 32, kTheoryThreads, 0, s>>>(
+          static_cast<const typename F::T*>(in), stride, count, h, stage, words);
+    }
+    return launch_encode<F, decltype(z)::value>(in, out, L, tab ? tab : words, work,
+                                                tab ? h : stage, rh, size, s);
   });
 }
 
 // `pay` is the payload stream (L->payload_cap bytes); L->payload_bytes < 0 takes its size from
 // the header at `buf`. clear != 0 zeroes the flag first; else problems are OR-ed into it.
-extern "C" int zipccl_decode(int kind, const void* buf, const void* pay, void* out,
+extern "C" int zipccl_decode(int device, int kind, const void* buf, const void* pay, void* out,
                              const Layout* L, const int32_t* tab, int* flag, int clear,
                              void* stream) {
+  const OnDevice on(device);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (clear) {
     cudaError_t e = cudaMemsetAsync(flag, 0, sizeof(int), s);
@@ -1420,12 +1630,13 @@ extern "C" int zipccl_decode(int kind, const void* buf, const void* pay, void* o
 }
 
 // codec.sample_summary of the `count` values at in[0], in[stride], ... into `out` (int64[259]).
-extern "C" int zipccl_summary(int kind, const void* in, long long stride, long long count,
+extern "C" int zipccl_summary(int device, int kind, const void* in, long long stride, long long count,
                               void* out, void* stream) {
+  const OnDevice on(device);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return by_kind(kind, [&](auto f, auto) {
     using F = decltype(f);
-    summary_kernel<F><<<1, 1024, 0, s>>>(static_cast<const typename F::T*>(in), stride, count,
+    summary_kernel<F><<<1, kSlots, 0, s>>>(static_cast<const typename F::T*>(in), stride, count,
                                          static_cast<long long*>(out));
     return static_cast<int>(cudaGetLastError());
   });

@@ -1,0 +1,142 @@
+"""The public calls as a user makes them, side by side with DietGPU in the same process.
+
+    python benchmarks/calls.py --out OUT [--sizes 0.0625,1,4,16,64,256,1024] [--dietgpu SO]
+
+Per size and dtype: ``zipccl.compress(x)`` with its default table, ``decompress(c, out=y)`` with
+``sync=False`` (the hot path) and with ``sync=True`` (validated before returning), DietGPU's
+compress/decompress of the same tensor (BF16: its float codec; FP8: its ANS byte codec; checksum
+off, preallocated buffers), optionally nvCOMP ANS (``--nvcomp``, benchmarks/codec.py's timing) and
+a device copy of the same bytes (the floor). ``per call``: CUDA
+events around 20 back-to-back calls, divided by 20 (what a loop of calls sustains), median of
+runs. ``host``: the call's own time on the host, from entry to return, after the device went
+idle, median of 200. ``gpu``: the call replayed from a CUDA graph (its kernels alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import zipccl
+from codec import nvcomp_row
+from timing import MIB, event_median, graph_median
+
+BATCH = 20
+
+
+def per_call(fn: Callable[[], object], runs: int = 15) -> float:
+    """Seconds per call of ``fn`` issued back to back (CUDA events around BATCH calls)."""
+    return event_median(lambda: [fn() for _ in range(BATCH)], runs) / BATCH
+
+
+def host_time(fn: Callable[[], object], runs: int = 200) -> float:
+    """Median seconds from entry to return of ``fn`` with an idle device."""
+    times = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def make(dtype: torch.dtype, nbytes: int) -> torch.Tensor:
+    n = nbytes // torch.tensor([], dtype=dtype).element_size()
+    gen = torch.Generator(device="cuda").manual_seed(nbytes)
+    return torch.randn(n, device="cuda", generator=gen).to(dtype)
+
+
+def zipccl_row(x: torch.Tensor) -> dict[str, float | bool | str]:
+    c = zipccl.compress(x)
+    y = torch.empty_like(x)
+    zipccl.decompress(c, out=y)
+    ok = torch.equal(y.view(torch.uint8), x.view(torch.uint8))
+    row: dict[str, float | bool | str] = {"ratio": c.ratio, "layout": c.layout, "roundtrip_ok": ok}
+    calls = {
+        "compress": lambda: zipccl.compress(x),
+        "decompress": lambda: zipccl.decompress(c, out=y, sync=False),
+        "decompress_sync": lambda: zipccl.decompress(c, out=y),
+    }
+    for name, fn in calls.items():
+        row[f"{name}_us"] = per_call(fn) * 1e6
+        row[f"{name}_host_us"] = host_time(fn) * 1e6
+    row["compress_gpu_us"] = graph_median(calls["compress"], 20) * 1e6
+    row["decompress_gpu_us"] = graph_median(calls["decompress"], 20) * 1e6
+    zipccl.check_errors()
+    row["copy_us"] = per_call(lambda: y.copy_(x)) * 1e6
+    return row
+
+
+class DietGPU:
+    """DietGPU's torch ops with preallocated buffers (its fast path: checksum off)."""
+
+    def __init__(self, library: str) -> None:
+        torch.ops.load_library(library)
+        self.ops = torch.ops.dietgpu
+        self.temp = torch.empty(512 * MIB, dtype=torch.uint8, device="cuda")
+
+    def row(self, x: torch.Tensor) -> dict[str, float | bool]:
+        as_float = x.element_size() > 1  # FP8: its byte (ANS) codec on the bytes
+        data = x if as_float else x.view(torch.uint8)
+        size_of = (self.ops.max_float_compressed_output_size if as_float
+                   else self.ops.max_any_compressed_output_size)
+        rows, cols = size_of([data])
+        comp = torch.empty([rows, cols], dtype=torch.uint8, device="cuda")
+        sizes = torch.zeros([1], dtype=torch.int, device="cuda")
+        out = torch.empty_like(data)
+        status = torch.empty([1], dtype=torch.uint8, device="cuda")
+        words = torch.empty([1], dtype=torch.int32, device="cuda")
+
+        def compress() -> None:
+            self.ops.compress_data(as_float, [data], False, self.temp, comp, sizes)
+
+        def decompress() -> None:
+            self.ops.decompress_data(as_float, [comp[0]], [out], False, self.temp, status, words)
+
+        compress()
+        decompress()
+        ok = torch.equal(out.view(torch.uint8), data.view(torch.uint8))
+        return {"dietgpu_ratio": int(sizes.item()) / (x.numel() * x.element_size()),
+                "dietgpu_roundtrip_ok": ok,
+                "dietgpu_compress_us": per_call(compress) * 1e6,
+                "dietgpu_decompress_us": per_call(decompress) * 1e6}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--sizes", default="0.0625,1,4,16,64,256,1024", help="MiB, comma separated")
+    ap.add_argument("--dtypes", default="bfloat16,float8_e4m3fn")
+    ap.add_argument("--dietgpu", default="", help="DietGPU's built torch-ops library (.so)")
+    ap.add_argument("--nvcomp", action="store_true", help="nvCOMP ANS on the same tensors too")
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+    diet = DietGPU(args.dietgpu) if args.dietgpu else None
+    rows = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
+        for mib in (float(s) for s in args.sizes.split(",")):
+            x = make(dtype, int(mib * MIB))
+            row = {"dtype": str(dtype).removeprefix("torch."), "MiB": mib} | zipccl_row(x)
+            if args.nvcomp:  # its own timing (wall clock around device syncs): see codec.py
+                row |= nvcomp_row(x, 10)
+            if diet is not None:
+                try:
+                    row |= diet.row(x)
+                except Exception as exc:  # a failing baseline must not stop the sweep
+                    row["dietgpu_error"] = repr(exc)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            (out / "calls.json").write_text(json.dumps(
+                {"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+            del x
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+// Tables on the device, so that a compress call never waits for the host: golden.theory's ZipCCL
+// table from the sample's statistics, a table's canonical bytes (golden.codebook) -> the kernels'
+// int32 table words, the header's table hash (SHA-256) and its CRC-32. Included by codec.cu.
+#pragma once
+
+#include <cstdint>
+
+namespace {
+
+// golden.codebook's canonical table (8 region descriptors, uint16 rank count, 256 ranks) and
+// golden.container's header fields that hold it; zipccl/_cuda.py checks these against golden.
+constexpr int kTableBytes = 266;
+constexpr int kLayoutAt = 5, kHashAt = 96, kTableAt = 104;
+constexpr uint8_t kLayoutRaw = 0;
+constexpr uint8_t kLiteralFlag = 0x80, kWidthMask = 0x0f;
+constexpr int kTop = 7;  // golden.theory.ZIPCCL_TOP: exponents given their own 3-bit code
+
+// ------------------------------------------------------------------------------ CRC-32
+
+// zlib's CRC-32 (reflected 0xEDB88320) of `len` bytes in shared memory, sliced by 8: one thread
+// walks 8 bytes a step with 8 independent lookups (a byte a step took ~10 µs for a header).
+struct Crc8 { uint32_t t[8][256]; };
+
+__device__ inline void crc_tables(Crc8& c) {  // every thread of the CTA calls it
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    uint32_t v = static_cast<uint32_t>(i);
+    for (int k = 0; k < 8; ++k) v = v & 1u ? 0xEDB88320u ^ (v >> 1) : v >> 1;
+    c.t[0][i] = v;
+  }
+  __syncthreads();
+  for (int k = 1; k < 8; ++k) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x)
+      c.t[k][i] = (c.t[k - 1][i] >> 8) ^ c.t[0][c.t[k - 1][i] & 0xffu];
+    __syncthreads();
+  }
+}
+
+__device__ inline uint32_t crc32(const Crc8& c, const uint8_t* p, int len) {
+  uint32_t v = 0xffffffffu;
+  int i = 0;
+  for (; i + 8 <= len; i += 8) {
+    v ^= p[i] | p[i + 1] << 8 | p[i + 2] << 16 | static_cast<uint32_t>(p[i + 3]) << 24;
+    v = c.t[7][v & 0xffu] ^ c.t[6][(v >> 8) & 0xffu] ^ c.t[5][(v >> 16) & 0xffu] ^
+        c.t[4][v >> 24] ^ c.t[3][p[i + 4]] ^ c.t[2][p[i + 5]] ^ c.t[1][p[i + 6]] ^ c.t[0][p[i + 7]];
+  }
+  for (; i < len; ++i) v = c.t[0][(v ^ p[i]) & 0xffu] ^ (v >> 8);
+  return v ^ 0xffffffffu;
+}
+
+// ------------------------------------------------------------------------------ SHA-256
+
+__constant__ uint32_t kSha[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+__device__ inline uint32_t rotr(uint32_t x, int n) { return __funnelshift_r(x, x, n); }
+
+// Byte i of the SHA-256 message of a canonical table: the table, 0x80, zeros, the bit length.
+__device__ inline uint32_t sha_byte(const uint8_t* tb, int i) {
+  constexpr int kPadded = (kTableBytes + 9 + 63) / 64 * 64;
+  if (i < kTableBytes) return tb[i];
+  if (i == kTableBytes) return 0x80u;
+  const int from_end = kPadded - 1 - i;  // the 64-bit big-endian length ends the message
+  return from_end < 8 ? static_cast<uint32_t>((8ull * kTableBytes) >> (8 * from_end)) & 0xffu : 0u;
+}
+
+// golden.codebook.Codebook.hash64: the first 8 bytes of the table's SHA-256, little endian. One
+// thread (five compression rounds: a few microseconds, hence the cache below).
+__device__ inline unsigned long long table_sha64(const uint8_t* tb) {
+  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  for (int blk = 0; blk < (kTableBytes + 9 + 63) / 64; ++blk) {
+    uint32_t w[64];
+    for (int t = 0; t < 16; ++t) {
+      const int i = 64 * blk + 4 * t;
+      w[t] = sha_byte(tb, i) << 24 | sha_byte(tb, i + 1) << 16 | sha_byte(tb, i + 2) << 8 |
+             sha_byte(tb, i + 3);
+    }
+    for (int t = 16; t < 64; ++t) {
+      const uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
+      const uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
+      w[t] = w[t - 16] + s0 + w[t - 7] + s1;
+    }
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
+    for (int t = 0; t < 64; ++t) {
+      const uint32_t t1 = k + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) +
+                          kSha[t] + w[t];
+      const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+      k = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
+    }
+    h[0] += a, h[1] += b, h[2] += c, h[3] += d, h[4] += e, h[5] += f, h[6] += g, h[7] += k;
+  }
+  unsigned long long out = 0;  // digest bytes 0..7 (big-endian words) as a little-endian uint64
+  for (int j = 0; j < 8; ++j)
+    out |= static_cast<unsigned long long>((h[j / 4] >> (24 - 8 * (j % 4))) & 0xffu) << (8 * j);
+  return out;
+}
+
+// The hashes of recent theory tables, which a training run repeats call after call: keyed by the
+// seven ranks (the rest of a ZipCCL exponent table is fixed). A seqlock per entry: a reader that
+// sees the sequence change (or odd) treats the entry as a miss, so a torn entry is never used.
+struct HashEntry { unsigned int seq; unsigned int pad; unsigned long long key, hash; };
+constexpr int kHashSlots = 256;
+__device__ HashEntry g_theory_hashes[kHashSlots];
+
+__device__ inline unsigned long long theory_hash64(const uint8_t* tb, unsigned long long key) {
+  HashEntry& e = g_theory_hashes[(key * 0x9E3779B97F4A7C15ull) >> 56];
+  volatile HashEntry& v = e;
+  const unsigned int s1 = v.seq;
+  const unsigned long long k = v.key, h = v.hash;
+  __threadfence();
+  if (!(s1 & 1u) && s1 && v.seq == s1 && k == key) return h;
+  const unsigned long long hash = table_sha64(tb);
+  if (!(s1 & 1u) && atomicCAS(&e.seq, s1, s1 + 1u) == s1) {
+    __threadfence();
+    v.key = key;
+    v.hash = hash;
+    __threadfence();
+    atomicExch(&e.seq, s1 + 2u);
+  }
+  return hash;
+}
+
+// ------------------------------------------------------------------------------ table words
+
+// Table words (int32): [0,256) encoder: payload | prefix << 8 | width << 12;
+// [256,264) regions: width | base << 4 | literal << 15; [264,520) rank -> symbol; [520] count.
+constexpr int kRegionAt = 256, kRankAt = 264, kCountAt = 520;
+// Byte-escape tables (one literal region, every ranked region of width 0: the ZipCCL exponent
+// layout) also carry, for the BF16 fast-path decoder: [521] literal prefix L, [522..523] prefix ->
+// symbol bytes, [524..525] prefix -> 0xFF if the prefix is illegal.
+constexpr int kFastAt = 521;
+constexpr int kTableWords = kFastAt + 5;
+
+// golden.codebook's lookup tables (encoder_lut, region_table, rank_lut) and the fast-path words
+// of the canonical table `tb` (shared memory), written to `words` by the whole CTA; `tb` must be
+// a valid complete table (the theory table below is by construction).
+__device__ inline void table_words(const uint8_t* tb, int32_t* words) {
+  __shared__ int s_base[8], s_lit;
+  const int n = tb[8] | tb[9] << 8;
+  if (threadIdx.x == 0) {
+    int acc = 0;
+    s_lit = -1;
+    for (int p = 0; p < 8; ++p) {
+      const bool lit = tb[p] & kLiteralFlag;
+      s_base[p] = lit ? 0 : acc;
+      if (lit) s_lit = p; else acc += 1 << (tb[p] & kWidthMask);
+    }
+  }
+  __syncthreads();
+  const int lit = s_lit;
+  for (int s = threadIdx.x; s < 256; s += blockDim.x) {  // unranked symbols take the literal
+    if (lit >= 0) words[s] = s | lit << 8 | 8 << 12;
+    words[kRankAt + s] = s < n ? tb[10 + s] : 0;
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < n; r += blockDim.x) {
+    for (int p = 0; p < 8; ++p) {
+      const int w = tb[p] & kWidthMask;
+      if (p != lit && s_base[p] <= r && r < s_base[p] + (1 << w))
+        words[tb[10 + r]] = (r - s_base[p]) | p << 8 | w << 12;
+    }
+  }
+  if (threadIdx.x < 8) {
+    const int p = threadIdx.x, base = s_base[p];
+    words[kRegionAt + p] = (tb[p] & kWidthMask) | (base < 256 ? base : 256) << 4 | (p == lit) << 15;
+  }
+  if (threadIdx.x == 0) {
+    words[kCountAt] = n;
+    bool escape = lit >= 0;
+    uint32_t sym[2] = {0, 0}, bad[2] = {0, 0};
+    for (int p = 0; p < 8; ++p) {
+      if (p == lit) continue;
+      escape &= (tb[p] & kWidthMask) == 0;
+      if (s_base[p] < n) sym[p / 4] |= static_cast<uint32_t>(tb[10 + s_base[p]]) << (8 * (p % 4));
+      else bad[p / 4] |= 0xffu << (8 * (p % 4));
+    }
+    const uint32_t fast[5] = {static_cast<uint32_t>(lit), sym[0], sym[1], bad[0], bad[1]};
+    for (int j = 0; j < 5; ++j) words[kFastAt + j] = escape ? static_cast<int32_t>(fast[j]) : 0;
+  }
+  __syncthreads();
+}
+
+// ------------------------------------------------------------------------------ theory table
+
+// golden.theory.exponent_probabilities with golden's operations in golden's order: the cdf at the
+// bin edges 0, 2^(j - bias), inf, then a bin's difference scaled by the non-zero share and the
+// zero share added to bin 0. CUDA's erfc may differ from the host's in the last ulps; the
+// ranking only changes at exact ties.
+__device__ inline double theory_cdf(int j, int top, int bias, double sigma) {
+  const double edge =
+      j == 0 ? 0.0 : j > top ? __longlong_as_double(0x7ff0000000000000ll) : ldexp(1.0, j - bias);
+  return 2.0 * (0.5 * erfc(-(edge / sigma) / 1.4142135623730951)) - 1.0;
+}
+
+__device__ inline double theory_prob(int i, double cdf_lo, double cdf_hi, double zeros) {
+  const double p = (cdf_hi - cdf_lo) * (1.0 - zeros);
+  return i == 0 ? p + zeros : p;
+}
+
+// golden.theory.top_symbols' place of bin i among the 256: the bins more probable, or as
+// probable with a smaller symbol, come first.
+__device__ inline int theory_rank(const double* __restrict__ probs, int i) {
+  const double p = probs[i];
+  int r = 0;
+#pragma unroll 32
+  for (int j = 0; j < 256; ++j) {  // unrolled: 32 shared loads in flight, not one at a time
+    const double q = probs[j];
+    r += q > p || (q == p && j < i);
+  }
+  return r;
+}
+
+}  // namespace
