@@ -122,7 +122,7 @@ class Header:
         if ndim > MAX_DIMS or any(dims[ndim:]):
             raise StreamError(f"bad shape rank {ndim}")
         shape = tuple(dims[:ndim])
-        if any(d > MAX_NUMEL for d in shape) or math.prod(shape) != numel:
+        if max(shape, default=0) > MAX_NUMEL or numel > MAX_NUMEL or math.prod(shape) != numel:
             raise StreamError(f"shape {shape} does not hold {numel} elements (at most {MAX_NUMEL})")
         if not valid_block(block):
             raise StreamError(f"block size {block} is not a power of two in range")

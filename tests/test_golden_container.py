@@ -205,6 +205,7 @@ def _patch_shape(buf: bytes, shape: tuple[int, ...], numel: int) -> bytes:
         ((2**32, 2**32), 0),  # wraps to 0
         ((0, 2**63), 0),  # holds no element, but no tensor has that dimension
         ((MAX_NUMEL + 1,), MAX_NUMEL + 1),
+        ((2**24, 2**25), 2**49),  # each dimension in range, the product not
     ],
 )
 def test_header_shapes_are_checked_with_exact_integers(good_buffer: bytes, shape, numel) -> None:
