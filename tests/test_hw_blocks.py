@@ -166,11 +166,12 @@ def test_decoder_rejects_stream_of_wrong_table() -> None:
         bench.sources["n"].queue.append(256)
         bench.sources["i"].queue.extend(words)
         first = len(bench.sink.got)
+        bench.watch_error = True  # a misparse may also end in non-zero "padding"
         await bench.drain(first + 256)
-        return [g & 0xFF for g in bench.sink.got[first:]]
+        return [g & 0xFF for g in bench.sink.got[first:]], bench.port.get("error")
 
-    got = _run("decoder", 0, 1.0, body)
-    assert got != list(range(256))
+    got, error = _run("decoder", 0, 1.0, body)
+    assert error or got != list(range(256))
 
 
 @pytest.mark.parametrize("top", sorted(BLOCKS))
