@@ -232,6 +232,19 @@ def _escaped_ranked_symbol() -> bytes:
     return bytes(buf)
 
 
+def _fp16_symbol_past_its_exponent() -> bytes:
+    """Element 0 (a zero: exponent 0, escaped) given the escape value 200, which no 5-bit FP16
+    exponent is: it decoded to some value whose exponent is 200 mod 32."""
+    bits = np.full(3000, np.float16(1.0).view(np.uint16))
+    bits[0] = 0
+    table = zipccl_table(FP16, TensorStats(1.0, 0.0))
+    buf = bytearray(container.encode(bits, FP16, table, 64))
+    at = container.Sections.of(FP16, bits.size, 64).payload
+    assert 0 not in table.ranks and buf[at] == 0
+    buf[at] = 200
+    return bytes(buf)
+
+
 def gap_set() -> bytes:
     buf = bytearray(CORPUS["bf16"])
     head = Header.unpack(buf)
@@ -241,7 +254,8 @@ def gap_set() -> bytes:
 
 
 @pytest.mark.parametrize(("make", "message"), [(gap_set, "gap"),
-                                               (_escaped_ranked_symbol, "rank")])
+                                               (_escaped_ranked_symbol, "ranks it"),
+                                               (_fp16_symbol_past_its_exponent, "past float16")])
 def test_non_canonical_buffers_are_rejected(make: Callable[[], bytes], message: str) -> None:
     """Both decode to valid values (before the fix golden accepted them) but no encoder writes
     them."""
@@ -253,7 +267,8 @@ def test_non_canonical_buffers_are_rejected(make: Callable[[], bytes], message: 
 
 @pytest.mark.xfail(strict=True, reason="issue 18 item 6: codec.decompress must call "
                    "_torch.check_canonical after a split-layout decode; then drop this marker")
-@pytest.mark.parametrize("make", [gap_set, _escaped_ranked_symbol])
+@pytest.mark.parametrize("make", [gap_set, _escaped_ranked_symbol,
+                                  _fp16_symbol_past_its_exponent])
 def test_codec_rejects_non_canonical_buffers(make: Callable[[], bytes]) -> None:
     with pytest.raises(ValueError):
         zipccl.decompress(torch.tensor(list(make()), dtype=torch.uint8))
