@@ -78,7 +78,6 @@ class DietGPU:
     def __init__(self, library: str) -> None:
         torch.ops.load_library(library)
         self.ops = torch.ops.dietgpu
-        self.temp = torch.empty(512 * MIB, dtype=torch.uint8, device="cuda")
 
     def row(self, x: torch.Tensor) -> dict[str, float | bool]:
         as_float = x.element_size() > 1  # FP8: its byte (ANS) codec on the bytes
@@ -90,6 +89,8 @@ class DietGPU:
         sizes = torch.zeros([1], dtype=torch.int, device="cuda")
         out = torch.empty_like(data)
         status = torch.empty([1], dtype=torch.uint8, device="cuda")
+        nbytes = x.numel() * x.element_size()  # its scratch: 512 MiB is too little past 256 MiB
+        self.temp = torch.empty(max(512 * MIB, 2 * nbytes), dtype=torch.uint8, device="cuda")
         words = torch.empty([1], dtype=torch.int32, device="cuda")
 
         def compress() -> None:

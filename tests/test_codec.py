@@ -261,3 +261,12 @@ def test_fast_header_equals_golden(payload: int, dtype: torch.dtype, shape: list
     book = zipccl.default_table(torch.ones(4, dtype=dtype))
     head = container.Header(container.LAYOUT_SPLIT, fmt, tuple(shape), 1024, payload, book)
     assert codec._pack_header(head) == head.pack()
+
+
+@pytest.mark.parametrize("table", [None, "histogram"])
+def test_tensors_that_require_grad_compress(table: str | None) -> None:
+    """A parameter (requires_grad=True) compresses as torch.save would store it."""
+    x = gaussian(5000, torch.float32, seed=81).requires_grad_()
+    c = zipccl.compress(x, table)
+    assert torch.equal(zipccl.decompress(c).view(torch.int32), x.detach().view(torch.int32))
+    assert zipccl.default_table(x) == zipccl.default_table(x.detach())

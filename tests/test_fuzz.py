@@ -265,8 +265,6 @@ def test_non_canonical_buffers_are_rejected(make: Callable[[], bytes], message: 
     assert torch_decode(buf) is None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18 item 6: codec.decompress must call "
-                   "_torch.check_canonical after a split-layout decode; then drop this marker")
 @pytest.mark.parametrize("make", [gap_set, _escaped_ranked_symbol,
                                   _fp16_symbol_past_its_exponent])
 def test_codec_rejects_non_canonical_buffers(make: Callable[[], bytes]) -> None:

@@ -1,9 +1,11 @@
-"""CUDA C++ backend: csrc/codec.cu compiled with nvcc at first use, loaded with ctypes.
+"""CUDA C++ backend: csrc/ compiled with nvcc at first use, loaded with ctypes.
 
-No torch headers are involved (building a torch extension takes about a minute; this file builds
-in about two seconds), so the shared library is plain CUDA with two ``extern "C"`` launchers that
-take raw device pointers and torch's current stream. The build is cached per source hash and GPU
-architecture under ``$ZIPCCL_CACHE_DIR`` (default ``~/.cache/zipccl``).
+No torch headers are involved (building a torch extension takes about a minute; this builds in
+seconds), so the shared library is plain CUDA with ``extern "C"`` launchers that take raw device
+pointers, the device index and torch's current stream. Each public codec call is one ctypes call
+that launches all of its kernels (:func:`compress`, :func:`decompress`); the per-shape constants
+are a cached :class:`Plan`. The build is cached per source hash and GPU architecture in a private
+directory (zipccl._kernel_cache, ``$ZIPCCL_CACHE_DIR``, default ``~/.cache/zipccl``).
 """
 
 from __future__ import annotations
@@ -11,11 +13,9 @@ from __future__ import annotations
 import collections
 import ctypes
 import functools
-import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable
@@ -39,6 +39,7 @@ from golden.container import (
 )
 from golden.formats import FloatFormat
 from golden.streams import num_blocks
+from zipccl import _kernel_cache
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "codec.cu"  # includes the other files under csrc/
@@ -86,31 +87,24 @@ def supports(block: int) -> bool:
     return block <= MAX_BLOCK
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("ZIPCCL_CACHE_DIR", Path.home() / ".cache" / "zipccl"))
-
-
 def build(arch: str) -> Path:
-    """Compile codec.cu for ``arch`` (e.g. "90") unless a cached build exists; return the .so."""
-    digest = hashlib.sha256(arch.encode())
+    """Compile csrc/ for ``arch`` (e.g. "90") unless a verified cached build exists; return the
+    .so (zipccl._kernel_cache: a private directory, libraries checked against their build record,
+    so a file another user planted there is never loaded)."""
+    key = [arch.encode()]
     for path in sorted(CSRC.iterdir()):  # every file: codec.cu includes the others
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    key = digest.hexdigest()[:16]
-    lib = _cache_dir() / f"zipccl_codec_{key}_sm{arch}.so"
-    if lib.exists():
-        return lib
+        key.append(path.name.encode() + b"\0" + path.read_bytes())
     home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
     nvcc = shutil.which("nvcc") or str(home / "bin" / "nvcc")
-    lib.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
-        out = Path(tmp) / lib.name
+
+    def compile_to(out: Path) -> None:
         cmd = [
             nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
             f"-gencode=arch=compute_{arch},code=sm_{arch}", "-o", str(out), str(SOURCE),
         ]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
-        os.replace(out, lib)
-    return lib
+
+    return _kernel_cache.cached_build(f"zipccl_codec_sm{arch}", b"\0".join(key), compile_to)
 
 
 _LIB: ctypes.CDLL | None = None  # _lib()'s library once loaded (the hot path skips the call)
@@ -122,6 +116,8 @@ def _lib() -> ctypes.CDLL | None:
     major, minor = torch.cuda.get_device_capability()
     try:
         lib = ctypes.CDLL(str(build(f"{major}{minor}")))
+    except _kernel_cache.UnsafeCacheError:
+        raise  # a cache another user can write to is refused loudly, never worked around
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = getattr(exc, "stderr", "") or exc
         warnings.warn(f"zipccl: CUDA kernels unavailable, using torch ops ({detail})", stacklevel=3)

@@ -11,6 +11,13 @@ Public API::
     t2 = decompress(c)               # bit-exact copy of t (same dtype, shape, device)
     c = Compressed.from_buffer(buf)  # parse + validate a received uint8 buffer (ValueError)
 
+On CUDA, ``compress``/``compress_into`` only queue work: the theory table is built, the header
+written and the layout (split or raw) chosen by the kernels, so nothing waits for the device and
+the call can be captured in a CUDA graph. The buffer's size stays on the device until
+``Compressed.nbytes`` (or ``buffer``, ``ratio``, ``layout``, ``table``) is first read.
+``decompress(c, sync=False)`` queues the decode too; its errors are raised by
+:func:`check_errors`. ``sync=True`` (the default) raises before returning.
+
 Allocation-free entry points for collectives:
 
 * ``max_compressed_bytes(dtype, numel, block)`` -- the largest buffer a tensor can need (raw layout:
@@ -22,13 +29,12 @@ Allocation-free entry points for collectives:
 * ``decompress(buf_or_c, out=t)`` -- decodes into an existing tensor; a bare uint8 buffer is parsed.
 
 Tables: ``table=None`` (or ``"theory"``) takes :func:`default_table` -- golden.theory's ZipCCL table
-from the statistics of the deterministic sample (exponent formats), or golden.presets' QLC table
-(FP8).
+from the statistics of the deterministic sample (exponent formats; on CUDA built by the kernels,
+with golden's bytes), or golden.presets' QLC table (FP8).
 ``table="histogram"`` builds it from the full symbol histogram instead (golden.builders), an
-opt-in mode that costs an extra pass over the tensor (and for FP8 an exhaustive table search).
-Corrupt or truncated buffers raise ValueError; the CUDA decoder validates the header and section
-sizes on the host and per-block consistency on the device (an error flag read back before
-returning).
+opt-in mode that costs an extra pass over the tensor and a host sync (and for FP8 an exhaustive
+table search). Corrupt or truncated buffers raise ValueError: a bare buffer's header is checked on
+the host, every block's consistency on the device (an error flag).
 """
 
 from __future__ import annotations
@@ -169,7 +175,7 @@ def _sample_stride(numel: int) -> int:
 
 def _sample(x: torch.Tensor) -> torch.Tensor:
     """golden.theory.sample_indices as a strided slice (no index tensor)."""
-    flat = x.reshape(-1)
+    flat = x.detach().reshape(-1)  # statistics never need the autograd graph
     return flat[:: _sample_stride(flat.numel())][: theory.SAMPLE_SIZE]
 
 
@@ -178,7 +184,7 @@ def _histogram(symbols: torch.Tensor) -> np.ndarray:
 
 
 def _symbols(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
-    return _torch.symbols_raw(_torch.bits_of(x.contiguous(), fmt), fmt)[0]
+    return _torch.symbols_raw(_torch.bits_of(x.detach().contiguous(), fmt), fmt)[0]
 
 
 @functools.cache
@@ -690,3 +696,5 @@ def _decompress_known(c: Compressed, target: torch.Tensor, sync: bool) -> None:
                               _pending_flag(buf.device))
         return
     backend.decode_into(buf, _fmt(c.dtype), c.table, c.block, c.payload_bytes, target)
+    if not buf.is_cuda:  # one more encode: the host path checks canonical form this way
+        _torch.check_canonical(buf, _fmt(c.dtype), c.table, c.block, c.payload_bytes, target)

@@ -8,15 +8,16 @@
 // packed per-group bit counts; the payload is assembled in the warp's slice of shared memory (the
 // *stage*, big-endian 32-bit words: stream byte i at stage byte i ^ 3) and copied out.
 //
-// Compress is one memset and four launches, none of which waits on another block: (1) encode:
-// planes straight into the container, each block's payload into its fixed slot of a scratch area,
-// its byte count, and an atomic add into its tile's sum (tiles of 256 blocks); (2) tile scan: one
-// CTA turns the tile sums into tile bases and the payload size, zeroes the gaps between sections
-// and, given golden's header template, writes the header with the size and its CRC-32; (3)
-// offsets: one CTA per tile writes its blocks' uint64 offsets; (4) compact: each warp copies one
-// block's payload from its slot to its offset. Decompress is one launch: each warp reads its
-// block's offsets, stages the payload and checks the block for consistency, reporting problems
-// through an error flag.
+// Compress (zipccl_compress) is one memset and up to three launches, none of which waits for the
+// host or for another block: (1) theory_kernel, when no table is given: golden.theory's table from
+// a strided sample, built on the device (table.cuh) into the buffer's table words and the header
+// stage; (2) encode: planes straight into the container, each block's payload into its fixed slot
+// of a scratch area, its byte count, and an atomic add into its tile's sum (tiles of 256 blocks);
+// (3) finish: every CTA sums the tile sums, places its blocks' uint64 offsets and payloads, CTA 0
+// writes the header (payload size, CRC-32) and the sizes, and where the split layout would not be
+// smaller the tensor is stored raw instead. Decompress is one launch: each warp reads its block's
+// offsets, stages the payload and checks the block for consistency, reporting problems through an
+// error flag; a buffer compress wrote is decoded by its own header (raw or split, payload size).
 //
 // BF16 under a byte-escape table (the ZipCCL exponent layout) has its own path (Z = true). Its
 // encoder gets bytes by permutes, and an element's three plane bytes and escape mask by one table
