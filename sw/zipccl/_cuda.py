@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import enum
 import functools
 import os
 import shutil
@@ -49,15 +50,28 @@ assert CRC_AT + 4 == HEADER_BYTES <= MAX_HEADER
 GAPS = 10
 KIND = {"bfloat16": 0, "float16": 1, "float32": 2, "float8_e4m3fn": 3, "float8_e5m2": 3}
 FAST_BF16 = 4  # BF16 under a byte-escape table (ZIPCCL_FAST=0 selects the generic kernels)
+
+
+class DecodeError(enum.IntFlag):
+    """The decoder's error bits (layout.cuh kErr*), OR-ed into its flag."""
+
+    OFFSETS = 1
+    SIZE = 2
+    RANK = 4
+    PADDING = 8
+    PLANE_PADDING = 16
+    ROOM = 32  # a collective resends such a buffer raw: not corruption
+
+
 ERRORS = {
-    1: "block offsets out of order or out of range",
-    2: "a block's payload size disagrees with its prefix planes",
-    4: "illegal codeword: a rank past the table's ranked symbols",
-    8: "payload padding bits are not zero",
-    16: "bit plane padding bits are not zero",
-    32: "the header's payload size exceeds the payload's room",
+    DecodeError.OFFSETS: "block offsets out of order or out of range",
+    DecodeError.SIZE: "a block's payload size disagrees with its prefix planes",
+    DecodeError.RANK: "illegal codeword: a rank past the table's ranked symbols",
+    DecodeError.PADDING: "payload padding bits are not zero",
+    DecodeError.PLANE_PADDING: "bit plane padding bits are not zero",
+    DecodeError.ROOM: "the header's payload size exceeds the payload's room",
 }
-ROOM_ERROR = 32  # a collective resends such a buffer raw: not corruption
+ROOM_ERROR = DecodeError.ROOM
 
 
 class Layout(ctypes.Structure):

@@ -1,0 +1,637 @@
+// The decoder: one warp per block, checking every block's consistency. Included by codec.cu.
+#pragma once
+
+#include "warp.cuh"
+
+namespace {
+
+// One round's groups of one lane, loaded before decoding.
+template <class F>
+struct DecIn {
+  uint32_t planes[kGroups];  // prefix plane byte j at bits 8j..8j+7
+  uint32_t tb[kGroups];      // raw bit plane byte j at bits 8j..8j+7 (FP16)
+  unsigned long long rb[kGroups][F::RAWB > 0 ? F::RAWB : 1];
+};
+
+template <class F, bool FULL>
+__device__ inline void dec_load(const uint8_t* buf, const Layout& L, long long start, int r,
+                                DecIn<F>& x, int cnt[kGroups], long long e0[kGroups]) {
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    cnt[g] = group_count<FULL>(L, start, r, g, e0[g]);
+    const long long e = cnt[g] ? e0[g] : 0;
+    uint32_t pl = 0, tb = 0;
+    if (cnt[g]) {
+#pragma unroll
+      for (int j = 0; j < 3; ++j) pl |= static_cast<uint32_t>(buf[L.prefix_at[j] + e / 8]) << (8 * j);
+#pragma unroll
+      for (int j = 0; j < F::RAWb; ++j)
+        tb |= static_cast<uint32_t>(buf[L.raw_bit_at[j] + e / 8]) << (8 * j);
+    }
+    x.planes[g] = pl;
+    x.tb[g] = tb;
+#pragma unroll
+    for (int j = 0; j < F::RAWB; ++j) x.rb[g][j] = load_bytes(buf + L.raw_byte_at[j] + e, cnt[g]);
+  }
+}
+
+__device__ inline uint32_t prefix_of(uint32_t planes, int k) {
+  return ((planes >> k) & 1u) | ((planes >> (8 + k)) & 1u) << 1 | ((planes >> (16 + k)) & 1u) << 2;
+}
+
+// The 8 prefixes of a group as bytes (elements 0..3 in pre[0], 4..7 in pre[1]), by three lookups
+// in a table that spreads bit k of a plane byte to bit 0 of byte k.
+__device__ inline void prefix_bytes(uint32_t planes, const unsigned long long* s_spread8,
+                                    uint32_t pre[2]) {
+  const unsigned long long pre8 = s_spread8[planes & 0xffu] | s_spread8[(planes >> 8) & 0xffu] << 1 |
+                                  s_spread8[planes >> 16] << 2;
+  pre[0] = static_cast<uint32_t>(pre8), pre[1] = static_cast<uint32_t>(pre8 >> 32);
+}
+
+// The same as nibbles (nibble k: prefix k), by lookups in a table that spreads bit k of a plane
+// byte to bit 4k.
+__device__ __forceinline__ uint32_t prefix_nibbles(uint32_t p0, uint32_t p1, uint32_t p2,
+                                                   const uint32_t* s_spread4) {
+  return s_spread4[p0] + (s_spread4[p1] << 1) + (s_spread4[p2] << 2);
+}
+
+// BF16 under a byte-escape table, a group of a round that dec_round_z does not take: exponents by
+// a byte-permute lookup (8 prefixes -> 8 symbols), escapes (`esc`: bit k set for element k)
+// patched one by one from the stage from stream byte `at` on, output by permutes.
+__device__ inline void dec_group_fast(const uint32_t pre[2], uint32_t esc,
+                                      unsigned long long rb, int cnt, uint32_t at,
+                                      const uint8_t* stage, const Fast& f, uint16_t* out,
+                                      int& err) {
+  unsigned long long ex8 = 0;  // the 8 exponent bytes
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t sel = __byte_perm(pre[h] | (pre[h] >> 4), 0u, 0x4420);
+    if (__byte_perm(f.bad_lo, f.bad_hi, sel) & valid_bytes(cnt, h)) err |= kErrRank;
+    ex8 |= static_cast<unsigned long long>(__byte_perm(f.sym_lo, f.sym_hi, sel)) << (32 * h);
+  }
+  for (; esc; esc &= esc - 1) {
+    const int sh = 8 * (__ffs(esc) - 1);
+    ex8 = (ex8 & ~(0xffull << sh)) | static_cast<unsigned long long>(stage[at++ ^ 3u]) << sh;
+  }
+  const uint32_t ex[2] = {static_cast<uint32_t>(ex8), static_cast<uint32_t>(ex8 >> 32)};
+  const uint32_t raw[2] = {static_cast<uint32_t>(rb), static_cast<uint32_t>(rb >> 32)};
+  uint32_t v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t t = __byte_perm(raw[i >> 1], ex[i >> 1], (i & 1) ? 0x7362 : 0x5140);
+    v[i] = ((t >> 1) & 0x7f807f80u) | (t & 0x007f007fu) | ((t & 0x00800080u) << 8);
+  }
+  if (cnt == 8 && aligned(out, 16)) {
+    *reinterpret_cast<uint4*>(out) = make_uint4(v[0], v[1], v[2], v[3]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (k < cnt) out[k] = static_cast<uint16_t>(v[k >> 1] >> (16 * (k & 1)));
+  }
+}
+
+// Per-CTA decoder tables in shared memory (generic path).
+struct DecTab {
+  uint32_t region[8];
+  uint8_t rank[256];
+};
+
+// One round of decoding by the general code (every round of BF16, FP16 and FP32; under a
+// byte-escape table, the rounds dec_round_z does not take); returns the round's payload bits.
+// `bits` is where the round starts in the block's stream.
+template <class F, bool Z, bool FULL>
+__device__ inline uint32_t dec_round(const uint8_t* buf, typename F::T* out, const Layout& L,
+                                     long long start, int r, const DecTab& t, uint32_t nranked,
+                                     const Fast& f, const unsigned long long* s_spread8,
+                                     uint32_t bits, const uint32_t* stage, int& err) {
+  DecIn<F> x;
+  int cnt[kGroups];
+  long long e0[kGroups];
+  dec_load<F, FULL>(buf, L, start, r, x, cnt, e0);
+  uint32_t nbits[kGroups], pos[kGroups], esc[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    nbits[g] = 0;
+    if constexpr (Z) {  // escapes straight from the planes: bit k set where prefix k == L
+      const uint32_t p0 = x.planes[g] & 0xffu, p1 = (x.planes[g] >> 8) & 0xffu;
+      const uint32_t p2 = x.planes[g] >> 16;
+      esc[g] = ~(p0 ^ f.lit_planes) & ~(p1 ^ (f.lit_planes >> 8)) & ~(p2 ^ (f.lit_planes >> 16)) &
+               ((1u << cnt[g]) - 1u) & 0xffu;
+      nbits[g] = 8 * __popc(esc[g]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (FULL || k < cnt[g]) nbits[g] += t.region[prefix_of(x.planes[g], k)] & 15u;
+    }
+  }
+  const uint32_t total = round_positions(nbits, pos);
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    if (!cnt[g]) continue;
+    if constexpr (Z) {
+      uint32_t pre[2];
+      prefix_bytes(x.planes[g], s_spread8, pre);
+      dec_group_fast(pre, esc[g], x.rb[g][0], cnt[g], (bits + pos[g]) >> 3,
+                     reinterpret_cast<const uint8_t*>(stage), f,
+                     reinterpret_cast<uint16_t*>(out) + e0[g], err);
+      continue;
+    }
+    uint32_t v[8], at = bits + pos[g];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t region = t.region[prefix_of(x.planes[g], k)];
+      const uint32_t w = FULL || k < cnt[g] ? region & 15u : 0u;
+      const uint32_t val = read_bits(stage, at, w);
+      const bool lit = region >> 15;
+      const uint32_t rank = ((region >> 4) & 0x3ffu) + val;
+      if ((FULL || k < cnt[g]) && !lit && rank >= nranked) err |= kErrRank;
+      uint32_t raw = 0;
+#pragma unroll
+      for (int j = 0; j < F::RAWB; ++j)
+        raw |= static_cast<uint32_t>((x.rb[g][j] >> (8 * k)) & 0xffu) << (8 * j);
+#pragma unroll
+      for (int j = 0; j < F::RAWb; ++j) raw |= ((x.tb[g] >> (8 * j + k)) & 1u) << (8 * F::RAWB + j);
+      v[k] = F::join(lit ? val : t.rank[min(rank, 255u)], raw);
+      at += w;
+    }
+    store8(out + e0[g], cnt[g], v);
+  }
+  return total;
+}
+
+// Whether a block's whole rounds can take the fast path, checked once per block (uniform across
+// the warp): raw bytes 8-aligned for vector loads, output aligned for vector stores (16 bytes for 8
+// BF16 elements, 8 bytes for 8 FP8 ones). Every group of the block keeps its start's alignment.
+template <class F>
+__device__ inline bool round_aligned(const uint8_t* buf, const typename F::T* out, const Layout& L,
+                                     long long start) {
+  if constexpr (F::BYTE_CODED) return aligned(out + start, 8);
+  return aligned(buf + L.raw_byte_at[0] + start, 8) && aligned(out + start, 16);
+}
+
+// This lane's plane bytes of a whole round whose first element is e: b[g][j], byte j of group g,
+// read at immediate offsets from one pointer per plane (no 64-bit signed division per load). pf:
+// the next round is whole too (same block); its plane bytes go into L2, all 4 sectors of each
+// plane's 128 bytes (a hint that holds no register, unlike loading them ahead).
+__device__ __forceinline__ void round_planes(const uint8_t* buf, const Layout& L, long long e,
+                                             bool pf, uint32_t b[kGroups][3]) {
+  const uint8_t* p0 = buf + L.prefix_at[0] + (e >> 3);
+  const uint8_t* p1 = buf + L.prefix_at[1] + (e >> 3);
+  const uint8_t* p2 = buf + L.prefix_at[2] + (e >> 3);
+  if (pf) {
+    const int q = kRound / 8 + 32 * (threadIdx.x & 3);
+    prefetch_l2(p0 + q), prefetch_l2(p1 + q), prefetch_l2(p2 + q);
+  }
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g)
+    b[g][0] = p0[32 * g], b[g][1] = p1[32 * g], b[g][2] = p2[32 * g];
+}
+
+// Escape counts (<= 8 per group) of a round: pos[g] = escapes before this lane's group g (earlier
+// groups of the warp, then group g of earlier lanes); returns the round's escapes. One 32-bit scan
+// of 8-bit fields: an exclusive count is <= 31 * 8, and only lane 31's inclusive sum (never sent
+// on) can carry out of a field, which the subtraction undoes; the totals (<= 256) by two
+// reductions into 16-bit fields.
+__device__ inline uint32_t round_escapes(const uint32_t n[kGroups], uint32_t pos[kGroups]) {
+  const int lane = threadIdx.x & 31;
+  const uint32_t own = n[0] | n[1] << 8 | n[2] << 16 | n[3] << 24;
+  uint32_t x = own;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const uint32_t y = __shfl_up_sync(kFull, x, d);
+    if (lane >= d) x += y;
+  }
+  const uint32_t excl = x - own;
+#if __CUDA_ARCH__ >= 800
+  const uint32_t t01 = __reduce_add_sync(kFull, n[0] | n[1] << 16);
+  const uint32_t t23 = __reduce_add_sync(kFull, n[2] | n[3] << 16);
+#else
+  uint32_t t01 = n[0] | n[1] << 16, t23 = n[2] | n[3] << 16;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1)
+    t01 += __shfl_xor_sync(kFull, t01, d), t23 += __shfl_xor_sync(kFull, t23, d);
+#endif
+  const uint32_t b1 = t01 & 0xffffu, b2 = b1 + (t01 >> 16), b3 = b2 + (t23 & 0xffffu);
+  pos[0] = excl & 0xffu;
+  pos[1] = b1 + ((excl >> 8) & 0xffu);
+  pos[2] = b2 + ((excl >> 16) & 0xffu);
+  pos[3] = b3 + (excl >> 24);
+  return b3 + (t23 >> 16);
+}
+
+// BF16 under a byte-escape table, a whole round of an aligned block: vector loads and stores,
+// and every escape of a group patched at once. s[g] holds the prefix nibbles with bit 3 of nibble
+// k set where element k escapes (prefix == L); prmt's sign mode then replicates the msb of the
+// looked-up byte for those elements, which is harmless: their exponent byte is replaced by the
+// escape byte, and the literal prefix's bad byte is 0. pf: as in round_planes (raw bytes too).
+__device__ inline uint32_t dec_round_z(const uint8_t* buf, uint16_t* out, const Layout& L,
+                                       long long start, int r, const Fast& f,
+                                       const uint32_t* s_spread4, uint32_t bits,
+                                       const uint32_t* stage, int& err, bool pf) {
+  const long long e = start + static_cast<long long>(r) * kRound + 8 * (threadIdx.x & 31);
+  const unsigned long long* rw =
+      reinterpret_cast<const unsigned long long*>(buf + L.raw_byte_at[0] + e);
+  if (pf) {  // the next round's raw bytes into L2
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) prefetch_l2(rw + kRound / 8 + 32 * g);
+  }
+  uint32_t s[kGroups], nbits[kGroups], pos[kGroups], b[kGroups][3];
+  round_planes(buf, L, e, pf, b);
+  unsigned long long rb[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) rb[g] = rw[32 * g];
+  const uint32_t lit = f.lit_rep;  // L in every nibble
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const uint32_t sel = prefix_nibbles(b[g][0], b[g][1], b[g][2], s_spread4);
+    const uint32_t x = sel ^ lit;  // nibble zero where the element escapes
+    const uint32_t esc = ~(x | ((x & 0x77777777u) + 0x77777777u)) & 0x88888888u;
+    s[g] = sel | esc;
+    nbits[g] = __popc(esc);  // escapes
+  }
+  const uint32_t total = 8 * round_escapes(nbits, pos);  // pos[g]: in escape bytes
+  const uint32_t base = bits >> 3;  // bits: whole bytes here
+  uint32_t bad = 0;
+  uint16_t* o = out + e;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const uint32_t sv = s[g], esc = sv & 0x88888888u;
+    uint32_t ex0 = prmt(f.sym_lo, f.sym_hi, sv), ex1 = prmt(f.sym_lo, f.sym_hi, sv >> 16);
+    bad |= prmt(f.bad_lo, f.bad_hi, sv) | prmt(f.bad_lo, f.bad_hi, sv >> 16);
+    if (esc) {
+      // The group's escape bytes start at stream byte `at`. Take the 8 stream bytes from there
+      // (big-endian in a, bb: stream byte at + j is prmt index j ^ 3); escape k takes the byte
+      // after the group's earlier escapes.
+      const uint32_t at = base + pos[g];
+      const uint32_t i = at >> 2, sh = 8u * (at & 3u);
+      const uint32_t w0 = stage[i], w1 = stage[i + 1], w2 = stage[i + 2];
+      const uint32_t a = __funnelshift_l(w1, w0, sh), bb = __funnelshift_l(w2, w1, sh);
+      const uint32_t src = ((esc >> 3) * 0x11111110u) ^ 0x33333333u;  // nibble k: j ^ 3
+      const uint32_t mix = 0x76547654u ^ (esc >> 1);  // nibble k: k (escape) or 4 + k (table)
+      ex0 = prmt(prmt(a, bb, src), ex0, mix);
+      ex1 = prmt(prmt(a, bb, src >> 16), ex1, mix >> 16);
+    }
+    // BF16 of element k: high byte sign | exponent >> 1, low byte exponent << 7 | mantissa.
+    const uint32_t r0 = static_cast<uint32_t>(rb[g]), r1 = static_cast<uint32_t>(rb[g] >> 32);
+    const uint32_t h0 = bitsel<0x7f7f7f7fu>(ex0 >> 1, r0), l0 = bitsel<0x80808080u>(ex0 << 7, r0);
+    const uint32_t h1 = bitsel<0x7f7f7f7fu>(ex1 >> 1, r1), l1 = bitsel<0x80808080u>(ex1 << 7, r1);
+    *reinterpret_cast<uint4*>(o + 256 * g) = make_uint4(
+        prmt(l0, h0, 0x5140), prmt(l0, h0, 0x7362), prmt(l1, h1, 0x5140), prmt(l1, h1, 0x7362));
+  }
+  if (bad) err |= kErrRank;
+  return total;
+}
+
+// Byte-coded formats (FP8): per-prefix widths in registers, looked up four elements at a time by
+// byte permutes; each element's bit offset in its half group by one multiply (a byte-wise prefix
+// sum of the widths); one shared table, in the compact layout of region_off, maps (prefix,
+// payload value) to the symbol, or flags an illegal rank (bit 8).
+constexpr int kSym2 = 8 * 256;
+
+__device__ inline uint16_t sym2_entry(const int32_t* tab, const DecTab& t, uint32_t nranked,
+                                      int i) {
+  const uint32_t r = tab[kRegionAt + (i >> 8)], v = i & 0xffu;
+  if (r >> 15) return static_cast<uint16_t>(v);  // literal region: the value is the symbol
+  const uint32_t rank = ((r >> 4) & 0x3ffu) + v;
+  return rank < nranked ? t.rank[rank] : 0x100;
+}
+
+// The compact layout of the (prefix, value) table: regions in ascending width (then prefix),
+// region p at the sum of the earlier regions' sizes rounded up to its own size 2^w_p, so that
+// off_p / 2^w_p <= 7 and every entry is below 8 * 256. Entry off_p + v is then (off_p >> w_p)
+// << w_p | v, one funnel shift, and concurrent lookups spread over more banks than at p << 8 | v.
+__device__ inline uint32_t region_off(const int32_t* tab, int p) {
+  const uint32_t wp = static_cast<uint32_t>(tab[kRegionAt + p]) & 15u;
+  uint32_t sum = 0;
+  for (int q = 0; q < 8; ++q) {
+    const uint32_t wq = static_cast<uint32_t>(tab[kRegionAt + q]) & 15u;
+    if (wq < wp || (wq == wp && q < p)) sum += 1u << wq;
+  }
+  return (sum + (1u << wp) - 1u) & ~((1u << wp) - 1u);
+}
+
+__device__ inline uint32_t width_bytes(const int32_t* tab, int first) {
+  uint32_t w = 0;
+  for (int p = 0; p < 4; ++p) w |= (static_cast<uint32_t>(tab[kRegionAt + first + p]) & 15u) << (8 * p);
+  return w;
+}
+
+// The four symbol bytes of element entries e[0..3] (low bytes) as one word.
+__device__ inline uint32_t pack4(const uint32_t e[4]) {
+  return __byte_perm(__byte_perm(e[0], e[1], 0x0040), __byte_perm(e[2], e[3], 0x0040), 0x5410);
+}
+
+// The width bytes of a half group (0 past the group's count); volatile: recomputed after the
+// scan instead of held across it.
+__device__ inline uint32_t width_of(uint32_t w_lo, uint32_t w_hi, uint32_t sel, int cnt, bool hi) {
+  uint32_t d;
+  asm volatile("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(w_lo), "r"(w_hi), "r"(sel & 0x7777u));
+  return d & valid_bytes(cnt, hi);
+}
+
+template <bool FULL>
+__device__ inline uint32_t dec_round_byte(const uint8_t* buf, uint8_t* out, const Layout& L,
+                                          long long start, int r, uint32_t w_lo, uint32_t w_hi,
+                                          uint32_t hb_lo, uint32_t hb_hi, const uint16_t* s_sym2,
+                                          const unsigned long long* s_spread8, uint32_t bits,
+                                          const uint32_t* stage, int& err) {
+  uint32_t sel[kGroups][2], nbits[kGroups], pos[kGroups];
+  int cnt[kGroups];
+  long long e0[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    cnt[g] = group_count<FULL>(L, start, r, g, e0[g]);
+    uint32_t planes = 0;
+    if (cnt[g]) {
+#pragma unroll
+      for (int j = 0; j < 3; ++j)
+        planes |= static_cast<uint32_t>(buf[L.prefix_at[j] + e0[g] / 8]) << (8 * j);
+    }
+    uint32_t pre[2];
+    prefix_bytes(planes, s_spread8, pre);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sel[g][h] = __byte_perm(pre[h] | (pre[h] >> 4), 0u, 0x4420);  // nibble k: prefix k
+    }
+    nbits[g] = ((width_of(w_lo, w_hi, sel[g][0], cnt[g], 0) * 0x01010101u) >> 24) +
+               ((width_of(w_lo, w_hi, sel[g][1], cnt[g], 1) * 0x01010101u) >> 24);
+  }
+  const uint32_t total = round_positions(nbits, pos);
+  uint32_t bad = 0;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    if (!cnt[g]) continue;
+    uint32_t at = bits + pos[g], word[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t wb = width_of(w_lo, w_hi, sel[g][h], cnt[g], h);
+      const uint32_t i = at >> 5;
+      const uint32_t win = __funnelshift_l(stage[i + 1], stage[i], at & 31u);  // <= 32 bits
+      const uint32_t incl = wb * 0x01010101u, excl = incl - wb;
+      const uint32_t hb = __byte_perm(hb_lo, hb_hi, sel[g][h]);  // off_p >> w_p per element
+      uint32_t e[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t w = (wb >> (8 * k)) & 0xffu, x = (excl >> (8 * k)) & 0xffu;
+        const uint32_t val = __funnelshift_l(win << x, 0u, w);  // the top w bits, 0 if w = 0
+        e[k] = s_sym2[(((hb >> (8 * k)) & 0xffu) << w) | val];  // off_p + val
+        if (FULL || 4 * h + k < cnt[g]) bad |= e[k];
+      }
+      word[h] = pack4(e);
+      at += incl >> 24;
+    }
+    store_bytes(out + e0[g], cnt[g], word[0] | static_cast<unsigned long long>(word[1]) << 32);
+  }
+  if (bad & 0x100u) err |= kErrRank;
+  return total;
+}
+
+// FP8, a whole round of an aligned block, with an 8-byte store per group. Entry off_p + v of the
+// symbol table is one funnel shift of the per-prefix byte hb = off_p >> w (<= 7) and the payload
+// bits; the bit window shifts left by each width in turn (funnel shifts read only the low 5 bits
+// of the amount, so the width bytes need no masking). pf: as in round_planes.
+__device__ inline uint32_t dec_round_byte_z(const uint8_t* buf, uint8_t* out, const Layout& L,
+                                            long long start, int r, uint32_t w_lo, uint32_t w_hi,
+                                            uint32_t hb_lo, uint32_t hb_hi, const uint16_t* s_sym2,
+                                            const uint32_t* s_spread4, uint32_t bits,
+                                            const uint32_t* stage, int& err, bool pf) {
+  const long long e = start + static_cast<long long>(r) * kRound + 8 * (threadIdx.x & 31);
+  uint32_t sel[kGroups], nbits[kGroups], pos[kGroups], b[kGroups][3];
+  round_planes(buf, L, e, pf, b);
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    sel[g] = prefix_nibbles(b[g][0], b[g][1], b[g][2], s_spread4);
+    const uint32_t wl = prmt(w_lo, w_hi, sel[g]), wh = prmt(w_lo, w_hi, sel[g] >> 16);
+    nbits[g] = ((wl * 0x01010101u) >> 24) + ((wh * 0x01010101u) >> 24);
+  }
+  const uint32_t total = round_positions(nbits, pos);
+  uint32_t bad = 0;
+  uint8_t* o = out + e;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    uint32_t at = bits + pos[g], word[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t sh = h ? sel[g] >> 16 : sel[g];
+      const uint32_t wb = prmt(w_lo, w_hi, sh), hb = prmt(hb_lo, hb_hi, sh);
+      const uint32_t i = at >> 5;
+      uint32_t t = __funnelshift_l(stage[i + 1], stage[i], at);  // <= 32 bits from `at`
+      uint32_t ent[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t w = wb >> (8 * k);  // low 5 bits: width k
+        ent[k] = s_sym2[__funnelshift_l(t, prmt(hb, 0u, 0x4440 + k), w)];
+        if (k < 3) t = __funnelshift_l(0u, t, w);
+      }
+      bad |= (ent[0] | ent[1]) | (ent[2] | ent[3]);
+      word[h] = pack4(ent);
+      at += (wb * 0x01010101u) >> 24;
+    }
+    *reinterpret_cast<uint2*>(o + 256 * g) = make_uint2(word[0], word[1]);
+  }
+  if (bad & 0x100u) err |= kErrRank;
+  return total;
+}
+
+// Stage `len` payload bytes from `src` into big-endian words (stream byte i at stage byte i ^ 3),
+// with two zero words after them (the bit reader looks one word ahead); bytes outside [lo, hi)
+// are never read.
+__device__ inline void stage_payload(uint32_t* stage, const uint8_t* src, uint32_t len,
+                                     const uint8_t* lo, const uint8_t* hi) {
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t shift = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(src) & 3u);
+  const uint8_t* base = src - shift;
+  const uint32_t used = (len + 3) / 4;
+  for (uint32_t k = lane; k < used + 2; k += 32) {
+    uint32_t v = 0;
+    if (k < used) {
+      const uint32_t a = load_word_within(base + 4 * k, lo, hi);
+      const uint32_t b = shift ? load_word_within(base + 4 * k + 4, lo, hi) : 0u;
+      v = __funnelshift_r(a, b, 8u * shift);
+      if (4 * k + 4 > len) v &= (1u << (8 * (len - 4 * k))) - 1u;  // len - 4k in 1..3
+    }
+    stage[k] = __byte_perm(v, 0, 0x0123);
+  }
+}
+
+// FP8 staging with several word loads in flight per lane: when the payload's words (from the
+// 4-aligned `base` on) all lie inside [lo, hi), each lane loads kStageU words (and their
+// successors) before it stores any, so a block costs used / (32 kStageU) memory latencies instead
+// of used / 32. The words are the same as stage_payload's (same funnel shift, same mask of the
+// last word, zeros at used and used + 1). Elsewhere (a block at the very end of the stream, a
+// stream start that is not 4-aligned): stage_payload.
+constexpr int kStageU = 8;
+
+__device__ inline void stage_payload_wide(uint32_t* stage, const uint8_t* src, uint32_t len,
+                                          const uint8_t* lo, const uint8_t* hi) {
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t shift = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(src) & 3u);
+  const uint8_t* base = src - shift;
+  const uint32_t used = (len + 3) / 4, nraw = used + (shift ? 1u : 0u);
+  if (base >= lo && base + 4ull * nraw <= hi) {  // uniform across the warp
+    const uint32_t* s = reinterpret_cast<const uint32_t*>(base);
+    const uint32_t sh = 8u * shift;
+    for (uint32_t k0 = 0; k0 < used + 2; k0 += 32 * kStageU) {
+      uint32_t a[kStageU], b[kStageU];
+#pragma unroll
+      for (int u = 0; u < kStageU; ++u) {
+        const uint32_t k = k0 + 32 * u + lane;
+        a[u] = k < used ? __ldg(s + k) : 0u;
+        b[u] = k < used && shift ? __ldg(s + k + 1) : 0u;
+      }
+#pragma unroll
+      for (int u = 0; u < kStageU; ++u) {
+        const uint32_t k = k0 + 32 * u + lane;
+        uint32_t v = __funnelshift_r(a[u], b[u], sh);
+        if (k < used && 4 * k + 4 > len) v &= (1u << (8 * (len - 4 * k))) - 1u;  // len - 4k in 1..3
+        if (k < used + 2) stage[k] = __byte_perm(v, 0, 0x0123);
+      }
+    }
+    return;
+  }
+  stage_payload(stage, src, len, lo, hi);
+}
+
+// Each warp decodes whole blocks. The payload stream is `pay` (payload_cap bytes): the
+// container's own payload section, or a separate buffer. Whole rounds of an aligned block
+// (round_aligned) take dec_round_z or dec_round_byte_z, the rest the general code. The byte-coded
+// and BF16 fast-path decoders are held to 64 registers, with no spills: four CTAs per SM instead
+// of two or three, which the latency-bound decoders need (86 -> 64 registers once took BF16 from
+// 1414 to 1732 GB/s; the generic kernels need more registers).
+template <class F, bool Z>
+__global__ void __launch_bounds__(32 * kMaxWarps, (F::BYTE_CODED || Z) ? 4 : 1)
+decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
+              typename F::T* __restrict__ out, const Layout L, const int32_t* __restrict__ tab,
+              int* __restrict__ flag) {
+  __shared__ DecTab t;
+  __shared__ uint16_t s_sym2[F::BYTE_CODED ? kSym2 : 1];
+  constexpr bool kSpread = Z || F::BYTE_CODED;
+  __shared__ unsigned long long s_spread8[kSpread ? 256 : 1];  // bit k of a plane byte -> byte k
+  __shared__ uint32_t s_spread4[kSpread ? 256 : 1];  // bit k of a plane byte -> nibble k
+  __shared__ uint32_t s_off[F::BYTE_CODED ? 8 : 1];  // compact symbol table: region offsets
+  extern __shared__ uint4 s_stage[];
+  const long long head = L.crc_at + 4;
+  if (L.raw_size > 0 && buf[kLayoutAt] == kLayoutRaw) {  // uniform: the tensor's bytes follow
+    grid_copy(reinterpret_cast<uint8_t*>(out), buf + head, L.raw_size - head);
+    return;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * stage_words(L.block);
+  if constexpr (kSpread) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+      unsigned long long v = 0;
+      for (int k = 0; k < 8; ++k) v |= static_cast<unsigned long long>((i >> k) & 1) << (8 * k);
+      s_spread8[i] = v;
+      uint32_t u = 0;
+      for (int k = 0; k < 8; ++k) u |= static_cast<uint32_t>((i >> k) & 1) << (4 * k);
+      s_spread4[i] = u;
+    }
+  }
+  if constexpr (Z) {
+    __syncthreads();
+  } else {
+    if (threadIdx.x < 8) t.region[threadIdx.x] = tab[kRegionAt + threadIdx.x];
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) t.rank[i] = static_cast<uint8_t>(tab[kRankAt + i]);
+    if (F::BYTE_CODED && threadIdx.x < 8) s_off[threadIdx.x] = region_off(tab, threadIdx.x);
+    __syncthreads();
+  }
+  const uint32_t nranked = tab[kCountAt];
+  const Fast f = Z ? load_fast(tab) : Fast{};
+  const uint32_t w_lo = F::BYTE_CODED ? width_bytes(tab, 0) : 0u;
+  const uint32_t w_hi = F::BYTE_CODED ? width_bytes(tab, 4) : 0u;
+  uint32_t hb_lo = 0, hb_hi = 0;  // byte p: s_off[p] >> w_p
+  if constexpr (F::BYTE_CODED) {
+    for (int p = 0; p < 8; ++p) {
+      const uint32_t hb = s_off[p] >> (static_cast<uint32_t>(tab[kRegionAt + p]) & 15u);
+      if (p < 4) hb_lo |= hb << (8 * p); else hb_hi |= hb << (8 * (p - 4));
+    }
+    for (int i = threadIdx.x; i < kSym2; i += blockDim.x) {
+      uint16_t v = 0;  // alignment padding: never read
+      for (int p = 0; p < 8; ++p) {
+        const uint32_t d = static_cast<uint32_t>(i) - s_off[p];
+        if (d < (1u << (static_cast<uint32_t>(tab[kRegionAt + p]) & 15u)))
+          v = sym2_entry(tab, t, nranked, p << 8 | static_cast<int>(d));
+      }
+      s_sym2[i] = v;
+    }
+    __syncthreads();
+  }
+  // payload_bytes < 0: the size is the one in the buffer's own header (a collective's receiver
+  // learns it only here); a payload past the room it was sent with is not decoded at all.
+  const unsigned long long size = L.payload_bytes >= 0
+      ? static_cast<unsigned long long>(L.payload_bytes) : load_bytes(buf + L.size_field_at, 8);
+  if (size > static_cast<unsigned long long>(L.payload_cap)) {  // uniform across the grid
+    if (threadIdx.x == 0 && blockIdx.x == 0) atomicOr(flag, kErrRoom);
+    return;
+  }
+  int err = 0;
+  const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  for (long long b = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp; b < L.nb;
+       b += warps) {
+    if constexpr (F::BYTE_CODED) {  // hints: next block's offsets, this block's planes
+      if (b + warps < L.nb) prefetch_l2(buf + L.offsets_at + 8 * (b + warps));
+      const long long s0 = b * L.block, q = 32 * lane;
+      if (q < L.block / 8 && s0 + 8 * q < L.n) {
+#pragma unroll
+        for (int j = 0; j < 3; ++j) prefetch_l2(buf + L.prefix_at[j] + (s0 >> 3) + q);
+      }
+    }
+    const unsigned long long lo = load_bytes(buf + L.offsets_at + 8 * b, 8);
+    const unsigned long long hi = b + 1 < L.nb ? load_bytes(buf + L.offsets_at + 8 * (b + 1), 8) : size;
+    if (!(lo <= hi && hi <= size && hi - lo <= static_cast<unsigned long long>(L.block))) {
+      err |= kErrOffsets;  // uniform across the warp: nothing below is read
+      continue;
+    }
+    const uint32_t len = static_cast<uint32_t>(hi - lo);
+    if constexpr (F::BYTE_CODED)
+      stage_payload_wide(stage, pay + lo, len, pay, pay + L.payload_cap);
+    else
+      stage_payload(stage, pay + lo, len, pay, pay + L.payload_cap);
+    __syncwarp();
+    const long long start = b * L.block;
+    uint32_t bits = 0;
+    const bool fast = round_aligned<F>(buf, out, L, start);  // uniform across the warp
+    for (int r = 0; r < rounds(L); ++r) {
+      const bool full = full_round(L, start, r);
+      if constexpr (F::BYTE_CODED) {
+        uint8_t* o = reinterpret_cast<uint8_t*>(out);
+        if (full && fast)
+          bits += dec_round_byte_z(buf, o, L, start, r, w_lo, w_hi, hb_lo, hb_hi, s_sym2, s_spread4,
+                                   bits, stage, err,
+                                   r + 1 < rounds(L) && full_round(L, start, r + 1));
+        else
+          bits += full ? dec_round_byte<true>(buf, o, L, start, r, w_lo, w_hi, hb_lo, hb_hi, s_sym2,
+                                              s_spread8, bits, stage, err)
+                       : dec_round_byte<false>(buf, o, L, start, r, w_lo, w_hi, hb_lo, hb_hi,
+                                               s_sym2, s_spread8, bits, stage, err);
+      } else if (Z && full && fast) {
+        bits += dec_round_z(buf, reinterpret_cast<uint16_t*>(out), L, start, r, f, s_spread4, bits,
+                            stage, err, r + 1 < rounds(L) && full_round(L, start, r + 1));
+      } else if (full) {
+        bits += dec_round<F, Z, true>(buf, out, L, start, r, t, nranked, f, s_spread8, bits,
+                                      stage, err);
+      } else {
+        bits += dec_round<F, Z, false>(buf, out, L, start, r, t, nranked, f, s_spread8, bits,
+                                       stage, err);
+      }
+    }
+    if (lane == 0) {
+      const uint32_t nbytes = (bits + 7u) >> 3, tail = bits & 7u;
+      const uint8_t* bytes = reinterpret_cast<const uint8_t*>(stage);
+      if (nbytes != len) err |= kErrSize;
+      else if (tail && (bytes[(nbytes - 1) ^ 3u] & ((1u << (8u - tail)) - 1u))) err |= kErrPadding;
+      const int used = static_cast<int>(L.n & 7);
+      if (b == L.nb - 1 && used) {
+        const long long last = (L.n - 1) / 8;
+        for (int j = 0; j < 3; ++j)
+          if (buf[L.prefix_at[j] + last] >> used) err |= kErrPlanePad;
+        for (int j = 0; j < F::RAWb; ++j)
+          if (buf[L.raw_bit_at[j] + last] >> used) err |= kErrPlanePad;
+      }
+    }
+    __syncwarp();  // the stage is read out before the next block is staged
+  }
+  if (err) atomicOr(flag, err);
+}
+
+}  // namespace

@@ -1,0 +1,326 @@
+// The encoder: encode_kernel (planes and per-block payloads), then finish_kernel (sizes,
+// offsets, payload placement, header, raw fallback). Included by codec.cu.
+#pragma once
+
+#include "warp.cuh"
+
+namespace {
+
+// One round's groups of one lane, loaded before coding.
+template <class F>
+struct EncIn {
+  uint32_t w[kGroups][2 * sizeof(typename F::T)];
+};
+
+template <class F, bool FULL>
+__device__ inline void enc_load(const typename F::T* in, const Layout& L, long long start, int r,
+                                EncIn<F>& x, int cnt[kGroups], long long e0[kGroups]) {
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    cnt[g] = group_count<FULL>(L, start, r, g, e0[g]);
+    load_packed(in + (cnt[g] ? e0[g] : 0), cnt[g], x.w[g]);
+  }
+}
+
+// The fast path's per-symbol word: bits 0, 8, 16 = prefix bits 0, 1, 2; bit 24 = escape. Element
+// k's word shifted left by k lands its bits in the three plane bytes and the escape-mask byte.
+__device__ inline uint32_t spread_word(int32_t code) {
+  const uint32_t p = (static_cast<uint32_t>(code) >> 8) & 7u;
+  return (p & 1u) | ((p >> 1) & 1u) << 8 | ((p >> 2) & 1u) << 16 | (code >> 12 ? 1u << 24 : 0u);
+}
+
+// One round of BF16 under a byte-escape table: exponent and raw bytes by byte permutes, the three
+// plane bytes and the escape mask by one table lookup and one add per element; escape bytes into
+// the stage. Returns the round's payload bits.
+template <bool FULL>
+__device__ inline uint32_t enc_round_fast(const EncIn<BF16>& x, const int cnt[kGroups],
+                                          const long long e0[kGroups], uint8_t* out,
+                                          const Layout& L, const uint32_t* s_spread, uint32_t bits,
+                                          uint8_t* stage) {
+  uint32_t ex[kGroups][2], acc[kGroups], nbits[kGroups], pos[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const uint32_t* w = x.w[g];
+    uint32_t e2[4], r2[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      e2[i] = (w[i] >> 7) & 0x00ff00ffu;
+      r2[i] = (w[i] & 0x007f007fu) | ((w[i] >> 8) & 0x00800080u);
+    }
+    ex[g][0] = __byte_perm(e2[0], e2[1], 0x6420), ex[g][1] = __byte_perm(e2[2], e2[3], 0x6420);
+    acc[g] = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (FULL || k < cnt[g]) acc[g] += s_spread[(ex[g][k >> 2] >> (8 * (k & 3))) & 0xffu] << k;
+    if (cnt[g]) {
+      const uint32_t raw_lo = __byte_perm(r2[0], r2[1], 0x6420);
+      const uint32_t raw_hi = __byte_perm(r2[2], r2[3], 0x6420);
+      const long long e = e0[g];
+      store_bytes(out + L.raw_byte_at[0] + e, cnt[g],
+                  raw_lo | static_cast<unsigned long long>(raw_hi) << 32);
+#pragma unroll
+      for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e / 8] = static_cast<uint8_t>(acc[g] >> (8 * j));
+    }
+    nbits[g] = 8 * __popc(acc[g] >> 24);
+  }
+  const uint32_t total = round_positions(nbits, pos);
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    uint32_t at = (bits + pos[g]) >> 3;
+    for (uint32_t m = acc[g] >> 24; m; m &= m - 1)
+      stage[at++ ^ 3u] = static_cast<uint8_t>(__byte_perm(ex[g][0], ex[g][1], __ffs(m) - 1));
+  }
+  return total;
+}
+
+// One round of the generic path: planes out, codewords ORed into the (zeroed) stage.
+template <class F, bool FULL>
+__device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
+                                     const long long e0[kGroups], uint8_t* out, const Layout& L,
+                                     const uint32_t* s_code, uint32_t bits, uint32_t* stage) {
+  using T = typename F::T;
+  uint32_t nbits[kGroups], pos[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    uint32_t pbits[3] = {0u, 0u, 0u}, tbits[F::RAWb > 0 ? F::RAWb : 1] = {0u};
+    unsigned long long rbytes[F::RAWB > 0 ? F::RAWB : 1] = {0ull};
+    nbits[g] = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if (FULL || k < cnt[g]) {
+        const uint32_t v = elem<T>(x.w[g], k);
+        const uint32_t r = F::raw(v);
+        const uint32_t code = s_code[F::sym(v)];
+        const uint32_t p = (code >> 8) & 7u;
+#pragma unroll
+        for (int j = 0; j < 3; ++j) pbits[j] |= ((p >> j) & 1u) << k;
+#pragma unroll
+        for (int j = 0; j < F::RAWB; ++j)
+          rbytes[j] |= static_cast<unsigned long long>((r >> (8 * j)) & 0xffu) << (8 * k);
+#pragma unroll
+        for (int j = 0; j < F::RAWb; ++j) tbits[j] |= ((r >> (8 * F::RAWB + j)) & 1u) << k;
+        nbits[g] += code >> 12;
+      }
+    }
+    if (cnt[g]) {
+      const long long e = e0[g];
+#pragma unroll
+      for (int j = 0; j < F::RAWB; ++j) store_bytes(out + L.raw_byte_at[j] + e, cnt[g], rbytes[j]);
+#pragma unroll
+      for (int j = 0; j < F::RAWb; ++j) out[L.raw_bit_at[j] + e / 8] = tbits[j];
+#pragma unroll
+      for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e / 8] = pbits[j];
+    }
+  }
+  const uint32_t total = round_positions(nbits, pos);
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {  // second pass: the codewords, MSB first
+    unsigned long long acc = 0;
+    uint32_t n = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      if (FULL || k < cnt[g]) {
+        const uint32_t code = s_code[F::sym(elem<T>(x.w[g], k))], w = code >> 12;
+        acc = (acc << w) | (code & 0xffu);
+        n += w;
+      }
+    }
+    emit_bits(stage, bits + pos[g], acc, n);
+  }
+  return total;
+}
+
+template <class F, bool Z, bool FULL>
+__device__ inline uint32_t enc_round_at(const typename F::T* in, uint8_t* out, const Layout& L,
+                                        long long start, int r, const uint32_t* s_lut,
+                                        uint32_t bits, uint32_t* stage) {
+  EncIn<F> x;
+  int cnt[kGroups];
+  long long e0[kGroups];
+  enc_load<F, FULL>(in, L, start, r, x, cnt, e0);
+  if constexpr (Z)
+    return enc_round_fast<FULL>(x, cnt, e0, out, L, s_lut, bits, reinterpret_cast<uint8_t*>(stage));
+  else
+    return enc_round<F, FULL>(x, cnt, e0, out, L, s_lut, bits, stage);
+}
+
+// `work` (zipccl_work_bytes): [0, 8) the payload size, then per tile of kTile blocks a uint64 sum
+// (zeroed before the encode), per block a uint32 byte count, and the scratch slots (`block` bytes
+// per block, 16 bytes of slack after them).
+constexpr int kTile = 256;
+struct Work {
+  unsigned long long* total;
+  unsigned long long* tiles;
+  uint32_t* counts;
+  uint8_t* scratch;
+};
+
+__host__ __device__ inline long long align16(long long x) { return (x + 15) / 16 * 16; }
+__host__ __device__ inline long long num_tiles(long long nb) { return (nb + kTile - 1) / kTile; }
+__host__ __device__ inline long long counts_at(long long nb) { return align16(16 + 8 * num_tiles(nb)); }
+__host__ __device__ inline long long scratch_at(long long nb) { return align16(counts_at(nb) + 4 * nb); }
+
+__host__ __device__ inline Work work_of(void* work, long long nb) {
+  uint8_t* w = static_cast<uint8_t*>(work);
+  return {reinterpret_cast<unsigned long long*>(w), reinterpret_cast<unsigned long long*>(w + 16),
+          reinterpret_cast<uint32_t*>(w + counts_at(nb)), w + scratch_at(nb)};
+}
+
+// Each warp codes whole blocks: planes into the container, the payload into the block's scratch
+// slot, its byte count into `counts` and the tile's sum.
+template <class F, bool Z>
+__global__ void __launch_bounds__(32 * kMaxWarps)
+encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
+              const int32_t* __restrict__ tab, Work work) {
+  __shared__ uint32_t s_lut[256];  // Z: spread words; else the encoder words
+  extern __shared__ uint4 s_stage[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, words = stage_words(L.block);
+  uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) s_lut[i] = Z ? spread_word(tab[i]) : tab[i];
+  __syncthreads();
+  const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  for (long long b = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp; b < L.nb;
+       b += warps) {
+    if constexpr (!Z) {
+      for (int i = lane; i < words; i += 32) stage[i] = 0u;
+      __syncwarp();
+    }
+    const long long start = b * L.block;
+    uint32_t bits = 0;
+    for (int r = 0; r < rounds(L); ++r) {
+      if (full_round(L, start, r))
+        bits += enc_round_at<F, Z, true>(in, out, L, start, r, s_lut, bits, stage);
+      else
+        bits += enc_round_at<F, Z, false>(in, out, L, start, r, s_lut, bits, stage);
+    }
+    __syncwarp();
+    const uint32_t nbytes = (bits + 7u) >> 3;
+    uint4* slot = reinterpret_cast<uint4*>(work.scratch + b * L.block);
+    const uint4* s4 = reinterpret_cast<const uint4*>(stage);
+    for (uint32_t i = lane; i < (nbytes + 15u) / 16u; i += 32) {
+      const uint4 v = s4[i];  // big-endian words -> stream byte order
+      slot[i] = make_uint4(__byte_perm(v.x, 0, 0x0123), __byte_perm(v.y, 0, 0x0123),
+                           __byte_perm(v.z, 0, 0x0123), __byte_perm(v.w, 0, 0x0123));
+    }
+    if (lane == 0) {
+      work.counts[b] = nbytes;
+      atomicAdd(&work.tiles[b / kTile], static_cast<unsigned long long>(nbytes));
+    }
+    __syncwarp();  // the stage is read out before the next block writes it
+  }
+}
+
+// CTA-wide inclusive scan of one uint64 per thread (blockDim.x a multiple of 32, at most 1024);
+// `total` gets the CTA's sum. Every thread must call it.
+__device__ inline unsigned long long cta_scan(unsigned long long v, unsigned long long& total) {
+  __shared__ unsigned long long s_warp[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  unsigned long long x = v;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const unsigned long long y = __shfl_up_sync(kFull, x, d);
+    if (lane >= d) x += y;
+  }
+  if (lane == 31) s_warp[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    unsigned long long s = lane < nw ? s_warp[lane] : 0ull;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const unsigned long long y = __shfl_up_sync(kFull, s, d);
+      if (lane >= d) s += y;
+    }
+    if (lane < nw) s_warp[lane] = s;
+  }
+  __syncthreads();
+  x += warp ? s_warp[warp - 1] : 0ull;
+  total = s_warp[nw - 1];
+  __syncthreads();  // s_warp may be reused by the next call
+  return x;
+}
+
+constexpr int kMaxHeader = 512;  // zipccl/_cuda.py checks golden's header fits
+
+// Header bytes [0, L.crc_at) from `head` (golden's header with payload_bytes 0) with the payload
+// size patched in, then their CRC-32 at L.crc_at.
+__device__ inline void write_header(uint8_t* out, const Layout& L, const uint8_t* head,
+                                    unsigned long long total) {
+  __shared__ Crc8 s_crc;
+  __shared__ uint8_t s_head[kMaxHeader];
+  crc_tables(s_crc);
+  for (int i = threadIdx.x; i < L.crc_at; i += blockDim.x) {
+    const long long f = i - L.size_field_at;
+    s_head[i] = f >= 0 && f < 8 ? static_cast<uint8_t>(total >> (8 * f)) : head[i];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const uint32_t c = crc32(s_crc, s_head, static_cast<int>(L.crc_at));
+    for (int k = 0; k < 4; ++k) s_head[L.crc_at + k] = static_cast<uint8_t>(c >> (8 * k));
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < L.crc_at + 4; i += blockDim.x) out[i] = s_head[i];
+}
+
+// Whether the buffer gets the raw layout: where L allows it and the split one is not smaller.
+__device__ inline bool store_raw(const Layout& L, unsigned long long total) {
+  return L.raw_size > 0 && L.payload_at + static_cast<long long>(total) >= L.raw_size;
+}
+
+// The encoder's last step, with no CTA waiting on another. Every CTA sums the tile sums (the
+// payload size); each group of kGroup blocks (one per warp) then learns its base (the tiles and
+// the tile's counts before it) and each warp gives its block its uint64 offset and moves its
+// payload from the scratch slot. CTA 0 writes the size to `work.total` and to `size` ([buffer
+// bytes, payload bytes]), zeroes the alignment gaps and writes the header from `head` (golden's
+// split header with payload_bytes 0). Where store_raw, the tensor's bytes under `raw_head` are
+// stored instead; where the payload overflows the buffer (a collective's room), no payload is
+// placed.
+constexpr int kGroup = 8;
+__global__ void __launch_bounds__(32 * kGroup)
+finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
+              Work work, const uint8_t* __restrict__ head, const uint8_t* __restrict__ raw_head,
+              long long* __restrict__ size) {
+  const long long nt = num_tiles(L.nb);
+  unsigned long long all = 0;
+  for (long long t = threadIdx.x; t < nt; t += blockDim.x) all += work.tiles[t];
+  cta_scan(all, all);
+  const bool raw = store_raw(L, all);
+  const bool fits = !raw && L.payload_at + static_cast<long long>(all) <= L.capacity;
+  if (blockIdx.x == 0) {
+    if (threadIdx.x == 0) {
+      *work.total = all;
+      if (size) size[0] = raw ? L.raw_size : L.payload_at + static_cast<long long>(all);
+      if (size) size[1] = raw ? 0 : static_cast<long long>(all);
+    }
+    if (raw) {
+      for (int i = threadIdx.x; i < L.crc_at + 4; i += blockDim.x) out[i] = raw_head[i];
+    } else {
+      if (head) write_header(out, L, head, all);
+      for (int g = 0; g < L.ngaps; ++g)
+        for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += blockDim.x) out[i] = 0;
+    }
+  }
+  if (raw) {
+    grid_copy(out + L.crc_at + 4, in, L.raw_size - L.crc_at - 4);
+  } else if (fits) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (long long first = static_cast<long long>(blockIdx.x) * kGroup; first < L.nb;
+         first += static_cast<long long>(gridDim.x) * kGroup) {
+      const long long tile = first / kTile;  // kTile is a multiple of kGroup
+      unsigned long long before = 0;
+      for (long long t = threadIdx.x; t < tile; t += blockDim.x) before += work.tiles[t];
+      for (long long j = tile * kTile + threadIdx.x; j < first; j += blockDim.x)
+        before += work.counts[j];
+      cta_scan(before, before);
+      const long long b = first + warp;
+      unsigned long long mine = lane < warp && first + lane < L.nb ? work.counts[first + lane] : 0;
+      for (int d = 16; d; d >>= 1) mine += __shfl_xor_sync(kFull, mine, d);
+      if (b < L.nb) {
+        const unsigned long long at = before + mine;
+        if (lane == 0) store_bytes(out + L.offsets_at + 8 * b, 8, at);
+        warp_copy(out + L.payload_at + at, work.scratch + b * L.block, work.counts[b]);
+      }
+    }
+  }
+}
+
+}  // namespace

@@ -1,0 +1,180 @@
+// The deterministic sample: summary_kernel (statistics and histogram for the collectives) and
+// theory_kernel (golden.theory's table built on the device). Included by codec.cu.
+#pragma once
+
+#include "encode.cuh"
+
+namespace {
+
+// The value of an exponent format's bit pattern (FP8 has none here: its tables are presets).
+template <class F>
+__device__ inline double value_of(uint32_t x) {
+  if constexpr (F::BITS == 32) return __uint_as_float(x);
+  else if constexpr (F::MMASK == 0x7fu) return __uint_as_float(x << 16);
+  else return __half2float(__ushort_as_half(static_cast<unsigned short>(x)));
+}
+
+// The sample is read as kSlots interleaved slots: slot i holds the values in[i * stride],
+// in[(i + kSlots) * stride], ... (the sample's values i, i + kSlots, ...). Each slot is summed in
+// order, the 32 slots of a warp by a shuffle tree, and the kSlots / 32 warp sums in order: the
+// same bits on every run, whether one CTA or many read the slots.
+constexpr int kSlots = 1024;
+constexpr int kSampleSize = 65536;  // golden.theory.SAMPLE_SIZE: the most values a sample holds
+struct Sums {  // the finite non-zero values' squares, their count, the zero count (FP8: zero)
+  double sq, live, zeros;
+};
+
+// The sums of sample slot `slot`; with HIST, the count of each symbol added to `hist`.
+// Strided loads are latency-bound: IN of them are in flight at once.
+template <class F, bool HIST, int IN>
+__device__ inline Sums slot_sums(const typename F::T* __restrict__ in, long long stride,
+                                 long long count, long long slot, unsigned* hist) {
+  constexpr int kInFlight = IN;
+  Sums s{0.0, 0.0, 0.0};
+  for (long long i0 = slot; i0 < count; i0 += kInFlight * kSlots) {
+    uint32_t v[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const long long i = i0 + static_cast<long long>(k) * kSlots;
+      v[k] = i < count ? static_cast<uint32_t>(in[i * stride]) : 0u;
+    }
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      if (i0 + static_cast<long long>(k) * kSlots >= count) break;
+      const uint32_t x = v[k];
+      if constexpr (HIST) atomicAdd(&hist[F::sym(x)], 1u);
+      if constexpr (!F::BYTE_CODED) {
+        const double d = value_of<F>(x);
+        if (d == 0.0) {
+          s.zeros += 1.0;
+        } else if (isfinite(d)) {
+          s.sq += d * d;
+          s.live += 1.0;
+        }
+      }
+    }
+  }
+  return s;
+}
+
+// The warp's sum of its lanes' Sums, in lane 0.
+__device__ inline Sums warp_sums(Sums s) {
+  for (int d = 16; d; d >>= 1) {
+    s.sq += __shfl_down_sync(kFull, s.sq, d);
+    s.live += __shfl_down_sync(kFull, s.live, d);
+    s.zeros += __shfl_down_sync(kFull, s.zeros, d);
+  }
+  return s;
+}
+
+// Component i of the kSlots / 32 warp sums, added in order.
+__device__ inline double sum_warps(const double (*part)[3], int i) {
+  double total = 0.0;
+  for (int w = 0; w < kSlots / 32; ++w) total += part[w][i];
+  return total;
+}
+
+// codec.sample_summary in one CTA of kSlots threads: words 0-2 the float64 bits of the sample's
+// sums, then the count of each of the 256 symbols.
+template <class F>
+__global__ void __launch_bounds__(kSlots)
+summary_kernel(const typename F::T* __restrict__ in, long long stride, long long count,
+               long long* __restrict__ out) {
+  __shared__ unsigned s_hist[256];
+  __shared__ double s_part[kSlots / 32][3];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) s_hist[i] = 0;
+  __syncthreads();
+  const Sums w = warp_sums(slot_sums<F, true, 16>(in, stride, count, threadIdx.x, s_hist));
+  if ((threadIdx.x & 31) == 0) {
+    s_part[threadIdx.x >> 5][0] = w.sq;
+    s_part[threadIdx.x >> 5][1] = w.live;
+    s_part[threadIdx.x >> 5][2] = w.zeros;
+  }
+  __syncthreads();
+  if (threadIdx.x < 3) out[threadIdx.x] = __double_as_longlong(sum_warps(s_part, threadIdx.x));
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) out[3 + i] = s_hist[i];
+}
+
+// The theory kernel's scratch, after the header stage in a compress call's scratch (zeroed by the
+// call's memset).
+struct TheoryControl {
+  unsigned ticket;  // sampling warps done
+  unsigned pad;
+  double part[kSlots / 32][3];  // each sampling warp's sums
+};
+
+// codec.default_table on the device: golden.theory.zipccl_table from the sample's statistics
+// (RMS of the finite non-zero values, zero share), as table words in `words` and as the header
+// template `head` (table bytes zero) completed with the table and its hash in `stage`. Launched
+// as kSlots / 32 CTAs whose first warp reads 32 sample slots (the sample is strided: one SM alone
+// reads it at a fraction of the memory's speed); the last CTA to finish (a ticket, no waiting)
+// adds the warps' sums in summary_kernel's order and builds the table, one bin per thread.
+constexpr int kTheoryThreads = 256;
+template <class F>
+__global__ void __launch_bounds__(kTheoryThreads)
+theory_kernel(const typename F::T* __restrict__ in, long long stride, long long count,
+              const uint8_t* __restrict__ head, uint8_t* __restrict__ stage,
+              int32_t* __restrict__ words) {
+  __shared__ double s_cdf[257], s_prob[256], s_sums[3];
+  __shared__ uint8_t s_tb[kTableBytes];
+  __shared__ bool s_last;
+  __shared__ unsigned long long s_hash;
+  auto* ctl = reinterpret_cast<TheoryControl*>(stage + kMaxHeader);
+  const int tid = threadIdx.x, lane = tid & 31;
+  if (tid < 32) {
+    const Sums w = warp_sums(
+        slot_sums<F, false, kSampleSize / kSlots>(in, stride, count, blockIdx.x * 32ll + lane,
+                                                     nullptr));
+    if (lane == 0) {
+      ctl->part[blockIdx.x][0] = w.sq;
+      ctl->part[blockIdx.x][1] = w.live;
+      ctl->part[blockIdx.x][2] = w.zeros;
+      __threadfence();
+      s_last = atomicAdd(&ctl->ticket, 1u) == gridDim.x - 1;
+    }
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // the other CTAs' sums are visible
+  if (tid < 32) {
+    const volatile double(*part)[3] = ctl->part;
+    for (int i = 0; i < 3; ++i) {  // lane w loads warp w's sum; added in order, as sum_warps does
+      const double mine = part[lane][i];
+      double total = 0.0;
+      for (int v = 0; v < kSlots / 32; ++v) total += __shfl_sync(kFull, mine, v);
+      if (lane == 0) s_sums[i] = total;
+    }
+  }
+  for (int i = tid; i < kTableBytes; i += blockDim.x) s_tb[i] = 0;
+  __syncthreads();
+  const double sigma = s_sums[1] > 0.0 ? sqrt(s_sums[0] / s_sums[1]) : 0.0;
+  const double zeros = s_sums[2] / static_cast<double>(count);
+  constexpr int top = (1 << F::EXP_BITS) - 1, bias = (1 << F::EXP_BITS) / 2 - 1;
+  const bool spread = sigma > 0.0 && isfinite(sigma);
+  for (int j = tid; j <= top + 1; j += blockDim.x)
+    s_cdf[j] = spread ? theory_cdf(j, top, bias, sigma) : 0.0;
+  __syncthreads();
+  for (int i = tid; i < 256; i += blockDim.x)
+    s_prob[i] = i <= top ? theory_prob(i, s_cdf[i], s_cdf[i + 1], zeros) : 0.0;
+  __syncthreads();
+  for (int i = tid; i < 256; i += blockDim.x) {  // golden.theory.top_symbols: the 7 best bins
+    const int r = theory_rank(s_prob, i);
+    if (r < kTop) s_tb[10 + r] = static_cast<uint8_t>(i);
+  }
+  if (tid == 0) s_tb[0] = 8 | kLiteralFlag, s_tb[8] = kTop;  // zipccl_layout: p0 escapes
+  __syncthreads();
+  table_words(s_tb, words);
+  if (tid == 0) {
+    unsigned long long key = 0;
+    for (int r = 0; r < kTop; ++r) key |= static_cast<unsigned long long>(s_tb[10 + r]) << (8 * r);
+    s_hash = theory_hash64(s_tb, key);
+  }
+  __syncthreads();
+  for (int i = tid; i < kMaxHeader; i += blockDim.x) {
+    const int t = i - kTableAt, h = i - kHashAt;
+    stage[i] = t >= 0 && t < kTableBytes ? s_tb[t]
+             : h >= 0 && h < 8 ? static_cast<uint8_t>(s_hash >> (8 * h)) : head[i];
+  }
+}
+
+}  // namespace

@@ -1,0 +1,108 @@
+// Warp and grid primitives: bit positions of a lane's groups, plane bytes by ballot, the payload stage.
+// Included by codec.cu.
+#pragma once
+
+#include "layout.cuh"
+
+namespace {
+
+// Bit positions of a lane's groups within one round: earlier groups of the whole warp come first,
+// then the same group's earlier lanes (group g of lane l holds round elements 256*g + 8*l ...).
+// The four counts travel packed in 16-bit fields of one uint64 (each warp sum <= 32 * 64 bits).
+__device__ inline uint32_t round_positions(const uint32_t nbits[kGroups], uint32_t pos[kGroups]) {
+  const int lane = threadIdx.x & 31;
+  unsigned long long packed = 0;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) packed |= static_cast<unsigned long long>(nbits[g]) << (16 * g);
+  unsigned long long x = packed;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const unsigned long long y = __shfl_up_sync(kFull, x, d);
+    if (lane >= d) x += y;
+  }
+  const unsigned long long sums = __shfl_sync(kFull, x, 31), excl = x - packed;
+  uint32_t before = 0;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    pos[g] = before + static_cast<uint32_t>((excl >> (16 * g)) & 0xffffu);
+    before += static_cast<uint32_t>((sums >> (16 * g)) & 0xffffu);
+  }
+  return before;
+}
+
+// OR the low `n` (<= 64) bits of `acc`, MSB first, into the big-endian word stage at bit `pos`.
+__device__ inline void emit_bits(uint32_t* stage, uint32_t pos, unsigned long long acc, uint32_t n) {
+  if (!n) return;
+  const uint32_t i = pos >> 5, off = pos & 31u;
+  const unsigned long long v = acc << (64u - n);  // left-aligned
+  const uint32_t w0 = static_cast<uint32_t>(v >> (32u + off)), w1 = static_cast<uint32_t>(v >> off);
+  const uint32_t w2 = off ? static_cast<uint32_t>(v << (32u - off)) : 0u;
+  if (w0) atomicOr(&stage[i], w0);
+  if (w1) atomicOr(&stage[i + 1], w1);
+  if (w2) atomicOr(&stage[i + 2], w2);
+}
+
+// The `w` (<= 8) bits at stream bit `pos` of a big-endian word stage.
+__device__ inline uint32_t read_bits(const uint32_t* stage, uint32_t pos, uint32_t w) {
+  const uint32_t i = pos >> 5;
+  const uint32_t top = __funnelshift_l(stage[i + 1], stage[i], pos & 31u);
+  return w ? top >> (32u - w) : 0u;
+}
+
+// Elements of group g of this lane in round r of a block starting at `start`: count (0..8) and the
+// first element's index. FULL: the caller knows the whole round is inside the block and tensor.
+template <bool FULL>
+__device__ inline int group_count(const Layout& L, long long start, int r, int g, long long& e0) {
+  const long long local = static_cast<long long>(r) * kRound + 256 * g + 8 * (threadIdx.x & 31);
+  e0 = start + local;
+  if constexpr (FULL) return 8;
+  return (local < L.block && e0 < L.n) ? static_cast<int>(min(8ll, L.n - e0)) : 0;
+}
+
+__device__ inline int rounds(const Layout& L) {
+  return static_cast<int>((L.block + kRound - 1) / kRound);
+}
+
+__device__ inline bool full_round(const Layout& L, long long start, int r) {
+  const long long end = static_cast<long long>(r + 1) * kRound;
+  return end <= L.block && start + end <= L.n;
+}
+
+// The word at byte address `p` (4-aligned), bytes outside [lo, hi) read as zero.
+__device__ inline uint32_t load_word_within(const uint8_t* p, const uint8_t* lo, const uint8_t* hi) {
+  if (p >= lo && p + 4 <= hi) return *reinterpret_cast<const uint32_t*>(p);
+  uint32_t w = 0;
+  for (int k = 0; k < 4; ++k)
+    if (p + k >= lo && p + k < hi) w |= static_cast<uint32_t>(p[k]) << (8 * k);
+  return w;
+}
+
+// Copy `len` bytes from `src` (16-byte aligned, readable up to 4 bytes past `len`) to `dst` (any
+// alignment) with one warp: whole 32-bit words where `dst` is aligned, bytes at its two ends.
+__device__ inline void warp_copy(uint8_t* dst, const uint8_t* src, uint32_t len) {
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t head =
+      min(len, static_cast<uint32_t>((4u - (reinterpret_cast<uintptr_t>(dst) & 3u)) & 3u));
+  const uint32_t words = (len - head) / 4;
+  if (lane < head) dst[lane] = src[lane];
+  const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
+  uint32_t* d = reinterpret_cast<uint32_t*>(dst + head);
+  for (uint32_t k = lane; k < words; k += 32) d[k] = __funnelshift_r(s[k], s[k + 1], 8u * head);
+  for (uint32_t i = head + 4 * words + lane; i < len; i += 32) dst[i] = src[i];
+}
+
+// `len` bytes from `src` to `dst` by the whole grid, 16 bytes a thread where both are aligned.
+__device__ inline void grid_copy(uint8_t* dst, const uint8_t* src, long long len) {
+  const long long tid = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+  long long done = 0;
+  if (aligned(dst, 16) && aligned(src, 16)) {
+    const long long vecs = len / 16;
+    for (long long i = tid; i < vecs; i += step)
+      reinterpret_cast<uint4*>(dst)[i] = __ldcs(reinterpret_cast<const uint4*>(src) + i);
+    done = 16 * vecs;
+  }
+  for (long long i = done + tid; i < len; i += step) dst[i] = src[i];
+}
+
+}  // namespace

@@ -1,0 +1,109 @@
+"""The CUDA sources' copies of the format's constants agree with golden/ and zipccl._cuda.
+
+The kernels cannot import golden; every constant they share with it is named in csrc/ as a
+``constexpr`` and checked here, on any machine (no GPU, no compiler needed).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import operator
+import re
+import struct
+
+import pytest
+from zipccl import _cuda
+
+from golden import codebook, container, theory
+from golden.codebook import Codebook
+
+DEFINITION = re.compile(r"constexpr\s+(?:int|long long|unsigned|uint8_t)\s+([^;(]+);")
+LITERAL_SUFFIX = re.compile(r"\b(0x[0-9a-fA-F]+|\d+)(?:ull|ll|u)?\b")
+OPERATORS = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv, ast.Div: operator.floordiv, ast.LShift: operator.lshift,
+    ast.RShift: operator.rshift, ast.BitOr: operator.or_,
+}
+
+
+def _value(node: ast.AST, known: dict[str, int]) -> int:
+    """An integer expression of literals, known names and C's integer operators."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.Name):
+        return known[node.id]  # KeyError: a name that is not a format constant
+    if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
+        return OPERATORS[type(node.op)](_value(node.left, known), _value(node.right, known))
+    raise KeyError(ast.dump(node))
+
+
+def _constants() -> dict[str, int]:
+    """Every ``constexpr NAME = <integer expression>`` in csrc/, in file order."""
+    found: dict[str, int] = {}
+    for path in sorted(_cuda.CSRC.iterdir()):
+        for line in path.read_text().splitlines():
+            for decls in DEFINITION.findall(line.split("//")[0]):
+                for name, expr in (d.split("=", 1) for d in decls.split(",") if "=" in d):
+                    _define(found, name.strip(), expr)
+    return found
+
+
+def _define(found: dict[str, int], name: str, expr: str) -> None:
+    """Record ``name`` unless its value uses device-only names (not a format constant)."""
+    with contextlib.suppress(KeyError, SyntaxError):
+        tree = ast.parse(LITERAL_SUFFIX.sub(r"\1", expr.strip()), mode="eval")
+        found[name] = _value(tree.body, found)
+
+
+CUDA = _constants()
+
+
+@pytest.mark.parametrize(("name", "want"), [
+    ("kTableBytes", codebook.TABLE_BYTES),
+    ("kLiteralFlag", codebook._LITERAL_FLAG),
+    ("kWidthMask", codebook._WIDTH_MASK),
+    ("kTableAt", container._TABLE_AT),
+    ("kHashAt", container._TABLE_AT - 8),
+    ("kLayoutAt", struct.calcsize("<4sB")),
+    ("kLayoutRaw", container.LAYOUT_RAW),
+    ("kTop", theory.ZIPCCL_TOP),
+    ("kSampleSize", theory.SAMPLE_SIZE),
+    ("kMaxHeader", _cuda.MAX_HEADER),
+    ("kGaps", _cuda.GAPS),
+    ("kTableWords", _cuda.TABLE_WORDS),
+    ("kScratchWorkAt", _cuda.SCRATCH_WORK_AT),
+    ("kErrOffsets", _cuda.DecodeError.OFFSETS),
+    ("kErrSize", _cuda.DecodeError.SIZE),
+    ("kErrRank", _cuda.DecodeError.RANK),
+    ("kErrPadding", _cuda.DecodeError.PADDING),
+    ("kErrPlanePad", _cuda.DecodeError.PLANE_PADDING),
+    ("kErrRoom", _cuda.DecodeError.ROOM),
+])
+def test_cuda_constant_matches(name: str, want: int) -> None:
+    assert CUDA[name] == want, f"csrc/ {name} = {CUDA[name]}, golden/_cuda say {want}"
+
+
+def test_header_fields_sit_where_golden_packs_them() -> None:
+    """The table's hash and bytes lie at kHashAt / kTableAt of golden's packed header."""
+    book = Codebook((8, 0, 0, 0, 0, 0, 0, 0), 0, (126, 127, 125, 124, 123, 128, 122))
+    head = container.Header(container.LAYOUT_SPLIT, container.BY_CODE[1], (10,), 4096, 0, book)
+    data = head.pack()
+    at, hashed = CUDA["kTableAt"], CUDA["kHashAt"]
+    assert data[at : at + codebook.TABLE_BYTES] == book.to_bytes()
+    assert int.from_bytes(data[hashed : hashed + 8], "little") == book.hash64
+    assert data[CUDA["kLayoutAt"]] == container.LAYOUT_SPLIT
+
+
+def test_table_words_are_laid_out_as_the_kernels_read_them() -> None:
+    """_cuda's host image of a table puts each part where table.cuh's offsets say."""
+    book = Codebook((8, 0, 0, 0, 0, 0, 0, 0), 0, (126, 127, 125, 124, 123, 128, 122))
+    words = _cuda._table_words(book)
+    assert len(words) == CUDA["kTableWords"]
+    width, base, literal = book.region_table()
+    for p in range(codebook.NUM_REGIONS):
+        want = int(width[p]) | int(base[p]) << 4 | int(literal[p]) << 15
+        assert words[CUDA["kRegionAt"] + p] == want
+    assert list(words[CUDA["kRankAt"] : CUDA["kRankAt"] + 7]) == list(book.ranks)
+    assert words[CUDA["kCountAt"]] == book.num_ranked
+    assert words[CUDA["kFastAt"]] == book.literal
