@@ -270,3 +270,9 @@ def test_tensors_that_require_grad_compress(table: str | None) -> None:
     c = zipccl.compress(x, table)
     assert torch.equal(zipccl.decompress(c).view(torch.int32), x.detach().view(torch.int32))
     assert zipccl.default_table(x) == zipccl.default_table(x.detach())
+
+
+def test_a_malformed_backend_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZIPCCL_BACKEND", "fastest")
+    with pytest.raises(ValueError, match="ZIPCCL_BACKEND"):
+        zipccl.compress(gaussian(5000, torch.bfloat16, seed=1))

@@ -40,7 +40,7 @@ from golden.container import (
 )
 from golden.formats import FloatFormat
 from golden.streams import num_blocks
-from zipccl import _kernel_cache
+from zipccl import _kernel_cache, settings
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "codec.cu"  # includes the other files under csrc/
@@ -204,7 +204,7 @@ def _kind(fmt: FloatFormat, table: Codebook | None, block: int) -> int:
     """Kernel choice: BF16 under a byte-escape table (None: the theory table, always one) takes
     the SIMD fast path."""
     fast = fmt.name == "bfloat16" and (table is None or _byte_escape(table))
-    return FAST_BF16 if fast and os.environ.get("ZIPCCL_FAST", "1") != "0" else KIND[fmt.name]
+    return FAST_BF16 if fast and settings.value("ZIPCCL_FAST") else KIND[fmt.name]
 
 
 _KEPT = 64  # device copies kept per cache (the newest)

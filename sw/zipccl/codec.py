@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import struct
 import zlib
 
@@ -66,7 +65,7 @@ from golden.container import (
     split_size,
 )
 from golden.formats import FloatFormat, get_format
-from zipccl import _torch
+from zipccl import _torch, settings
 
 __all__ = [
     "Compressed",
@@ -435,7 +434,7 @@ def _expected_size(head: Header) -> int:
 def _backend(device: torch.device, block: int):  # returns the backend module
     """CUDA tensors: the CUDA C++ kernels (the fast path); ``ZIPCCL_BACKEND=triton`` selects the
     Triton kernels (also on CPU tensors under TRITON_INTERPRET=1), ``=torch`` the torch ops."""
-    return _backend_for(device.type, block, os.environ.get("ZIPCCL_BACKEND", ""))
+    return _backend_for(device.type, block, settings.value("ZIPCCL_BACKEND"))
 
 
 @functools.lru_cache(maxsize=32)

@@ -11,8 +11,9 @@ value. The store, not a collective, carries it: it cannot collide with a collect
 is already in. Values are still read at every call (tests and benchmarks change them between
 calls); a program that changes them must change them on every rank between the same two calls.
 
-Settings that leave the bytes on the wire unchanged (``ZIPCCL_BACKEND``, ``ZIPCCL_FAST``,
-``ZIPCCL_CACHE_DIR``) are not agreed.
+Settings that leave the bytes on the wire unchanged are parsed here too but not agreed
+(:data:`LOCAL_KEYS`: which kernels this process runs); ``ZIPCCL_CACHE_DIR``, a path, is read by
+zipccl._kernel_cache.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from zipccl._comm import CollectiveMismatchError
 MODES = ("auto", "always", "never")
 VERIFY_POLICIES = ("auto", "1", "0")
 KEYS = ("ZIPCCL_MODE", "ZIPCCL_VERIFY", "ZIPCCL_CHUNK_BYTES", "ZIPCCL_NATIVE_REDUCE")
+BACKENDS = ("auto", "torch", "triton")  # auto: the CUDA kernels on CUDA tensors, torch elsewhere
+LOCAL_KEYS = ("ZIPCCL_BACKEND", "ZIPCCL_FAST")  # the codec's kernels: same bytes whichever
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ class Settings:
 
 
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
-_RAW_KEYS = {k: k.encode() for k in KEYS}
+_RAW_KEYS = {k: k.encode() for k in (*KEYS, *LOCAL_KEYS)}
 
 
 def raw() -> tuple[object, ...]:
@@ -101,6 +104,8 @@ _PARSERS: dict[str, Callable[[str], object]] = {  # KEYS order: Settings' fields
     "ZIPCCL_VERIFY": lambda v: _choice("ZIPCCL_VERIFY", v, VERIFY_POLICIES),
     "ZIPCCL_CHUNK_BYTES": _chunk_bytes,
     "ZIPCCL_NATIVE_REDUCE": lambda v: _choice("ZIPCCL_NATIVE_REDUCE", v, ("0", "1")) == "1",
+    "ZIPCCL_BACKEND": lambda v: _choice("ZIPCCL_BACKEND", v, BACKENDS),
+    "ZIPCCL_FAST": lambda v: _choice("ZIPCCL_FAST", v, ("1", "0")) == "1",  # BF16 fast path
 }
 
 
