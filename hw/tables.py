@@ -115,9 +115,9 @@ class DecoderTables:
             shape=8, depth=ALPHABET, init=book.rank_words()
         )
 
-    def write_port(self, m: Module, tw, ready: Value, wr) -> Value:
+    def write_port(self, m: Module, tw, ready: Value, wr) -> None:
         """Take ``tw`` beats while ``ready``: ranks through the memory write port ``wr``, region
-        words and the count into their registers; returns the beat-taken signal."""
+        words and the count into their registers."""
         take = table_write_port(m, tw, ready, wr, Mem.RANK)
         with m.If(take & (tw.payload.mem == Mem.REGION)), m.Switch(tw.payload.addr):
             for p, reg in enumerate(self.regions):
@@ -125,4 +125,3 @@ class DecoderTables:
                     m.d.sync += reg.eq(tw.payload.data)
         with m.If(take & (tw.payload.mem == Mem.COUNT)):
             m.d.sync += self.num_ranked.eq(tw.payload.data)
-        return take

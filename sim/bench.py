@@ -359,3 +359,37 @@ async def decode_illegal(
     got = [g & 0xFF for g in bench.shape.symbols_of(bench.sink.got[first:])]
     _check_equal("symbols before the illegal codeword", got, want)
     return Stats(at, 0, 0, [f"illegal codeword at symbol {at} flagged"])
+
+
+def bad_padding_stream(
+    book: Codebook, symbols: np.ndarray, rng: np.random.Generator, shape: Shape = SINGLE
+) -> list[int]:
+    """Golden beats of ``symbols`` with one bit of the last beat's padding set to 1."""
+    cw = encode_codewords(symbols, book)
+    beats = shape.word_beats(pack_serial(cw))
+    pad = len(beats) * shape.beat_bits - cw.total_bits
+    if pad == 0:
+        raise ValueError("the packet fills its last beat: it has no padding to corrupt")
+    beats[-1] |= 1 << int(rng.integers(pad))
+    return beats
+
+
+async def decode_bad_padding(
+    bench: Bench, book: Codebook, symbols: np.ndarray, rng: np.random.Generator
+) -> Stats:
+    """A 1 in the padding after the last codeword: the packet's symbols come out, then
+    ``error``, and nothing more."""
+    await bench.feed({"tw": table_beats(book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
+    beats = bad_padding_stream(book, symbols, rng, bench.shape)
+    first = len(bench.sink.got)
+    bench.watch_error = True
+    bench.sources["n"].queue.append(len(symbols))
+    bench.sources["i"].queue.extend(beats)
+    await bench.run_until(lambda: False, MAX_CYCLES_PER_BEAT * (len(beats) + len(symbols) + 8))
+    await bench.idle_cycles(20)
+    if not bench.port.get("error"):
+        raise AssertionError("decoder did not raise error on non-zero padding")
+    got = bench.shape.symbols_of(bench.sink.got[first:])
+    want = [int(s) | (k == len(symbols) - 1) << 8 for k, s in enumerate(symbols)]
+    _check_equal("symbols of a packet with non-zero padding", got, want)
+    return Stats(len(symbols), 0, 0, ["non-zero padding flagged after the packet's symbols"])

@@ -12,7 +12,8 @@ Per block (``encoder``, ``decoder``, ``loopback``), in order:
 5. **reset mid-packet** -- a packet cut by reset, then the next one decoded/encoded with the
    table that survived the reset;
 6. **illegal streams** (decoder) -- error raised, only the symbols before the bad codeword out,
-   and the decoder recovers after reset.
+   and the decoder recovers after reset; a 1 in a packet's padding: the packet's symbols out,
+   then error, and again recovery.
 
 Every output beat is compared with golden/ (sim/bench.py); any mismatch raises.
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from golden.codebook import Codebook
+from golden.streams import encode_codewords
 from hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES, words_per_beat
 from sim.bench import (
     SINGLE,
@@ -33,6 +35,7 @@ from sim.bench import (
     Port,
     Shape,
     Stats,
+    decode_bad_padding,
     decode_illegal,
     decode_packets,
     encode_packets,
@@ -192,7 +195,19 @@ async def illegal_streams(
         await bench.reset()
         bench.watch_error = False
         total.add(await decode_packets(bench, book, [symbols]))
+        symbols = with_padding(book, symbol_mix(rng, real, 40), bench.shape.beat_bits)
+        total.add(await decode_bad_padding(bench, book, symbols, rng))
+        await bench.reset()
+        bench.watch_error = False
+        total.add(await decode_packets(bench, book, [symbols]))
     return total
+
+
+def with_padding(book: Codebook, symbols: np.ndarray, beat_bits: int) -> np.ndarray:
+    """``symbols``, shortened until their codes leave padding in the last beat."""
+    while encode_codewords(symbols, book).total_bits % beat_bits == 0:
+        symbols = symbols[:-1]
+    return symbols
 
 
 def summary_lines(reports: Sequence[dict]) -> list[str]:

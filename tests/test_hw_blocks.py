@@ -15,10 +15,11 @@ from golden.streams import encode_codewords, pack_serial
 from hw.decoder import QLCDecoder
 from hw.encoder import QLCEncoder
 from hw.loopback import QLCLoopback
+from hw.tables import WORD_BITS
 from sim.amaranth_port import run_amaranth
-from sim.bench import Bench, decode_illegal, decode_packets, serial_words
+from sim.bench import Bench, decode_bad_padding, decode_illegal, decode_packets, serial_words
 from sim.cases import CODE_LENGTHS, builder_sets, illegal_book, length_set, load_data, symbol_mix
-from sim.suite import TOPS, reset_mid_packet
+from sim.suite import TOPS, reset_mid_packet, with_padding
 from tests.strategies import codebooks
 
 BLOCKS = {"encoder": QLCEncoder, "decoder": QLCDecoder, "loopback": QLCLoopback}
@@ -172,6 +173,19 @@ def test_decoder_rejects_stream_of_wrong_table() -> None:
 
     got, error = _run("decoder", 0, 1.0, body)
     assert error or got != list(range(256))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_decoder_rejects_non_zero_padding(seed: int) -> None:
+    """A 1 anywhere in the last word's padding: every symbol of the packet, then error."""
+    rng = np.random.default_rng(seed)
+    book = SETS[seed].book
+    symbols = with_padding(book, symbol_mix(rng, DATA["fp8_ffn1"], 30), WORD_BITS)
+
+    async def body(bench, _scenario):
+        return await decode_bad_padding(bench, book, symbols, rng)
+
+    assert _run("decoder", seed, 0.7, body).symbols == len(symbols), f"seed {seed}"
 
 
 @pytest.mark.parametrize("top", sorted(BLOCKS))
