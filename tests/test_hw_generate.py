@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from golden.codebook import Codebook
 from golden.presets import qlc_e4m3
-from hw.generate import TOPS, generate, main
+from hw.generate import ROOT, TOPS, generate, main, verilog_text
 from hw.tables import EncEntry, Mem, RegionEntry, pack_table_write, table_writes
 
 
 def test_generate_writes_verilog_and_memh(tmp_path) -> None:
-    paths = generate(tmp_path)
+    tops = ("qlc_encoder", "qlc_decoder_x2", "qlc_decoder_axis")
+    heard: list[str] = []
+    paths = generate(tmp_path, tops=tops, progress=heard.append)
     names = {p.name for p in paths}
-    assert {f"{t}.v" for t in TOPS} <= names
+    assert {f"{t}.v" for t in tops} <= names and len(heard) == len(tops) + 1
     book = qlc_e4m3()
     for kind, words in (("enc", book.encoder_words()), ("rank", book.rank_words())):
         text = (tmp_path / f"{book.name}_{kind}.hex").read_text().split()
@@ -28,8 +34,37 @@ def test_generate_honours_a_table_file(tmp_path) -> None:
     book = Codebook((8, 0, 0, 0, 0, 0, 0, 0), 0, (1, 2, 3, 4, 5, 6, 7), name="tiny")
     path = tmp_path / "t.json"
     book.save(path)
-    assert main(["--out", str(tmp_path / "o"), "--table", str(path)]) == 0
+    assert main(["--out", str(tmp_path / "o"), "--table", str(path), "--tops", "qlc_decoder"]) == 0
     assert (tmp_path / "o" / "tiny_count.hex").read_text().strip() == "007"
+    assert {p.name for p in (tmp_path / "o").glob("*.v")} == {"qlc_decoder.v"}
+
+
+def test_every_top_is_a_choice_and_unknown_ones_are_refused() -> None:
+    assert {"qlc_encoder", "qlc_decoder_x8", "qlc_encoder_x32", "qlc_decoder_axis_x4"} <= set(TOPS)
+    with pytest.raises(ValueError, match="unknown top 'qlc_fast'"):
+        verilog_text("qlc_fast")
+    with pytest.raises(SystemExit):
+        main(["--tops", "qlc_fast"])
+
+
+def test_verilog_is_byte_identical_from_any_checkout(tmp_path) -> None:
+    """Source locations are relative (to the repository or the installed package): the same
+    sources elsewhere write the same bytes, and no absolute path is left."""
+    copy = tmp_path / "elsewhere" / "checkout"
+    for folder in ("golden", "hw"):
+        shutil.copytree(ROOT / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    top = "qlc_decoder_axis"
+    env = {**os.environ, "PYTHONPATH": str(copy)}
+    run = subprocess.run(
+        [sys.executable, "-c", "import hw.generate as g, sys; "
+         "assert g.ROOT == __import__('pathlib').Path(sys.argv[1]), g.ROOT; "
+         "sys.stdout.write(g.verilog_text(sys.argv[2]))", str(copy), top],
+        cwd=copy, env=env, capture_output=True, text=True, check=True,
+    )
+    here = verilog_text(top)
+    assert run.stdout == here
+    sources = re.findall(r'src = "([^"]*)"', here)
+    assert sources and not [s for s in sources if s.startswith("/") or ":\\" in s]
 
 
 def test_table_write_beats_follow_the_layouts() -> None:
