@@ -32,16 +32,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     reports, failures = [], []
     start = time.monotonic()
-    for top in args.tops:
+    print(f"zipccl RTL simulation: {len(args.tops)} blocks, cocotb + Icarus Verilog against "
+          f"golden/, seed {args.seed}; simulator logs in {args.build}/<block>/cocotb.log",
+          flush=True)
+    for k, top in enumerate(args.tops, 1):
+        level = args.level
+        if level == "auto":
+            level = "smoke" if TOPS[top].heavy else "full"
+        began = time.monotonic()
+        print(f"[{k}/{len(args.tops)}] {top} ({level}) ...", end=" ", flush=True)
         try:
-            level = args.level
-            if level == "auto":
-                level = "smoke" if TOPS[top].heavy else "full"
-            reports.append(run_cocotb(top, level, args.seed, args.build))
+            reports.append(run_cocotb(top, level, args.seed, args.build, quiet=True))
+            print(f"PASS, {reports[-1]['symbols']} symbols, {time.monotonic() - began:.0f} s",
+                  flush=True)
         except SimFailure as exc:
             failures.append(str(exc))
+            print("FAIL", flush=True)
     print("\n==== zipccl RTL simulation (cocotb + Icarus Verilog vs golden/) ====")
-    print(f"level {args.level}, seed {args.seed}, {time.monotonic() - start:.0f} s")
+    print(f"level {args.level}, seed {args.seed}, {time.monotonic() - start:.0f} s; "
+          "ratio = stream bits / (8 x symbols)")
     print("\n".join(summary_lines(reports)))
     total = sum(r["symbols"] for r in reports)
     for f in failures:

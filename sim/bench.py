@@ -358,7 +358,7 @@ async def decode_illegal(
     want = [int(s) for s in symbols[:at]]
     got = [g & 0xFF for g in bench.shape.symbols_of(bench.sink.got[first:])]
     _check_equal("symbols before the illegal codeword", got, want)
-    return Stats(at, 0, 0, [f"illegal codeword at symbol {at} flagged"])
+    return Stats(at, 0, 0, [f"expected error: illegal codeword at symbol {at} flagged"])
 
 
 def bad_padding_stream(
@@ -392,4 +392,5 @@ async def decode_bad_padding(
     got = bench.shape.symbols_of(bench.sink.got[first:])
     want = [int(s) | (k == len(symbols) - 1) << 8 for k, s in enumerate(symbols)]
     _check_equal("symbols of a packet with non-zero padding", got, want)
-    return Stats(len(symbols), 0, 0, ["non-zero padding flagged after the packet's symbols"])
+    note = "expected error: non-zero padding flagged after the packet's symbols"
+    return Stats(len(symbols), 0, 0, [note])

@@ -26,28 +26,39 @@ def have_icarus() -> bool:
     return shutil.which("iverilog") is not None and shutil.which("vvp") is not None
 
 
-def run_module(verilog_top: str, test_module: str, work: Path, env: dict[str, str]) -> None:
+def run_module(verilog_top: str, test_module: str, work: Path, env: dict[str, str],
+               quiet: bool = False) -> None:
     """Generate ``verilog_top`` (a name in hw.generate.TOPS) into ``work``, compile it with Icarus
-    and run the cocotb ``test_module`` on it; raises SimFailure if a test fails."""
+    and run the cocotb ``test_module`` on it; raises SimFailure if a test fails. ``quiet`` sends
+    the simulator's output to ``work/cocotb.log`` (its tail goes into the SimFailure)."""
     if not have_icarus():
         raise SimFailure(INSTALL_HINT)
     source = write_verilog(verilog_top, work)
+    log = work / "cocotb.log" if quiet else None
     runner = get_runner("icarus")
     runner.build(
         sources=[source], hdl_toplevel=verilog_top, build_dir=work, timescale=("1ns", "1ps"),
-        always=True,
+        always=True, log_file=log,
     )
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     results = runner.test(
         test_module=test_module, hdl_toplevel=verilog_top, build_dir=work, test_dir=work,
-        extra_env={**env, "PYTHONPATH": pythonpath},
+        extra_env={**env, "PYTHONPATH": pythonpath}, log_file=log,
     )
     _, failed = get_results(results)
     if failed:
-        raise SimFailure(f"cocotb {test_module} failed on {verilog_top} (results in {results})")
+        raise SimFailure(f"cocotb {test_module} failed on {verilog_top} (results in {results})"
+                         + _tail(log))
 
 
-def run_cocotb(top: str, level: str, seed: int, build: Path) -> dict:
+def _tail(log: Path | None, lines: int = 40) -> str:
+    if log is None or not log.exists():
+        return ""
+    text = log.read_text(errors="replace").splitlines()[-lines:]
+    return f"; the end of {log}:\n" + "\n".join(text)
+
+
+def run_cocotb(top: str, level: str, seed: int, build: Path, quiet: bool = False) -> dict:
     """Generate, compile and simulate ``top``; returns its suite report or raises SimFailure."""
     name = TOPS[top].verilog
     work = (build / top).resolve()
@@ -55,7 +66,7 @@ def run_cocotb(top: str, level: str, seed: int, build: Path) -> dict:
     report.unlink(missing_ok=True)
     env = {"ZIPCCL_TOP": top, "ZIPCCL_LEVEL": level, "ZIPCCL_SEED": str(seed),
            "ZIPCCL_REPORT": str(report)}
-    run_module(name, "sim.cocotb_suite", work, env)
+    run_module(name, "sim.cocotb_suite", work, env, quiet)
     if not report.exists():
-        raise SimFailure(f"cocotb suite wrote no report on {name} (log above)")
+        raise SimFailure(f"cocotb suite wrote no report on {name}" + _tail(work / "cocotb.log"))
     return json.loads(report.read_text())
