@@ -335,6 +335,8 @@ class Codebook:
 # ---------------------------------------------------------------------- strict field parsing
 def _int(value: object, what: str) -> int:
     """An integer (Python or NumPy), never a bool, float or string: nothing is silently cut."""
+    if type(value) is int:  # the common case, without the slow runtime protocol check
+        return value
     if isinstance(value, bool) or not isinstance(value, SupportsIndex):
         raise TableError(f"{what} must be an integer, got {value!r}")
     return operator.index(value)
