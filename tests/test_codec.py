@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zipccl import codec
 
-from golden import container, presets, theory
+from golden import builders, container, presets, theory
 from golden.codebook import Codebook
 from golden.formats import get_format
 from tests.strategies import codebooks
@@ -161,10 +161,16 @@ def test_default_table_mirrors_golden() -> None:
     assert zipccl.compress(x).table_hash == want.hash64
 
 
-def test_fp8_default_is_the_preset() -> None:
-    x = gaussian(1000, torch.float8_e4m3fn, seed=1)
-    assert zipccl.default_table(x) == presets.qlc_e4m3()
-    assert zipccl.default_table(x.to(torch.float8_e5m2)) == presets.qlc_e5m2()
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_fp8_default_fits_the_sample_on_cpu(dtype: torch.dtype) -> None:
+    """FP8 on CPU: the staircase table of golden's sample's bytes, the summary's table too."""
+    x = gaussian(300001, dtype, seed=1, scale=30.0)
+    sample = bits_np(x)[theory.sample_indices(x.numel())]
+    want = builders.staircase_table(np.bincount(sample, minlength=256))
+    assert zipccl.default_table(x) == want != presets.qlc_e4m3()
+    assert codec.summary_table(dtype, codec.sample_summary(x).numpy()) == want
+    assert zipccl.compress(x).table_hash == want.hash64
+    assert check(torch.empty(0, dtype=dtype)).layout == "raw"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

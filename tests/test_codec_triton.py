@@ -268,3 +268,12 @@ def test_public_api_selects_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     c = zipccl.compress(x, want.table, block=256)
     assert c.layout == "split" and torch.equal(c.buffer.cpu(), want.buffer.cpu())
     assert torch.equal(zipccl.decompress(c).view(torch.int16), x.view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_fp8_default_table(dtype: torch.dtype) -> None:
+    """The CPU default for FP8 (the staircase table of the sample, w=0 heads and a w=8 tail on
+    zero-heavy data) gives golden's bytes here too."""
+    x = gaussian(20000, dtype, seed=9, scale=torch.finfo(dtype).max / 5)
+    x[::3] = 0
+    check(x, zipccl.default_table(x.cpu()), 4096)

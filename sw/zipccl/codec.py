@@ -30,7 +30,8 @@ Allocation-free entry points for collectives:
 
 Tables: ``table=None`` (or ``"theory"``) takes :func:`default_table` -- golden.theory's ZipCCL table
 from the statistics of the deterministic sample (exponent formats; on CUDA built by the kernels,
-with golden's bytes), or golden.presets' QLC table (FP8).
+with golden's bytes); for FP8, golden.builders.staircase_table of the sample's byte histogram on
+CPU tensors, and golden.presets' QLC table on CUDA tensors (no device build of it yet).
 ``table="histogram"`` builds it from the full symbol histogram instead (golden.builders), an
 opt-in mode that costs an extra pass over the tensor and a host sync (and for FP8 an exhaustive
 table search). Corrupt or truncated buffers raise ValueError: a bare buffer's header is checked on
@@ -47,7 +48,7 @@ import zlib
 import numpy as np
 import torch
 
-from golden import theory
+from golden import builders, theory
 from golden.codebook import ALPHABET, PREFIX_BITS, Codebook
 from golden.container import (
     CRC_AT,
@@ -265,7 +266,7 @@ def sample_summary(tensor: torch.Tensor, out: torch.Tensor | None = None) -> tor
     out.zero_()
     if not s.numel():
         return out
-    if not fmt.byte_coded:  # FP8's tables are presets: no statistics
+    if not fmt.byte_coded:  # FP8's tables need the histogram alone: no statistics
         out[:3] = _sums(s.to(torch.float64)).view(torch.int64)
     ones = torch.ones(s.numel(), dtype=torch.int64, device=s.device)
     out[3:].index_add_(0, _symbols(s, fmt), ones)  # bincount would sync on CUDA
@@ -273,10 +274,15 @@ def sample_summary(tensor: torch.Tensor, out: torch.Tensor | None = None) -> tor
 
 
 def summary_table(dtype: torch.dtype, summary: np.ndarray) -> Codebook:
-    """:func:`default_table` of the tensor whose :func:`sample_summary` this is (host int64)."""
+    """:func:`default_table` of the CPU tensor whose :func:`sample_summary` this is (host int64).
+
+    FP8: the staircase table of the summary's histogram whatever the tensor's device -- built
+    on the host, so a collective's FP8 pieces are fitted on CUDA too, where :func:`default_table`
+    still gives the preset.
+    """
     fmt = _fmt(dtype)
     if fmt.byte_coded:
-        return _preset(fmt)
+        return _staircase(fmt, summary[3:])
     sums = summary[:3].astype(np.int64).view(np.float64).tolist()
     return _theory_table(fmt, _stats_of(sums, max(1, int(summary[3:].sum()))))
 
@@ -298,12 +304,25 @@ def default_table(tensor: torch.Tensor) -> Codebook:
 
     Exponent formats: golden.theory.zipccl_table from :func:`sample_stats` (the deterministic
     sample's RMS over finite non-zero values and its zero fraction), cached per statistics.
-    FP8: golden.presets' QLC table for the format (fitted to absmax-scaled activations).
+    FP8 on CPU tensors: golden.builders.staircase_table of the same sample's byte histogram,
+    fitted to the tensor's scale (== :func:`summary_table` of its :func:`sample_summary`).
+    FP8 on other devices: golden.presets' QLC table, as before -- on CUDA the histogram would
+    cost a host sync, and the kernels do not build this table on the device yet.
     """
     fmt = _fmt(tensor.dtype)
-    if fmt.byte_coded:
+    if not fmt.byte_coded:
+        return _theory_table(fmt, sample_stats(tensor))
+    if tensor.device.type != "cpu":
         return _preset(fmt)
-    return _theory_table(fmt, sample_stats(tensor))
+    return _staircase(fmt, _histogram(_symbols(_sample(tensor), fmt)))
+
+
+def _staircase(fmt: FloatFormat, hist: np.ndarray) -> Codebook:
+    """The FP8 table of a sample's byte histogram; an empty sample counts as one 0 byte."""
+    hist = np.array(hist, np.int64)
+    if not hist.any():
+        hist[0] = 1
+    return builders.staircase_table(hist, name=f"staircase-{fmt.name}")
 
 
 def histogram_table(tensor: torch.Tensor) -> Codebook:
@@ -312,8 +331,6 @@ def histogram_table(tensor: torch.Tensor) -> Codebook:
     Exponent formats: the ZipCCL layout with the measured top 7; FP8: the exhaustive search over
     width vectors (golden.builders.best_table), the most compact table for this tensor.
     """
-    from golden import builders
-
     fmt = _fmt(tensor.dtype)
     hist = _histogram(_symbols(tensor, fmt))
     if hist.sum() == 0:
