@@ -227,8 +227,9 @@ class Codebook:
         return int.from_bytes(hashlib.sha256(self.to_bytes()).digest()[:8], "little")
 
     # ----------------------------------------------------------------- table file (JSON)
-    def to_json(self) -> str:
-        doc = {
+    def to_doc(self) -> dict:
+        """The table file's JSON object (also each entry of a model's table set)."""
+        return {
             "format": TABLE_FILE_FORMAT,
             "version": TABLE_FILE_VERSION,
             "name": self.name,
@@ -239,20 +240,19 @@ class Codebook:
             "rank_to_symbol": list(self.ranks),
             "sha256": self.sha256,
         }
-        return json.dumps(doc, indent=2) + "\n"
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_doc(), indent=2) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> Codebook:
         """Parse a table file strictly: exact keys and types, no floats or constants, bounded
         size; every malformed file is a TableError, checked in time linear in its length."""
-        if not isinstance(text, str):
-            raise TableError(f"a table file is text, got {type(text).__name__}")
-        if len(text) > MAX_TABLE_FILE_BYTES:
-            raise TableError(f"table file of {len(text)} characters exceeds {MAX_TABLE_FILE_BYTES}")
-        try:
-            doc = json.loads(text, parse_float=_no_float, parse_constant=_no_float)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError, digit limits, nesting
-            raise TableError(f"table file is not JSON of a table: {exc}") from None
+        return cls.from_doc(parse_json(text, MAX_TABLE_FILE_BYTES, "table file"))
+
+    @classmethod
+    def from_doc(cls, doc: object) -> Codebook:
+        """A parsed table file's object, checked strictly: exact keys and types, the hash."""
         doc = _dict(doc, _FILE_KEYS - {"name"}, _FILE_KEYS, "table file")
         if doc["format"] != TABLE_FILE_FORMAT:
             raise TableError(f"not a {TABLE_FILE_FORMAT} table file")
@@ -279,15 +279,7 @@ class Codebook:
     @classmethod
     def load(cls, path: str | Path) -> Codebook:
         """Read and parse a table file; a file over the size bound is refused unread."""
-        with Path(path).open("rb") as f:
-            data = f.read(MAX_TABLE_FILE_BYTES + 1)
-        if len(data) > MAX_TABLE_FILE_BYTES:
-            raise TableError(f"table file {path} exceeds {MAX_TABLE_FILE_BYTES} bytes")
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise TableError(f"table file {path} is not UTF-8: {exc}") from None
-        return cls.from_json(text)
+        return cls.from_json(read_text(path, MAX_TABLE_FILE_BYTES, "table file"))
 
     # ----------------------------------------------------------------- RTL memory images
     def encoder_words(self) -> list[int]:
@@ -330,6 +322,41 @@ class Codebook:
     def describe(self) -> str:
         kinds = "".join("L" if p == self.literal else str(w) for p, w in enumerate(self.widths))
         return f"{self.name or 'table'} [{kinds}] n={self.num_ranked} sha256={self.sha256[:12]}"
+
+
+# ---------------------------------------------------------------------- strict JSON files
+def read_text(path: str | Path, limit: int, what: str) -> str:
+    """A UTF-8 file of at most ``limit`` bytes; a larger one is refused unread (TableError)."""
+    with Path(path).open("rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise TableError(f"{what} {path} exceeds {limit} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TableError(f"{what} {path} is not UTF-8: {exc}") from None
+
+
+def parse_json(text: object, limit: int, what: str) -> object:
+    """JSON text of at most ``limit`` characters holding only objects with distinct keys, lists,
+    strings and integers; anything else is a TableError."""
+    if not isinstance(text, str):
+        raise TableError(f"a {what} is text, got {type(text).__name__}")
+    if len(text) > limit:
+        raise TableError(f"{what} of {len(text)} characters exceeds {limit}")
+    try:
+        return json.loads(text, parse_float=_no_float, parse_constant=_no_float,
+                          object_pairs_hook=_distinct_keys)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, digit limits, nesting
+        raise TableError(f"{what} is not JSON of a table: {exc}") from None
+
+
+def _distinct_keys(pairs: list[tuple[str, object]]) -> dict:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        dup = sorted(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
+        raise TableError(f"a JSON object repeats the keys {dup[:5]}")
+    return doc
 
 
 # ---------------------------------------------------------------------- strict field parsing
