@@ -2,11 +2,13 @@
 
 The codec (:mod:`zipccl.codec`) writes golden/container.py buffers on CPU or CUDA; the collectives
 (:mod:`zipccl.collectives`) have torch.distributed's signatures; :mod:`zipccl.hooks` plugs them
-into DDP and FSDP2; importing the package registers the ``zipccl`` torch.distributed backend
+into DDP and FSDP2; :class:`Calibrator` (:mod:`zipccl.calibration`) fits a table per layer;
+importing the package registers the ``zipccl`` torch.distributed backend
 (:mod:`zipccl.backend`), through which unchanged training code reaches the collectives.
 """
 
 from zipccl.backend import ProcessGroupZipccl
+from zipccl.calibration import Calibrator
 from zipccl.codec import (
     Compressed,
     check_errors,
@@ -33,6 +35,7 @@ from zipccl.hooks import FSDP2_HOOKS, ZipAllGather, ZipReduceScatter, ddp_hook
 
 __all__ = [
     "FSDP2_HOOKS",
+    "Calibrator",
     "CollectiveMismatchError",
     "Compressed",
     "ProcessGroupZipccl",

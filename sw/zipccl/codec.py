@@ -318,11 +318,16 @@ def default_table(tensor: torch.Tensor) -> Codebook:
 
 
 def _staircase(fmt: FloatFormat, hist: np.ndarray) -> Codebook:
-    """The FP8 table of a sample's byte histogram; an empty sample counts as one 0 byte."""
+    """The FP8 table of a sample's byte histogram."""
+    return builders.staircase_table(_nonempty(hist), name=f"staircase-{fmt.name}")
+
+
+def _nonempty(hist: np.ndarray) -> np.ndarray:
+    """A histogram the golden builders accept (a copy): an empty one counts as one 0 symbol."""
     hist = np.array(hist, np.int64)
     if not hist.any():
         hist[0] = 1
-    return builders.staircase_table(hist, name=f"staircase-{fmt.name}")
+    return hist
 
 
 def histogram_table(tensor: torch.Tensor) -> Codebook:
@@ -332,9 +337,7 @@ def histogram_table(tensor: torch.Tensor) -> Codebook:
     width vectors (golden.builders.best_table), the most compact table for this tensor.
     """
     fmt = _fmt(tensor.dtype)
-    hist = _histogram(_symbols(tensor, fmt))
-    if hist.sum() == 0:
-        hist[0] = 1
+    hist = _nonempty(_histogram(_symbols(tensor, fmt)))
     if fmt.byte_coded:
         return builders.best_table(hist, name=f"best-{fmt.name}")
     return builders.zipccl_histogram_table(hist)
