@@ -7,7 +7,16 @@ compress the words of its sample summary, which the device appends). Its length 
 on the world size, so it can never mismatch; after it every rank knows every other rank's call,
 checks the same things in the same order and either proceeds with the same decision or raises the
 same :class:`CollectiveMismatchError`. A rank whose own arguments are bad does not raise early (the
-others would hang in the exchange): it reports an error code in its descriptor instead.
+others would hang in the exchange): it reports an error code in its descriptor instead; so does a
+rank whose sample summary raises, which then raises that exception while the others raise a
+:class:`PeerError` naming it.
+
+A compressed protocol ends the same way (:class:`Outcome`): a rank whose own step fails (encode,
+decode, the checks of what it received) keeps the exception, still issues every collective of
+the call -- their sizes were agreed before any data moved, so its peers never wait for it -- and
+reports it in one small all-gather after the last of them, before the call returns. Then every
+rank raises: the one that failed its own exception, the others a PeerError naming it and what it
+reported.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ ERRORS = {
     5: "tensors are on the wrong device for this process group's backend",
     6: "src is not a rank of the group",
 }
+SUMMARY_FAILED = 7  # the error code of a rank whose exchange ``fill`` raised (not a mismatch)
 
 DTYPE_CODES: dict[torch.dtype, int] = {
     torch.bfloat16: 1,
@@ -51,6 +61,19 @@ _CODE_NAMES = {c: str(d).removeprefix("torch.") for d, c in DTYPE_CODES.items()}
 
 class CollectiveMismatchError(ValueError):
     """Ranks called a collective with arguments that do not fit together (raised on every rank)."""
+
+
+class PeerError(RuntimeError):
+    """Another rank of the group failed inside the same zipccl call.
+
+    Raised, once the call's ranks have agreed on its outcome, on every rank whose own steps did
+    not fail (the failing rank raises its own exception). ``failures``: group rank -> what that
+    rank reported ("Type: message", truncated to 128 bytes).
+    """
+
+    def __init__(self, message: str, failures: dict[int, str] | None = None) -> None:
+        super().__init__(message)
+        self.failures = failures or {}
 
 
 class Forwarding:
@@ -109,36 +132,126 @@ def exchange(g: Group, fields: Sequence[int], op_name: str, extra_words: int = 0
     follow are a few small reads, cheaper there than as torch ops); field 0 must be the op code
     and field 1 the local error code. ``fill(words)``: writes ``extra_words`` int64 words into
     the row's tail on the group's device (computed there, never seen by this host): one copy,
-    one sync for both. The row and the gathered table live in buffers kept per thread, device
-    and width (every call allocating and pinning its own cost more host time than the rest of
-    the exchange).
+    one sync for both. A ``fill`` that raises still sends the row, with SUMMARY_FAILED as its
+    error code: then this rank raises what ``fill`` raised, every other rank a PeerError.
     """
     if extra_words and fill is None:
         raise ValueError("extra_words needs a fill function")
-    bufs = _rows(g, len(fields) + extra_words)
-    head = len(fields)
-    if bufs.uploaded is not None:
-        bufs.uploaded.synchronize()  # the last call's upload of the host row is done (normally)
-    bufs.host_row.numpy()[:head] = fields
-    if g.cuda:
-        bufs.row[:head].copy_(bufs.host_row[:head], non_blocking=True)
-        bufs.uploaded.record()
-    if extra_words:
-        fill(bufs.row[head:])
-    dist.all_gather_into_tensor(bufs.table, bufs.row, group=g.pg)
-    if g.cuda:
-        bufs.host_table.copy_(bufs.table)  # into pinned memory: one copy, then the host waits
-    table = bufs.host_table.numpy().reshape(g.world, -1).copy()
+    table, failed = _gather(g, fields, extra_words, fill)
     ops = table[:, 0].tolist()
     if len(set(ops)) != 1:
         raise CollectiveMismatchError(
             f"zipccl.{op_name}: ranks called different collectives (op codes by rank: {ops})"
         )
-    bad = [(r, int(code)) for r, code in enumerate(table[:, 1].tolist()) if code]
+    codes = table[:, 1].tolist()
+    _raise_reported(op_name, failed, SENDING, {r: (SENDING, "its sample summary raised")
+                                               for r, code in enumerate(codes)
+                                               if code == SUMMARY_FAILED})
+    bad = [(r, int(code)) for r, code in enumerate(codes) if code]
     if bad:
         what = "; ".join(f"rank {r}: {ERRORS.get(code, f'error {code}')}" for r, code in bad)
         raise CollectiveMismatchError(f"zipccl.{op_name}: {what}")
     return table
+
+
+def _gather(g: Group, fields: Sequence[int], extra_words: int = 0,
+            fill: Callable[[torch.Tensor], object] | None = None
+            ) -> tuple[np.ndarray, Exception | None]:
+    """Every rank's row (``fields``, then ``fill``'s words) and what ``fill`` raised here.
+
+    The row and the gathered table live in buffers kept per thread, device and width (every
+    call allocating and pinning its own cost more host time than the rest of the exchange).
+    """
+    bufs = _rows(g, len(fields) + extra_words)
+    head = len(fields)
+    if bufs.uploaded is not None:
+        bufs.uploaded.synchronize()  # the last call's upload of the host row is done (normally)
+    failed = None
+    if extra_words:
+        try:
+            fill(bufs.row[head:])
+        except Exception as exc:  # reported in the row: the peers wait in the all-gather below
+            failed = exc
+    bufs.host_row.numpy()[:head] = fields
+    if failed is not None:
+        bufs.host_row.numpy()[1] = SUMMARY_FAILED
+    if g.cuda:
+        bufs.row[:head].copy_(bufs.host_row[:head], non_blocking=True)
+        bufs.uploaded.record()
+    dist.all_gather_into_tensor(bufs.table, bufs.row, group=g.pg)
+    if g.cuda:
+        bufs.host_table.copy_(bufs.table)  # into pinned memory: one copy, then the host waits
+    return bufs.host_table.numpy().reshape(g.world, -1).copy(), failed
+
+
+#  Where a rank's step failed, as it reports it: a failure while preparing what it sends leaves
+#  its pieces invalid, so it is the cause of any failure of its peers on what they received.
+SENDING, RECEIVING = 1, 2
+_PHASES = {SENDING: "preparing what it sends", RECEIVING: "on what it received"}
+TEXT_WORDS = 16  # int64 words of "Type: message" that a failing rank reports
+
+
+class Outcome:
+    """This rank's part in a protocol call's closing agreement on whether it failed.
+
+    The call's local steps run inside :meth:`local`, which keeps the first exception instead of
+    raising it, so the rank still issues every collective its peers are waiting in; after the
+    last one, :meth:`agree` all-gathers every rank's report and raises on every rank if any
+    failed. Cost: one all-gather of W x (TEXT_WORDS + 2) int64 -- on CUDA one more host sync,
+    after the call's read of its headers and decoder flag.
+    """
+
+    def __init__(self, g: Group, name: str) -> None:
+        self.g, self.name = g, name
+        self.error: Exception | None = None
+        self.phase = 0
+
+    @contextlib.contextmanager
+    def local(self, phase: int = RECEIVING) -> Iterator[None]:
+        """Run a local step of the call; its exception (the call's first) waits for agree."""
+        try:
+            yield
+        except Exception as exc:
+            if self.error is None:
+                self.error, self.phase = exc, phase
+
+    def agree(self, flag: bool = False) -> bool:
+        """Raise on every rank if any rank failed; else whether any rank passed ``flag``."""
+        text = _words(self.error) if self.error is not None else [0] * TEXT_WORDS
+        table, _ = _gather(self.g, [self.phase, int(flag), *text])
+        _raise_reported(self.name, self.error, self.phase,
+                        {r: (int(row[0]), _text(row[2:])) for r, row in enumerate(table) if row[0]})
+        return bool(table[:, 1].any())
+
+
+def _words(exc: Exception) -> list[int]:
+    raw = f"{type(exc).__name__}: {exc}".encode()[: 8 * TEXT_WORDS].ljust(8 * TEXT_WORDS, b"\0")
+    return np.frombuffer(raw, dtype=np.int64).tolist()
+
+
+def _text(words: np.ndarray) -> str:
+    return words.astype(np.int64).tobytes().rstrip(b"\0").decode(errors="replace")
+
+
+def _raise_reported(op_name: str, own: Exception | None, phase: int,
+                    reports: dict[int, tuple[int, str]]) -> None:
+    """Raise on every rank when any rank reported a failure.
+
+    ``reports``: group rank -> (phase, what it reported), the same on every rank; ``own`` and
+    ``phase``: this rank's. The ranks whose failure comes first (SENDING before RECEIVING: a
+    peer's invalid piece may be why a receiver failed) raise their own exception, the whole
+    report added as a note; every other rank a PeerError, from its own exception if it had one.
+    """
+    if not reports:
+        return
+    first = min(p for p, _ in reports.values())
+    listed = sorted(reports.items(), key=lambda item: (item[1][0], item[0]))  # causes first
+    message = f"zipccl.{op_name}: " + "; ".join(
+        f"rank {r} failed {_PHASES[p]}: {text}" for r, (p, text) in listed)
+    if own is not None and phase == first:
+        own.add_note(message)
+        raise own
+    raise PeerError(message, {r: text for r, (_, text) in reports.items()}) from own
 
 
 @dataclass

@@ -66,8 +66,37 @@ Large messages go in chunks, pipelined over three CUDA streams: compress, NCCL's
 decompress; every chunk is queued at once. In ``auto`` mode on CUDA the switch's cost model
 picks the chunk count (``switch.best_chunks``: every chunk pays its collective's latency, so
 slow-latency links get few); ``ZIPCCL_CHUNK_BYTES`` fixes the chunk size instead (default 32 MiB
-on CUDA, the ``always`` mode's). Host syncs of one compressed call: the exchange's and the final
-read's, whatever the chunk count (plus, for an all-reduce, its all-gather half's two).
+on CUDA, the ``always`` mode's). Host syncs of one compressed call: the exchange's, the final
+read's and the agreement's (below), whatever the chunk count (plus, for an all-reduce, its
+all-gather half's three).
+
+Failures raise on every rank before the call returns, within the time its collectives take --
+no rank is left waiting for the group's timeout:
+
+* bad arguments, or a sample summary that raises, are reported in the descriptor exchange:
+  CollectiveMismatchError on every rank for arguments; the summary's exception on its rank and
+  a :class:`PeerError` on the others;
+* after the exchange every collective of the call and its size follow from agreed values, so a
+  rank whose own step fails -- encode, decode, the checks of the headers and decoder flag it
+  reads -- keeps the exception and still issues each of the call's collectives (sending what
+  its buffers hold: its peers may fail decoding that too). The call then ends with the ranks'
+  agreement (:class:`zipccl._comm.Outcome`): one all-gather of every rank's report -- whether
+  it failed, where (preparing what it sends, or on what it received), "Type: message", and
+  whether it has overflowed pieces, which tells every rank of an all-to-all that the raw resend
+  follows. The rank that failed raises its own exception (ValueError for a corrupt piece), with
+  the report as a note; every other rank a PeerError naming it and what it reported. A failure
+  preparing what a rank sends is the cause, before its peers' failures on what they received.
+  Every rank issued the same collectives, so the group carries the next call.
+* cost: one all-gather of W x 18 int64 per compressed protocol call, after its last data
+  collective, and on CUDA one more host sync after the final read (which must come first: the
+  headers are checked on the host). Native calls and a2a_reduce have none: between their
+  exchange and their one collective no local step can fail but an allocation.
+* not covered: an allocation failing on one rank (it cannot take part in collectives whose
+  buffers it lacks), the transport's own failures and timeouts (torch.distributed's errors), and
+  the plain copies after the agreement (the raw resend, the local reduction).
+
+The CUDA path runs the same code (streams aside), the agreement through the exchange's pinned
+buffers; the tests run it on gloo (tests/test_collectives_failures.py).
 """
 
 from __future__ import annotations
@@ -95,9 +124,12 @@ from golden.formats import FloatFormat
 from zipccl import _comm, codec, settings, switch
 from zipccl._comm import (
     CODEC_DTYPES,
+    SENDING,
     CollectiveMismatchError,
     DoneWork,
     Group,
+    Outcome,
+    PeerError,
     Streams,
     dtype_code,
     dtype_name,
@@ -144,6 +176,7 @@ class _Agreed:
     """What every rank knows after the descriptor exchange."""
 
     g: Group
+    name: str  # the op the caller called, for error messages
     strategy: str  # switch.NATIVE | A2A_REDUCE | COMPRESSED
     table: Codebook | None
     chunks: int
@@ -279,7 +312,7 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
     if strategy == switch.COMPRESSED:
         assert summaries is not None  # COMPRESSED agreed implies may_compress locally
         sources = _sources(dtype, summaries, table)
-    return _Agreed(g, strategy, table, chunks, sources), (
+    return _Agreed(g, name, strategy, table, chunks, sources), (
         desc[:, len(head):] if desc is not None else None)
 
 
@@ -574,14 +607,25 @@ def _checked(head: bytes, fmt: FloatFormat, numel: int, table: Codebook) -> byte
 
 
 def _read(streams: Streams, parts: Sequence[torch.Tensor]) -> np.ndarray:
-    """The bytes of device tensors on the host in one copy: a call's one sync after its
-    exchange. Runs on the decompress stream after the compress stream's queued work."""
+    """The bytes of device tensors on the host in one copy: a call's one sync between its exchange
+    and its agreement. Runs on the decompress stream after the compress stream's queued work."""
     if not parts:
         return np.empty(0, dtype=np.uint8)
     if streams.decompress is not None:
         streams.decompress.wait_stream(streams.compress)
     with streams.on(streams.decompress):
         return torch.cat([t.reshape(-1).view(torch.uint8) for t in parts]).cpu().numpy()
+
+
+def _settle(outcome: Outcome, unpack: _Unpack, streams: Streams) -> tuple[set[object], bool]:
+    """A protocol's end, after its last data collective: :meth:`_Unpack.settle`'s one host read
+    and checks, then the ranks' agreement on the call's outcome, which raises on every rank if
+    any rank failed. Returns the keys of this rank's overflowed pieces and whether any rank has
+    some (an all-to-all's resend involves every rank)."""
+    over: set[object] = set()
+    with outcome.local():
+        over = unpack.settle(streams)
+    return over, outcome.agree(bool(over))
 
 
 def _global(g: Group, rank: int) -> int:
@@ -601,7 +645,8 @@ def protocol_call(g: Group, op: str, x: torch.Tensor) -> Callable[[], None]:
     flat = _flat(x)
 
     def agreed(sample: torch.Tensor | None) -> _Agreed:
-        return _Agreed(g, switch.COMPRESSED, None, 1, _shared_sources(g, op, x.dtype, sample, None))
+        sources = _shared_sources(g, op, x.dtype, sample, None)
+        return _Agreed(g, op, switch.COMPRESSED, None, 1, sources)
 
     if op == "all_gather":
         out = torch.empty(g.world * flat.numel(), dtype=x.dtype, device=x.device)
@@ -667,13 +712,15 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
     widths = [row[0].width for row in segs]
     stores = _buffers(widths, g.device)
     received = _buffers([g.world * w for w in widths], g.device)
+    outcome = Outcome(g, a.name)
     with ordered(g, streams):
         copied = False  # the rank's own row: copied once the first chunk is on the wire
         for k, (s, m) in enumerate(pieces):
             if not m:
                 continue
             with streams.on(streams.compress):
-                _pack(inp[s : s + m], segs[k][g.rank], a.sources[g.rank].table, stores[k])
+                with outcome.local(SENDING):
+                    _pack(inp[s : s + m], segs[k][g.rank], a.sources[g.rank].table, stores[k])
                 work = dist.all_gather_into_tensor(received[k], stores[k], group=g.pg,
                                                    async_op=True)
             STATS.sent += widths[k]
@@ -683,12 +730,13 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
                     copied = True
                 work.wait()
                 got = received[k].view(g.world, widths[k])
-                for r, (seg, src) in enumerate(zip(segs[k], a.sources, strict=True)):
-                    if r == g.rank:  # every rank notes every header: all see the same overflows
-                        unpack.note((k, r), got[r], seg, src.table)
-                    else:
-                        unpack((k, r), got[r], seg, src.table, rows[r, s : s + m])
-        over = unpack.settle(streams)
+                with outcome.local():
+                    for r, (seg, src) in enumerate(zip(segs[k], a.sources, strict=True)):
+                        if r == g.rank:  # every rank notes every header: same overflows
+                            unpack.note((k, r), got[r], seg, src.table)
+                        else:
+                            unpack((k, r), got[r], seg, src.table, rows[r, s : s + m])
+        over, _ = _settle(outcome, unpack, streams)
         for r in range(g.world):
             ks = [k for k in range(a.chunks) if (k, r) in over]
             if ks:
@@ -843,10 +891,11 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
         ins.append(got)
     stores = _buffers([sum(s.width for s in out) for out in outs], g.device)
     keep = []  # receive buffers live until the caller's stream is re-joined (see ordered)
+    outcome = Outcome(g, a.name)
     with ordered(g, streams):
         for k in range(a.chunks):
             mine = _segments(stores[k], [s.width for s in outs[k]])
-            with streams.on(streams.compress):
+            with streams.on(streams.compress), outcome.local(SENDING):
                 for j in peers:
                     s, m = sent_at[j][k]
                     if m and j != g.rank:
@@ -859,13 +908,14 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
                     _copy_behind(streams, recv[g.rank], send[g.rank])
                 if work is not None:
                     work.wait()
-                for i in peers:
-                    s, m = got_at[i][k]
-                    if m and i != g.rank:
-                        unpack(("in", k, i), got[i], ins[k][i], a.sources[i].table,
-                               recv[i][s : s + m])
-        over = unpack.settle(streams)
-        if over:
+                with outcome.local():
+                    for i in peers:
+                        s, m = got_at[i][k]
+                        if m and i != g.rank:
+                            unpack(("in", k, i), got[i], ins[k][i], a.sources[i].table,
+                                   recv[i][s : s + m])
+        over, anywhere = _settle(outcome, unpack, streams)
+        if anywhere:  # an all-to-all: every rank takes part, with or without pieces of its own
             _resend_pairs(g, streams, over, send, sent_at, recv, got_at)
 
 
@@ -1033,7 +1083,8 @@ def _all_reduce(a: _Agreed, tensor: torch.Tensor, op: ReduceOp) -> None:
     _reduce_scatter(replace(a, strategy=rs), padded, part, op)
     if ag == switch.COMPRESSED:  # the reduced shards' own summaries size the second half
         sources = _shared_sources(g, "all_reduce", part.dtype, part, a.table)
-        _gather_compressed(_Agreed(g, ag, a.table, ag_chunks, sources), part, padded)
+        _gather_compressed(replace(a, strategy=ag, chunks=ag_chunks, sources=sources), part,
+                           padded)
     else:
         dist.all_gather_into_tensor(_wire(padded), _wire(part), group=g.pg)
         STATS.sent += part.numel() * part.element_size()
@@ -1078,13 +1129,15 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, group_src: int) -> Non
     pieces = _pieces(flat.numel(), a.chunks)
     segs = [_seg(flat.dtype, m, source) for _, m in pieces]
     buffers = _buffers([seg.width for seg in segs], g.device)
+    outcome = Outcome(g, a.name)
     with ordered(g, streams):
         for k, (s, m) in enumerate(pieces):
             if not m:
                 continue
             with streams.on(streams.compress):
                 if sender:
-                    _pack(flat[s : s + m], segs[k], source.table, buffers[k])
+                    with outcome.local(SENDING):
+                        _pack(flat[s : s + m], segs[k], source.table, buffers[k])
                 work = dist.broadcast(buffers[k], _global(g, group_src), group=g.pg,
                                       async_op=True)
             STATS.sent += segs[k].width if sender else 0
@@ -1093,8 +1146,9 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, group_src: int) -> Non
                 if sender:
                     unpack.note(k, buffers[k], segs[k], source.table)
                 else:
-                    unpack(k, buffers[k], segs[k], source.table, flat[s : s + m])
-        over = unpack.settle(streams)
+                    with outcome.local():
+                        unpack(k, buffers[k], segs[k], source.table, flat[s : s + m])
+        over, _ = _settle(outcome, unpack, streams)
         if over:
             _resend(g, streams, group_src, [(flat, *pieces[k]) for k in sorted(over)],
                     flat if sender else None)
@@ -1102,6 +1156,7 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, group_src: int) -> Non
 
 __all__ = [
     "CollectiveMismatchError",
+    "PeerError",
     "all_gather",
     "all_gather_into_tensor",
     "all_reduce",

@@ -1,0 +1,213 @@
+"""A rank that fails inside a compressed collective makes every rank raise within seconds
+(issue 18 item 2), on 2-3 gloo processes and through the ``zipccl`` backend.
+
+Each scenario injects one fault on one rank -- a received piece corrupted in transit (its
+header's CRC no longer matches), a decoder that rejects a payload, an encoder or a sample summary
+that raises -- and every rank must raise at once: the rank that failed its own exception, every
+other rank a PeerError naming it and what it reported, each well before the groups' own timeout
+(GROUP_TIMEOUT_S, short here so that a rank left waiting fails the test instead of blocking CI).
+The group must then still carry a normal call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import zipccl
+from zipccl import _torch, codec, collectives
+
+from golden.container import CRC_AT
+from golden.theory import SAMPLE_SIZE
+from tests._collectives_cluster import Cluster
+from tests.test_collectives import lopsided
+
+GROUP_TIMEOUT_S = 15
+FAST_S = GROUP_TIMEOUT_S / 3  # every rank raises well before a waiting rank would time out
+ALWAYS = {"ZIPCCL_MODE": "always"}
+N = 6000  # BF16 values per rank: every piece takes the split layout (header, payload)
+
+
+def sc_short_timeout_world(rank: int, world: int, backend: str, store_path: str) -> str:
+    """Re-create the worker's default group with GROUP_TIMEOUT_S (``backend``: gloo or zipccl)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group(backend, store=dist.FileStore(store_path, world), rank=rank,
+                            world_size=world, timeout=timedelta(seconds=GROUP_TIMEOUT_S))
+    return dist.get_backend()
+
+
+def _cluster(world: int, backend: str, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[Cluster]:
+    ranks = Cluster(world)
+    store = tmp_path_factory.mktemp(f"{backend}{world}") / "store"
+    assert ranks.run(sc_short_timeout_world, backend, str(store)) == [backend] * world
+    yield ranks
+    ranks.close()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    yield from _cluster(2, "gloo", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def trio(tmp_path_factory):
+    yield from _cluster(3, "gloo", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def zipccl_pair(tmp_path_factory):
+    yield from _cluster(2, "zipccl", tmp_path_factory)
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def _raising(exc: Exception) -> Callable[..., object]:
+    def fail(*args: object, **kwargs: object) -> object:
+        raise exc
+    return fail
+
+
+def _corrupting_unpack() -> Callable[..., object]:
+    """collectives._Unpack.__call__ on a piece whose header lost a bit in transit."""
+    real = collectives._Unpack.__call__
+
+    def unpack(self: object, key: object, got: torch.Tensor, seg: object, *args: object) -> None:
+        got[CRC_AT] ^= 1
+        return real(self, key, got, seg, *args)
+    return unpack
+
+
+#  fault -> (module or class, attribute, replacement, (what the failing rank raises, what its
+#  peers' PeerError says it reported))
+FAULTS = {
+    "corrupt_header": (collectives._Unpack, "__call__", _corrupting_unpack,
+                       ("ValueError", "corrupt compressed header", "ValueError: received a")),
+    "decode": (_torch, "decode_into", lambda: _raising(ValueError("injected: payload rejected")),
+               ("ValueError", "injected: payload rejected", "ValueError: injected")),
+    "encode": (_torch, "encode_into", lambda: _raising(RuntimeError("injected encode failure")),
+               ("RuntimeError", "injected encode failure", "RuntimeError: injected")),
+    "summary": (codec, "sample_summary", lambda: _raising(RuntimeError("injected summary")),
+                ("RuntimeError", "injected summary", "its sample summary raised")),
+}
+SENDING = {"encode", "summary"}  # faults of the side that sends (a broadcast's source)
+
+
+@contextlib.contextmanager
+def injected(fault: str, here: bool) -> Iterator[None]:
+    owner, name, make, _ = FAULTS[fault]
+    real = getattr(owner, name)
+    if here:
+        setattr(owner, name, make())
+    try:
+        yield
+    finally:
+        setattr(owner, name, real)
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def data(rank: int) -> torch.Tensor:
+    return torch.randn(N, generator=torch.Generator().manual_seed(rank)).bfloat16()
+
+
+def _call(lib: object, op: str, rank: int, world: int, src: int) -> None:
+    """One compressed call of ``op`` through ``lib`` (zipccl, or torch.distributed on a zipccl
+    group: the same signatures)."""
+    x = data(rank)
+    if op == "all_gather":
+        lib.all_gather_into_tensor(torch.empty(world * N, dtype=x.dtype), x)
+    elif op == "all_to_all":
+        lib.all_to_all_single(torch.empty_like(x), x)
+    elif op == "reduce_scatter":
+        lib.reduce_scatter_tensor(torch.empty(N // world, dtype=x.dtype), x)
+    elif op == "all_reduce":
+        lib.all_reduce(x)
+    elif op == "broadcast":
+        lib.broadcast(x, src=src)
+    else:
+        raise ValueError(op)
+
+
+def sc_fault(rank: int, world: int, op: str, fault: str, culprit: int, backend: bool
+             ) -> dict[str, object]:
+    """``op`` with ``fault`` on rank ``culprit``: what each rank raised and after how long, then
+    whether a normal all-gather on the same group still gives every rank's data."""
+    lib = dist if backend else zipccl
+    src = culprit if fault in SENDING else (culprit + 1) % world
+    start = time.monotonic()
+    try:
+        with injected(fault, rank == culprit):
+            _call(lib, op, rank, world, src)
+        raised = message = None
+    except Exception as exc:
+        raised, message = type(exc).__name__, str(exc)
+    seconds = time.monotonic() - start
+    out = torch.empty(world * N, dtype=torch.bfloat16)
+    lib.all_gather_into_tensor(out, data(rank))
+    after = torch.equal(out.view(torch.int16),
+                        torch.cat([data(r) for r in range(world)]).view(torch.int16))
+    return {"raised": raised, "message": message, "seconds": seconds, "after": after}
+
+
+def check(results: list[dict[str, object]], fault: str, culprit: int) -> None:
+    own_type, own_text, reported = FAULTS[fault][3]
+    for rank, r in enumerate(results):
+        assert r["seconds"] < FAST_S, (rank, results)
+        if rank == culprit:
+            assert r["raised"] == own_type and own_text in r["message"], (rank, results)
+        else:
+            assert r["raised"] == "PeerError", (rank, results)
+            assert f"rank {culprit} failed" in r["message"] and reported in r["message"], r
+        assert r["after"], (rank, results)
+
+
+OPS = ["all_gather", "all_to_all", "reduce_scatter", "all_reduce", "broadcast"]
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+@pytest.mark.parametrize("op", OPS)
+def test_a_failure_on_one_rank_raises_on_every_rank(pair, op, fault):
+    check(pair.run(sc_fault, op, fault, 1, False, env=ALWAYS), fault, 1)
+
+
+@pytest.mark.parametrize("fault", ["corrupt_header", "encode"])
+@pytest.mark.parametrize("op", ["all_to_all", "reduce_scatter"])
+def test_three_ranks(trio, op, fault):
+    """Between three ranks the pieces travel by an all-to-all (two: an all-gather)."""
+    check(trio.run(sc_fault, op, fault, 2, False, env=ALWAYS), fault, 2)
+
+
+@pytest.mark.parametrize("fault", ["corrupt_header", "encode"])
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_through_the_zipccl_backend(zipccl_pair, op, fault):
+    """torch.distributed's own calls on a ``zipccl`` group raise the same exceptions."""
+    check(zipccl_pair.run(sc_fault, op, fault, 0, True, env=ALWAYS), fault, 0)
+
+
+def sc_one_pair_overflows(rank: int, world: int) -> bool:
+    """Only rank 0's piece for rank 1 outgrows its room (:func:`lopsided` values there, tame
+    ones elsewhere): the raw resend is an all-to-all of the whole group, rank 2 included,
+    though it neither sent nor received an overflowed piece."""
+    numel = 2 * world * SAMPLE_SIZE
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(rank)).bfloat16()
+    if rank == 0:
+        share = numel // world
+        x[share : 2 * share] = lopsided(7, numel)[share : 2 * share]
+    got, want = torch.empty_like(x), torch.empty_like(x)
+    zipccl.all_to_all_single(got, x)
+    dist.all_to_all_single(want, x)
+    return torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+def test_a_resend_between_two_ranks_reaches_every_rank(trio):
+    env = {**ALWAYS, "ZIPCCL_CHUNK_BYTES": str(1 << 20)}
+    assert trio.run(sc_one_pair_overflows, env=env) == [True] * 3
