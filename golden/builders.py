@@ -236,7 +236,6 @@ def zipccl_histogram_table(hist: np.ndarray, name: str = "zipccl-histogram") -> 
     return zipccl_layout(top_symbols(check_histogram(hist), ZIPCCL_TOP), name)
 
 
-
 # --------------------------------------------------------------------------- the fast builder
 STAIRCASE_STARTS = range(6)  # eight w=5 regions hold all 256 symbols at 8 bits: raw's cost
 
