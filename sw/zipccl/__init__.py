@@ -22,6 +22,7 @@ from zipccl.codec import (
 )
 from zipccl.collectives import (
     CollectiveMismatchError,
+    PeerError,
     all_gather,
     all_gather_into_tensor,
     all_reduce,
@@ -38,6 +39,7 @@ __all__ = [
     "Calibrator",
     "CollectiveMismatchError",
     "Compressed",
+    "PeerError",
     "ProcessGroupZipccl",
     "ZipAllGather",
     "ZipReduceScatter",
