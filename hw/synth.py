@@ -23,7 +23,6 @@ import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
-from functools import reduce
 from pathlib import Path
 
 from amaranth import Cat, Elaboratable, Module, Signal, Value
@@ -64,7 +63,7 @@ class PinWrapper(Elaboratable):
             m.d.comb += v.eq(sr[at : at + len(v)])
             at += len(v)
         captured = Signal(sum(len(v) for v in outs))
-        m.d.sync += [captured.eq(Cat(*outs)), self.sout.eq(reduce(lambda a, b: a ^ b, captured))]
+        m.d.sync += [captured.eq(Cat(*outs)), self.sout.eq(captured.xor())]
         return m
 
 
@@ -79,8 +78,8 @@ class Figures:
     fmax_mhz: float | None  # nextpnr estimate
 
 
-def _run(cmd: list[str], log: Path) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+def _run(cmd: list[str], log: Path, cwd: Path | None = None) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=cwd)
     log.write_text(proc.stdout + proc.stderr)
     if proc.returncode:
         raise RuntimeError(f"{cmd[0]} failed (exit {proc.returncode}); see {log}")
@@ -147,10 +146,10 @@ def place_and_route(top: str, source: Path, out: Path, device: Device) -> tuple[
          f"-json {netlist}"],
         out / f"{top}_wrapped_yosys.log",
     )
-    log = _run(
-        [device.nextpnr, *device.args, "--json", str(netlist), "--freq", str(TARGET_MHZ),
+    log = _run(  # in ``out``, by a relative name: YoWASP's tools see only their working folder
+        [device.nextpnr, *device.args, "--json", netlist.name, "--freq", str(TARGET_MHZ),
          "--timing-allow-fail", "--seed", "1"],
-        out / f"{top}_nextpnr.log",
+        out / f"{top}_nextpnr.log", cwd=out,
     )
     lcs = int(re.search(device.lc_pattern, log).group(1))
     fmax = float(re.findall(r"Max frequency for clock\s+'[^']*':\s+([\d.]+) MHz", log)[-1])
