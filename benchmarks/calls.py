@@ -2,14 +2,14 @@
 
     python benchmarks/calls.py --out OUT [--sizes 0.0625,1,4,16,64,256,1024] [--dietgpu SO]
 
-Per size and dtype: ``zipccl.compress(x)`` with its default table, ``decompress(c, out=y)`` with
-``sync=False`` (the hot path) and with ``sync=True`` (validated before returning), DietGPU's
-compress/decompress of the same tensor (BF16: its float codec; FP8: its ANS byte codec; checksum
-off, preallocated buffers), optionally nvCOMP ANS (``--nvcomp``, benchmarks/codec.py's timing) and
-a device copy of the same bytes (the floor). ``per call``: CUDA
-events around 20 back-to-back calls, divided by 20 (what a loop of calls sustains), median of
-runs. ``host``: the call's own time on the host, from entry to return, after the device went
-idle, median of 200. ``gpu``: the call replayed from a CUDA graph (its kernels alone).
+Per size and dtype (N(0,1); FP8 absmax-scaled): ``zipccl.compress(x)`` with its default table,
+``decompress(c, out=y)`` with ``sync=False`` (the hot path) and with ``sync=True`` (validated before
+returning), DietGPU's compress/decompress of the same tensor (BF16: its float codec; FP8: its ANS
+byte codec; checksum off, preallocated buffers), optionally nvCOMP ANS (``--nvcomp``,
+benchmarks/codec.py's timing) and a device copy of the same bytes (the floor). ``per call``: CUDA
+events around 20 back-to-back calls, divided by 20 (what a loop of calls sustains), median of runs.
+``host``: the call's own time on the host, from entry to return, after the device went idle, median
+of 200. ``gpu``: the call replayed from a CUDA graph (its kernels alone).
 """
 
 from __future__ import annotations
@@ -46,9 +46,14 @@ def host_time(fn: Callable[[], object], runs: int = 200) -> float:
 
 
 def make(dtype: torch.dtype, nbytes: int) -> torch.Tensor:
+    """N(0,1) values; FP8 absmax-scaled (max |x| at the format's largest finite value), the
+    usual FP8 recipe."""
     n = nbytes // torch.tensor([], dtype=dtype).element_size()
     gen = torch.Generator(device="cuda").manual_seed(nbytes)
-    return torch.randn(n, device="cuda", generator=gen).to(dtype)
+    x = torch.randn(n, device="cuda", generator=gen)
+    if dtype.itemsize == 1:
+        x *= torch.finfo(dtype).max / x.abs().max()
+    return x.to(dtype)
 
 
 def zipccl_row(x: torch.Tensor) -> dict[str, float | bool | str]:

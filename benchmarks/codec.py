@@ -170,7 +170,8 @@ def backend_row(x: torch.Tensor, backend: str) -> dict[str, object]:
 
 def sanitize_case() -> None:
     """Small compress/decompress of every dtype plus corrupt buffers, for compute-sanitizer."""
-    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn):
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn,
+                  torch.float8_e5m2):
         x = (torch.randn(10007, device="cuda") * 3).to(dtype)
         c = zipccl.compress(x, block=1024)
         assert torch.equal(zipccl.decompress(c).view(torch.uint8), x.view(torch.uint8))

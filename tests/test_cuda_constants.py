@@ -68,6 +68,7 @@ CUDA = _constants()
     ("kLayoutAt", struct.calcsize("<4sB")),
     ("kLayoutRaw", container.LAYOUT_RAW),
     ("kTop", theory.ZIPCCL_TOP),
+    ("kPrefixBits", codebook.PREFIX_BITS),
     ("kSampleSize", theory.SAMPLE_SIZE),
     ("kMaxHeader", _cuda.MAX_HEADER),
     ("kGaps", _cuda.GAPS),

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from golden import theory
+from golden import builders, theory
 from golden.codebook import ALPHABET, NUM_REGIONS, Codebook
 from golden.container import (
     CRC_AT,
@@ -141,8 +141,8 @@ def _lib() -> ctypes.CDLL | None:
     lib.zipccl_encode.argtypes = [*dev_kind, ptr, ptr, layout, ptr, ptr, ptr, ptr]
     lib.zipccl_decode.argtypes = [*dev_kind, ptr, ptr, ptr, layout, ptr, ptr, ctypes.c_int, ptr]
     lib.zipccl_encode.restype = lib.zipccl_decode.restype = ctypes.c_int
-    lib.zipccl_compress.argtypes = [*dev_kind, ptr, ptr, layout, ptr, ptr, ptr, ptr, ptr,
-                                    ctypes.c_longlong, ctypes.c_longlong, ptr, ptr]
+    lib.zipccl_compress.argtypes = [*dev_kind, ptr, ptr, layout, ptr, ptr, ptr, ptr, ptr, ptr,
+                                    ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ptr, ptr]
     lib.zipccl_compress.restype = ctypes.c_int
     lib.zipccl_summary.argtypes = [*dev_kind, ptr, ctypes.c_longlong, ctypes.c_longlong, ptr, ptr]
     lib.zipccl_summary.restype = ctypes.c_int
@@ -248,6 +248,19 @@ def _header_tensor(header: bytes, device: torch.device) -> torch.Tensor:
     return _uploaded(_HEADERS, (header, device), None,
                      lambda: _to_device(torch.frombuffer(bytearray(header), dtype=torch.uint8),
                                         device))
+
+
+_STAIRCASES: dict[torch.device, torch.Tensor] = {}
+
+
+def _staircases(device: torch.device) -> torch.Tensor:
+    """golden.builders.staircase_layouts() on ``device`` (uint8, 8 widths a row): the family
+    the FP8 default table is chosen from on the device, uploaded once per device."""
+    rows = _STAIRCASES.get(device)
+    if rows is None:
+        host = torch.from_numpy(builders.staircase_layouts().astype("uint8").reshape(-1))
+        rows = _STAIRCASES[device] = _to_device(host, device)
+    return rows
 
 
 def _stream(device: torch.device) -> int:
@@ -443,6 +456,7 @@ class Plan:
     work_bytes: int
     split_head: torch.Tensor  # golden's split header, payload size and table zero
     raw_head: torch.Tensor  # golden's raw header, complete
+    staircases: torch.Tensor  # FP8's default-table family on the device (_staircases)
 
     @property
     def split_possible(self) -> bool:
@@ -468,6 +482,7 @@ def plan(fmt: FloatFormat, shape: tuple[int, ...], block: int, device: torch.dev
         decode=_layout(fmt, n, block, cap, -1, max(cap - fixed, 0), cap),
         work_bytes=align(lib.zipccl_work_bytes(num_blocks(n, block), block)),
         split_head=_header_tensor(split, device), raw_head=_header_tensor(raw, device),
+        staircases=_staircases(device),
     )
 
 
@@ -498,8 +513,9 @@ def compress(x: torch.Tensor, p: Plan, table: Codebook | None, header: bytes | N
              out: torch.Tensor, meta: int) -> None:
     """Queue codec.compress of the contiguous ``x`` into ``out`` (>= p.cap bytes): one call that
     launches every kernel, no host sync. ``meta``: the device address of a META_BYTES record that
-    gets [buffer bytes, payload bytes] and, for ``table`` None, golden.theory's table words (built
-    on the device); a given ``table`` comes with its split ``header`` template."""
+    gets [buffer bytes, payload bytes] and, for ``table`` None, the default table's words (built
+    on the device: golden.theory's table, or FP8's staircase table); a given ``table`` comes with
+    its split ``header`` template."""
     device = x.device
     stream = _stream(device)
     if table is None:
@@ -507,17 +523,19 @@ def compress(x: torch.Tensor, p: Plan, table: Codebook | None, header: bytes | N
     else:
         tab = _table_tensor(table, device).data_ptr()
         head = _header_tensor(header, device).data_ptr()
+    rows = p.staircases
     _check(_LIB.zipccl_compress(
         device.index, _kind(p.fmt, table, p.block), x.data_ptr(), out.data_ptr(),
         ctypes.byref(p.encode), tab, meta + 16, _scratch(device, stream, p).data_ptr(), head,
-        p.raw_head.data_ptr(), p.stride, p.count, meta, stream,
+        p.raw_head.data_ptr(), rows.data_ptr(), rows.numel() // NUM_REGIONS, p.stride, p.count,
+        meta, stream,
     ))
 
 
 def decompress(buf: torch.Tensor, p: Plan, table: Codebook | None, meta: int,
                out: torch.Tensor, flag: torch.Tensor, clear: bool) -> None:
     """Queue the decode of a buffer that :func:`compress` wrote (layout and payload size read
-    from its header on the device); ``table`` None: the theory table whose words are in the
+    from its header on the device); ``table`` None: the default table whose words are in the
     record at ``meta``. Problems are OR-ed into ``flag`` (zeroed first when ``clear``)."""
     device = buf.device
     at = buf.data_ptr()

@@ -11,7 +11,7 @@ Public API::
     t2 = decompress(c)               # bit-exact copy of t (same dtype, shape, device)
     c = Compressed.from_buffer(buf)  # parse + validate a received uint8 buffer (ValueError)
 
-On CUDA, ``compress``/``compress_into`` only queue work: the theory table is built, the header
+On CUDA, ``compress``/``compress_into`` only queue work: the default table is built, the header
 written and the layout (split or raw) chosen by the kernels, so nothing waits for the device and
 the call can be captured in a CUDA graph. The buffer's size stays on the device until
 ``Compressed.nbytes`` (or ``buffer``, ``ratio``, ``layout``, ``table``) is first read.
@@ -29,9 +29,9 @@ Allocation-free entry points for collectives:
 * ``decompress(buf_or_c, out=t)`` -- decodes into an existing tensor; a bare uint8 buffer is parsed.
 
 Tables: ``table=None`` (or ``"theory"``) takes :func:`default_table` -- golden.theory's ZipCCL table
-from the statistics of the deterministic sample (exponent formats; on CUDA built by the kernels,
-with golden's bytes); for FP8, golden.builders.staircase_table of the sample's byte histogram on
-CPU tensors, and golden.presets' QLC table on CUDA tensors (no device build of it yet).
+from the statistics of the deterministic sample (exponent formats), and for FP8
+golden.builders.staircase_table of the sample's byte histogram; on CUDA the kernels build either
+one from the sample, with golden's bytes.
 ``table="histogram"`` builds it from the full symbol histogram instead (golden.builders), an
 opt-in mode that costs an extra pass over the tensor and a host sync (and for FP8 an exhaustive
 table search). Corrupt or truncated buffers raise ValueError: a bare buffer's header is checked on
@@ -187,13 +187,6 @@ def _symbols(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     return _torch.symbols_raw(_torch.bits_of(x.detach().contiguous(), fmt), fmt)[0]
 
 
-@functools.cache
-def _preset(fmt: FloatFormat) -> Codebook:
-    from golden import presets
-
-    return presets.qlc_e4m3() if fmt.name == "float8_e4m3fn" else presets.qlc_e5m2()
-
-
 def sample_stats(tensor: torch.Tensor) -> theory.TensorStats:
     """golden.theory.tensor_stats of the deterministic sample, computed where the tensor lives.
 
@@ -276,9 +269,7 @@ def sample_summary(tensor: torch.Tensor, out: torch.Tensor | None = None) -> tor
 def summary_table(dtype: torch.dtype, summary: np.ndarray) -> Codebook:
     """:func:`default_table` of the CPU tensor whose :func:`sample_summary` this is (host int64).
 
-    FP8: the staircase table of the summary's histogram whatever the tensor's device -- built
-    on the host, so a collective's FP8 pieces are fitted on CUDA too, where :func:`default_table`
-    still gives the preset.
+    FP8: the staircase table of the summary's histogram.
     """
     fmt = _fmt(dtype)
     if fmt.byte_coded:
@@ -304,16 +295,14 @@ def default_table(tensor: torch.Tensor) -> Codebook:
 
     Exponent formats: golden.theory.zipccl_table from :func:`sample_stats` (the deterministic
     sample's RMS over finite non-zero values and its zero fraction), cached per statistics.
-    FP8 on CPU tensors: golden.builders.staircase_table of the same sample's byte histogram,
-    fitted to the tensor's scale (== :func:`summary_table` of its :func:`sample_summary`).
-    FP8 on other devices: golden.presets' QLC table, as before -- on CUDA the histogram would
-    cost a host sync, and the kernels do not build this table on the device yet.
+    FP8: golden.builders.staircase_table of the same sample's byte histogram, fitted to the
+    tensor's scale (== :func:`summary_table` of its :func:`sample_summary`). On CUDA this
+    function reads the histogram back (a host sync); ``compress`` builds the same table on the
+    device instead, without one.
     """
     fmt = _fmt(tensor.dtype)
     if not fmt.byte_coded:
         return _theory_table(fmt, sample_stats(tensor))
-    if tensor.device.type != "cpu":
-        return _preset(fmt)
     return _staircase(fmt, _histogram(_symbols(_sample(tensor), fmt)))
 
 
@@ -546,8 +535,8 @@ def _device_codec(device: torch.device, block: int):
 
 def _compress_on_device(x: torch.Tensor, fmt: FloatFormat, table: TableSpec, block: int,
                         out: torch.Tensor | None, cuda) -> Compressed:
-    """compress/compress_into with no host sync: the CUDA kernels build the theory table (or take
-    the given one), write the header, and choose the layout; the sizes stay on the device."""
+    """compress/compress_into with no host sync: the CUDA kernels build the default table (or
+    take the given one), write the header, and choose the layout; the sizes stay on the device."""
     if not x.is_contiguous():
         x = x.contiguous()
     plan = cuda.plan(fmt, x.shape, block, x.device)
@@ -561,8 +550,8 @@ def _compress_on_device(x: torch.Tensor, fmt: FloatFormat, table: TableSpec, blo
         out[:HEADER_BYTES].copy_(plan.raw_head)
         out[HEADER_BYTES : plan.cap].copy_(x.reshape(-1).view(torch.uint8))
         return Compressed(out, x.dtype, x.shape, block, (plan.cap, 0), None)
-    theory_on_device = (table is None or table == "theory") and not fmt.byte_coded
-    book = None if theory_on_device else _resolve_table(x, table)
+    built_on_device = table is None or table == "theory"
+    book = None if built_on_device else _resolve_table(x, table)
     header = None if book is None else _header_template(LAYOUT_SPLIT, fmt, x.shape, block, book)
     cuda.compress(x, plan, book, header, out, meta[0].data_ptr() + meta[1])
     table_of = _FROM_HEADER if book is None else book

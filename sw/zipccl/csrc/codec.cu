@@ -9,9 +9,9 @@
 // *stage*, big-endian 32-bit words: stream byte i at stage byte i ^ 3) and copied out.
 //
 // Compress (zipccl_compress) is one memset and up to three launches, none of which waits for the
-// host or for another block: (1) theory_kernel, when no table is given: golden.theory's table from
-// a strided sample, built on the device (table.cuh) into the buffer's table words and the header
-// stage; (2) encode: planes straight into the container, each block's payload into its fixed slot
+// host or for another block: (1) when no table is given, the default table from a strided sample,
+// built on the device (sample.cuh, table.cuh: golden.theory's for exponent formats, the staircase
+// table for FP8) into the buffer's table words and the header stage; (2) encode: planes straight into the container, each block's payload into its fixed slot
 // of a scratch area, its byte count, and an atomic add into its tile's sum (tiles of 256 blocks);
 // (3) finish: every CTA sums the tile sums, places its blocks' uint64 offsets and payloads, CTA 0
 // writes the header (payload size, CRC-32) and the sizes, and where the split layout would not be
@@ -168,17 +168,21 @@ extern "C" int zipccl_encode(int device, int kind, const void* in, void* out, co
 // codec.compress's kernels in one call, none of which waits for the host. `scratch`: the header
 // stage (kMaxHeader bytes), the theory kernel's control, then the encoder's work area at
 // kScratchWorkAt; one memset zeroes everything that must start at zero. `tab`: a given table's
-// words; null builds golden.theory's table on the device (theory_kernel) from the `count` values
-// `stride` apart into `words`, and completes the header template `head` with it in the stage.
+// words; null builds the default table on the device from the `count` values `stride` apart into
+// `words`, and completes the header template `head` with it in the stage: golden.theory's table
+// (theory_kernel) for exponent formats, FP8's staircase table (staircase_kernel, the `nrows`
+// layouts at `rows`) for byte-coded ones.
 // The buffer takes the raw layout (`raw_head`, L->raw_size) where the split one is not smaller;
 // `size` gets [buffer bytes, payload bytes].
 constexpr long long kScratchWorkAt = 2048;
-static_assert(kMaxHeader + sizeof(TheoryControl) <= kScratchWorkAt, "scratch layout");
+static_assert(kMaxHeader + sizeof(TheoryControl) <= kScratchWorkAt &&
+                  kMaxHeader + sizeof(StairControl) <= kScratchWorkAt, "scratch layout");
 
 extern "C" int zipccl_compress(int device, int kind, const void* in, void* out, const Layout* L,
                                const int32_t* tab, int32_t* words, void* scratch,
-                               const void* head, const void* raw_head, long long stride,
-                               long long count, long long* size, void* stream) {
+                               const void* head, const void* raw_head, const void* rows,
+                               int nrows, long long stride, long long count, long long* size,
+                               void* stream) {
   const OnDevice on(device);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint8_t* stage = static_cast<uint8_t*>(scratch);
@@ -189,11 +193,14 @@ extern "C" int zipccl_compress(int device, int kind, const void* in, void* out, 
   const uint8_t* rh = static_cast<const uint8_t*>(raw_head);
   return by_kind(kind, [&](auto f, auto z) {
     using F = decltype(f);
+    const auto* x = static_cast<const typename F::T*>(in);
     if constexpr (F::BYTE_CODED) {
-      if (!tab) return static_cast<int>(cudaErrorInvalidValue);  // FP8 has no theory table
+      if (!tab && (!rows || nrows <= 0 || nrows > 0xffff)) return int(cudaErrorInvalidValue);
+      if (!tab)
+        staircase_kernel<F><<<kSlots / 32, kStairThreads, 0, s>>>(
+            x, stride, count, static_cast<const uint8_t*>(rows), nrows, h, stage, words);
     } else if (!tab) {
-      theory_kernel<F><<<kSlots / 32, kTheoryThreads, 0, s>>>(
-          static_cast<const typename F::T*>(in), stride, count, h, stage, words);
+      theory_kernel<F><<<kSlots / 32, kTheoryThreads, 0, s>>>(x, stride, count, h, stage, words);
     }
     return launch_encode<F, decltype(z)::value>(in, out, L, tab ? tab : words, work,
                                                 tab ? h : stage, rh, size, s);

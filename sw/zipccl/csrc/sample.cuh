@@ -1,12 +1,13 @@
-// The deterministic sample: summary_kernel (statistics and histogram for the collectives) and
-// theory_kernel (golden.theory's table built on the device). Included by codec.cu.
+// The deterministic sample: summary_kernel (statistics and histogram for the collectives),
+// theory_kernel (golden.theory's table built on the device) and staircase_kernel (FP8's
+// golden.builders.staircase_table built on the device). Included by codec.cu.
 #pragma once
 
 #include "encode.cuh"
 
 namespace {
 
-// The value of an exponent format's bit pattern (FP8 has none here: its tables are presets).
+// The value of an exponent format's bit pattern (FP8's tables need the histogram alone).
 template <class F>
 __device__ inline double value_of(uint32_t x) {
   if constexpr (F::BITS == 32) return __uint_as_float(x);
@@ -95,6 +96,24 @@ summary_kernel(const typename F::T* __restrict__ in, long long stride, long long
   for (int i = threadIdx.x; i < 256; i += blockDim.x) out[3 + i] = s_hist[i];
 }
 
+// The end of a table built on the device (`tb`, shared memory, complete): the kernels' table
+// words into `words`, and the header stage: the template `head` with the table's bytes and
+// `hash()` (called by thread 0) in their fields. Every thread of the CTA calls it.
+template <class Hash>
+__device__ inline void publish_table(const uint8_t* tb, const uint8_t* __restrict__ head,
+                                     uint8_t* __restrict__ stage, int32_t* __restrict__ words,
+                                     Hash hash) {
+  __shared__ unsigned long long s_hash;
+  table_words(tb, words);
+  if (threadIdx.x == 0) s_hash = hash();
+  __syncthreads();
+  for (int i = threadIdx.x; i < kMaxHeader; i += blockDim.x) {
+    const int t = i - kTableAt, h = i - kHashAt;
+    stage[i] = t >= 0 && t < kTableBytes ? tb[t]
+             : h >= 0 && h < 8 ? static_cast<uint8_t>(s_hash >> (8 * h)) : head[i];
+  }
+}
+
 // The theory kernel's scratch, after the header stage in a compress call's scratch (zeroed by the
 // call's memset).
 struct TheoryControl {
@@ -118,7 +137,6 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
   __shared__ double s_cdf[257], s_prob[256], s_sums[3];
   __shared__ uint8_t s_tb[kTableBytes];
   __shared__ bool s_last;
-  __shared__ unsigned long long s_hash;
   auto* ctl = reinterpret_cast<TheoryControl*>(stage + kMaxHeader);
   const int tid = threadIdx.x, lane = tid & 31;
   if (tid < 32) {
@@ -163,18 +181,125 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
   }
   if (tid == 0) s_tb[0] = 8 | kLiteralFlag, s_tb[8] = kTop;  // zipccl_layout: p0 escapes
   __syncthreads();
-  table_words(s_tb, words);
-  if (tid == 0) {
+  publish_table(s_tb, head, stage, words, [&] {
     unsigned long long key = 0;
     for (int r = 0; r < kTop; ++r) key |= static_cast<unsigned long long>(s_tb[10 + r]) << (8 * r);
-    s_hash = theory_hash64(s_tb, key);
+    return theory_hash64(s_tb, key);
+  });
+}
+
+// ------------------------------------------------------------------------------ FP8 table
+
+// The staircase kernel's scratch, where the theory kernel's is (zeroed by the call's memset).
+struct StairControl {
+  unsigned ticket;  // CTAs done
+  unsigned hist[256];  // the sample's symbol counts, summed over the CTAs
+};
+
+// The CTA-wide inclusive prefix sum of one value per thread (blockDim.x == 256).
+__device__ inline unsigned block_scan256(unsigned v, unsigned* warp_total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int d = 1; d < 32; d <<= 1) {
+    const unsigned up = __shfl_up_sync(kFull, v, d);
+    if (lane >= d) v += up;
+  }
+  if (lane == 31) warp_total[warp] = v;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) v += warp_total[w];
+  return v;
+}
+
+// codec.default_table of an FP8 tensor on the device: golden.builders.staircase_table of the
+// sample's byte histogram (an empty sample counts as one zero symbol, as codec._nonempty does),
+// as table words in `words` and the completed header in `stage` (theory_kernel's contract).
+// `rows`: golden.builders.staircase_layouts(), `nrows` rows of 8 widths. kSlots / 32 CTAs
+// histogram a share of the sample each (many loads in flight: the sample is strided); the last
+// CTA ranks the symbols (count descending, ties to the smaller symbol), scores every row by its
+// exact bit total, one row per thread, and takes the first row of the least total.
+constexpr int kStairThreads = 256;
+template <class F>
+__global__ void __launch_bounds__(kStairThreads)
+staircase_kernel(const typename F::T* __restrict__ in, long long stride, long long count,
+                 const uint8_t* __restrict__ rows, int nrows, const uint8_t* __restrict__ head,
+                 uint8_t* __restrict__ stage, int32_t* __restrict__ words) {
+  static_assert(F::BYTE_CODED, "the staircase family codes whole bytes");
+  constexpr int kInFlight = 8;
+  __shared__ unsigned s_hist[256], s_cum[257], s_warp[kStairThreads / 32];
+  __shared__ int s_order[256];
+  __shared__ unsigned long long s_best;
+  __shared__ uint8_t s_tb[kTableBytes];
+  __shared__ bool s_last;
+  auto* ctl = reinterpret_cast<StairControl*>(stage + kMaxHeader);
+  const int tid = threadIdx.x;
+  s_hist[tid] = 0;
+  __syncthreads();
+  const long long step = static_cast<long long>(gridDim.x) * kStairThreads;
+  for (long long i0 = blockIdx.x * static_cast<long long>(kStairThreads) + tid; i0 < count;
+       i0 += kInFlight * step) {
+    uint32_t v[kInFlight];
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k) {
+      const long long i = i0 + k * step;
+      v[k] = i < count ? static_cast<uint32_t>(in[i * stride]) : 0u;
+    }
+#pragma unroll
+    for (int k = 0; k < kInFlight; ++k)
+      if (i0 + k * step < count) atomicAdd(&s_hist[F::sym(v[k])], 1u);
   }
   __syncthreads();
-  for (int i = tid; i < kMaxHeader; i += blockDim.x) {
-    const int t = i - kTableAt, h = i - kHashAt;
-    stage[i] = t >= 0 && t < kTableBytes ? s_tb[t]
-             : h >= 0 && h < 8 ? static_cast<uint8_t>(s_hash >> (8 * h)) : head[i];
+  if (s_hist[tid]) atomicAdd(&ctl->hist[tid], s_hist[tid]);
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) s_last = atomicAdd(&ctl->ticket, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // the other CTAs' counts are visible
+  const unsigned mine = __ldcg(&ctl->hist[tid]);
+  s_hist[tid] = mine;
+  for (int i = tid; i < kTableBytes; i += blockDim.x) s_tb[i] = 0;
+  if (tid == 0) s_best = ~0ull;
+  __syncthreads();
+  int rank = 0;
+#pragma unroll 32
+  for (int j = 0; j < 256; ++j) {
+    const unsigned c = s_hist[j];
+    rank += c > mine || (c == mine && j < tid);
   }
+  s_order[rank] = tid;
+  __syncthreads();
+  const unsigned cum = block_scan256(s_hist[s_order[tid]], s_warp);
+  s_cum[tid + 1] = cum;
+  if (tid == 0) s_cum[0] = 0;
+  __syncthreads();
+  if (s_cum[256] == 0) {  // the order is then 0, 1, ..., 255 either way
+    s_cum[tid + 1] = 1;
+    __syncthreads();
+  }
+  for (int r = tid; r < nrows; r += blockDim.x) {
+    unsigned start = 0;
+    unsigned long long bits = 0;
+    for (int p = 0; p < 8; ++p) {
+      const int w = rows[8 * r + p];
+      const unsigned end = min(start + (1u << w), 256u);
+      bits += static_cast<unsigned long long>(kPrefixBits + w) * (s_cum[end] - s_cum[start]);
+      start = end;
+    }
+    atomicMin(&s_best, bits << 16 | static_cast<unsigned>(r));
+  }
+  __syncthreads();
+  const int best = static_cast<int>(s_best & 0xffffu);
+  __shared__ int s_ranked;
+  if (tid == 0) {
+    int cap = 0;
+    for (int p = 0; p < 8; ++p) cap += 1 << rows[8 * best + p];
+    s_ranked = min(cap, 256);
+    s_tb[8] = s_ranked & 0xff, s_tb[9] = s_ranked >> 8;
+  }
+  if (tid < 8) s_tb[tid] = rows[8 * best + tid];
+  __syncthreads();
+  if (tid < s_ranked) s_tb[10 + tid] = static_cast<uint8_t>(s_order[tid]);
+  __syncthreads();
+  publish_table(s_tb, head, stage, words, [&] { return table_sha64(s_tb); });
 }
 
 }  // namespace

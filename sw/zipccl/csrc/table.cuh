@@ -14,6 +14,7 @@ constexpr int kLayoutAt = 5, kHashAt = 96, kTableAt = 104;
 constexpr uint8_t kLayoutRaw = 0;
 constexpr uint8_t kLiteralFlag = 0x80, kWidthMask = 0x0f;
 constexpr int kTop = 7;  // golden.theory.ZIPCCL_TOP: exponents given their own 3-bit code
+constexpr int kPrefixBits = 3;  // golden.codebook.PREFIX_BITS: a code's prefix
 
 // ------------------------------------------------------------------------------ CRC-32
 
