@@ -493,19 +493,21 @@ SCRATCH_WORK_AT = 2048  # codec.cu kScratchWorkAt: header stage and theory contr
 
 
 def _scratch(device: torch.device, stream: int, p: Plan) -> torch.Tensor:
-    """Scratch for one compress (codec.cu zeroes what must start at zero). Reused per host thread
+    """Scratch for one compress, allocated zeroed: its table-kernel control must be zero when a
+    call starts, and the kernels leave it so (codec.cu zipccl_compress). Reused per host thread
     and stream, whose calls run in order on the device; inside a CUDA graph capture each call
-    takes a new one from the graph's pool, so replays share nothing with other work."""
+    takes a new one from the graph's pool (zeroed inside the graph), so replays share nothing
+    with other work."""
     size = SCRATCH_WORK_AT + p.work_bytes
     if torch._C._cuda_isCurrentStreamCapturing():
-        return torch.empty(size, dtype=torch.uint8, device=device)
+        return torch.zeros(size, dtype=torch.uint8, device=device)
     kept = getattr(_THREAD, "scratch", None)
     if kept is None:
         kept = _THREAD.scratch = {}
     key = (device.index, stream)
     scratch = kept.get(key)
     if scratch is None or scratch.numel() < size:
-        scratch = kept[key] = torch.empty(size, dtype=torch.uint8, device=device)
+        scratch = kept[key] = torch.zeros(size, dtype=torch.uint8, device=device)
     return scratch
 
 

@@ -8,16 +8,17 @@
 // packed per-group bit counts; the payload is assembled in the warp's slice of shared memory (the
 // *stage*, big-endian 32-bit words: stream byte i at stage byte i ^ 3) and copied out.
 //
-// Compress (zipccl_compress) is one memset and up to three launches, none of which waits for the
-// host or for another block: (1) when no table is given, the default table from a strided sample,
-// built on the device (sample.cuh, table.cuh: golden.theory's for exponent formats, the staircase
-// table for FP8) into the buffer's table words and the header stage; (2) encode: planes straight into the container, each block's payload into its fixed slot
-// of a scratch area, its byte count, and an atomic add into its tile's sum (tiles of 256 blocks);
-// (3) finish: every CTA sums the tile sums, places its blocks' uint64 offsets and payloads, CTA 0
-// writes the header (payload size, CRC-32) and the sizes, and where the split layout would not be
-// smaller the tensor is stored raw instead. Decompress is one launch: each warp reads its block's
-// offsets, stages the payload and checks the block for consistency, reporting problems through an
-// error flag; a buffer compress wrote is decoded by its own header (raw or split, payload size).
+// Compress (zipccl_compress) is three launches (a memset and two with a given table), none of which
+// waits for the host or for another block: (1) when no table is given, the default table from a
+// strided sample, built on the device (sample.cuh, table.cuh: golden.theory's for exponent formats,
+// the staircase table for FP8) into the buffer's table words and the header stage; (2) encode:
+// planes straight into the container, each block's payload into its fixed slot of a scratch area,
+// its byte count, and an atomic add into its tile's sum (tiles of 256 blocks); (3) finish: every
+// CTA sums the tile sums, places its blocks' uint64 offsets and payloads, CTA 0 writes the header
+// (payload size, CRC-32) and the sizes, and where the split layout would not be smaller the tensor
+// is stored raw instead. Decompress is one launch: each warp reads its block's offsets, stages the
+// payload and checks the block for consistency, reporting problems through an error flag; a buffer
+// compress wrote is decoded by its own header (raw or split, payload size).
 //
 // BF16 under a byte-escape table (the ZipCCL exponent layout) has its own path (Z = true). Its
 // encoder gets bytes by permutes, and an element's three plane bytes and escape mask by one table
@@ -166,8 +167,10 @@ extern "C" int zipccl_encode(int device, int kind, const void* in, void* out, co
 }
 
 // codec.compress's kernels in one call, none of which waits for the host. `scratch`: the header
-// stage (kMaxHeader bytes), the theory kernel's control, then the encoder's work area at
-// kScratchWorkAt; one memset zeroes everything that must start at zero. `tab`: a given table's
+// stage (kMaxHeader bytes), the table kernel's control, then the encoder's work area at
+// kScratchWorkAt. The control is zero between calls (zipccl/_cuda.py allocates the scratch
+// zeroed; the table kernels leave it zero and zero the encoder's tile sums); with a given table
+// one memset zeroes what must start at zero instead. `tab`: a given table's
 // words; null builds the default table on the device from the `count` values `stride` apart into
 // `words`, and completes the header template `head` with it in the stage: golden.theory's table
 // (theory_kernel) for exponent formats, FP8's staircase table (staircase_kernel, the `nrows`
@@ -187,8 +190,12 @@ extern "C" int zipccl_compress(int device, int kind, const void* in, void* out, 
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint8_t* stage = static_cast<uint8_t*>(scratch);
   void* work = stage + kScratchWorkAt;
-  cudaError_t e = cudaMemsetAsync(scratch, 0, kScratchWorkAt + counts_at(L->nb), s);
-  if (e != cudaSuccess) return e;
+  auto* counts = static_cast<unsigned long long*>(work);
+  const long long count_words = counts_at(L->nb) / 8;
+  if (tab) {  // no table kernel to zero the tile sums
+    cudaError_t e = cudaMemsetAsync(scratch, 0, kScratchWorkAt + counts_at(L->nb), s);
+    if (e != cudaSuccess) return e;
+  }
   const uint8_t* h = static_cast<const uint8_t*>(head);
   const uint8_t* rh = static_cast<const uint8_t*>(raw_head);
   return by_kind(kind, [&](auto f, auto z) {
@@ -198,9 +205,11 @@ extern "C" int zipccl_compress(int device, int kind, const void* in, void* out, 
       if (!tab && (!rows || nrows <= 0 || nrows > 0xffff)) return int(cudaErrorInvalidValue);
       if (!tab)
         staircase_kernel<F><<<kSlots / 32, kStairThreads, 0, s>>>(
-            x, stride, count, static_cast<const uint8_t*>(rows), nrows, h, stage, words);
+            x, stride, count, static_cast<const uint8_t*>(rows), nrows, h, stage, words, counts,
+            count_words);
     } else if (!tab) {
-      theory_kernel<F><<<kSlots / 32, kTheoryThreads, 0, s>>>(x, stride, count, h, stage, words);
+      theory_kernel<F><<<kSlots / 32, kTheoryThreads, 0, s>>>(x, stride, count, h, stage, words,
+                                                               counts, count_words);
     }
     return launch_encode<F, decltype(z)::value>(in, out, L, tab ? tab : words, work,
                                                 tab ? h : stage, rh, size, s);

@@ -114,8 +114,18 @@ __device__ inline void publish_table(const uint8_t* tb, const uint8_t* __restric
   }
 }
 
-// The theory kernel's scratch, after the header stage in a compress call's scratch (zeroed by the
-// call's memset).
+// A table kernel's control, after the header stage in a compress call's scratch (the two kernels'
+// controls overlap). It is all zero between calls (the scratch is allocated zeroed, and each
+// kernel's last CTA zeroes every field it used), so a compress with no table needs no memset: the
+// table kernel also zeroes the encoder's tile sums (`counts`, `count_words` uint64), which the
+// encode kernel after it accumulates into.
+__device__ inline void zero_counts(unsigned long long* __restrict__ counts, long long count_words) {
+  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+       i < count_words; i += step)
+    counts[i] = 0;
+}
+
 struct TheoryControl {
   unsigned ticket;  // sampling warps done
   unsigned pad;
@@ -133,12 +143,14 @@ template <class F>
 __global__ void __launch_bounds__(kTheoryThreads)
 theory_kernel(const typename F::T* __restrict__ in, long long stride, long long count,
               const uint8_t* __restrict__ head, uint8_t* __restrict__ stage,
-              int32_t* __restrict__ words) {
+              int32_t* __restrict__ words, unsigned long long* __restrict__ counts,
+              long long count_words) {
   __shared__ double s_cdf[257], s_prob[256], s_sums[3];
   __shared__ uint8_t s_tb[kTableBytes];
   __shared__ bool s_last;
   auto* ctl = reinterpret_cast<TheoryControl*>(stage + kMaxHeader);
   const int tid = threadIdx.x, lane = tid & 31;
+  zero_counts(counts, count_words);
   if (tid < 32) {
     const Sums w = warp_sums(
         slot_sums<F, false, kSampleSize / kSlots>(in, stride, count, blockIdx.x * 32ll + lane,
@@ -154,10 +166,12 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
   __syncthreads();
   if (!s_last) return;
   __threadfence();  // the other CTAs' sums are visible
+  if (tid == 0) ctl->ticket = 0;  // every CTA has taken its ticket: zero for the next call
   if (tid < 32) {
-    const volatile double(*part)[3] = ctl->part;
+    volatile double(*part)[3] = ctl->part;
     for (int i = 0; i < 3; ++i) {  // lane w loads warp w's sum; added in order, as sum_warps does
       const double mine = part[lane][i];
+      part[lane][i] = 0.0;  // the control is zero between calls, whichever kernel comes next
       double total = 0.0;
       for (int v = 0; v < kSlots / 32; ++v) total += __shfl_sync(kFull, mine, v);
       if (lane == 0) s_sums[i] = total;
@@ -190,7 +204,7 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
 
 // ------------------------------------------------------------------------------ FP8 table
 
-// The staircase kernel's scratch, where the theory kernel's is (zeroed by the call's memset).
+// The staircase kernel's control, where the theory kernel's is (and zero between calls too).
 struct StairControl {
   unsigned ticket;  // CTAs done
   unsigned hist[256];  // the sample's symbol counts, summed over the CTAs
@@ -221,7 +235,8 @@ template <class F>
 __global__ void __launch_bounds__(kStairThreads)
 staircase_kernel(const typename F::T* __restrict__ in, long long stride, long long count,
                  const uint8_t* __restrict__ rows, int nrows, const uint8_t* __restrict__ head,
-                 uint8_t* __restrict__ stage, int32_t* __restrict__ words) {
+                 uint8_t* __restrict__ stage, int32_t* __restrict__ words,
+                 unsigned long long* __restrict__ counts, long long count_words) {
   static_assert(F::BYTE_CODED, "the staircase family codes whole bytes");
   constexpr int kInFlight = 8;
   __shared__ unsigned s_hist[256], s_cum[257], s_warp[kStairThreads / 32];
@@ -231,6 +246,7 @@ staircase_kernel(const typename F::T* __restrict__ in, long long stride, long lo
   __shared__ bool s_last;
   auto* ctl = reinterpret_cast<StairControl*>(stage + kMaxHeader);
   const int tid = threadIdx.x;
+  zero_counts(counts, count_words);
   s_hist[tid] = 0;
   __syncthreads();
   const long long step = static_cast<long long>(gridDim.x) * kStairThreads;
@@ -255,6 +271,8 @@ staircase_kernel(const typename F::T* __restrict__ in, long long stride, long lo
   if (!s_last) return;
   __threadfence();  // the other CTAs' counts are visible
   const unsigned mine = __ldcg(&ctl->hist[tid]);
+  ctl->hist[tid] = 0;  // every CTA has added its counts: zero for the next call
+  if (tid == 0) ctl->ticket = 0;
   s_hist[tid] = mine;
   for (int i = tid; i < kTableBytes; i += blockDim.x) s_tb[i] = 0;
   if (tid == 0) s_best = ~0ull;
