@@ -97,15 +97,18 @@ summary_kernel(const typename F::T* __restrict__ in, long long stride, long long
 }
 
 // The end of a table built on the device (`tb`, shared memory, complete): the kernels' table
-// words into `words`, and the header stage: the template `head` with the table's bytes and
-// `hash()` (called by thread 0) in their fields. Every thread of the CTA calls it.
+// words into `words`, and the header stage: the template `head` with the table's bytes and its
+// hash, `hash(msg)` of the table's SHA-256 message (called by thread 0), in their fields. Every
+// thread of the CTA calls it.
 template <class Hash>
 __device__ inline void publish_table(const uint8_t* tb, const uint8_t* __restrict__ head,
                                      uint8_t* __restrict__ stage, int32_t* __restrict__ words,
                                      Hash hash) {
   __shared__ unsigned long long s_hash;
+  __shared__ uint32_t s_msg[16 * kShaBlocks];
   table_words(tb, words);
-  if (threadIdx.x == 0) s_hash = hash();
+  sha_message(tb, s_msg);
+  if (threadIdx.x == 0) s_hash = hash(s_msg);
   __syncthreads();
   for (int i = threadIdx.x; i < kMaxHeader; i += blockDim.x) {
     const int t = i - kTableAt, h = i - kHashAt;
@@ -132,6 +135,36 @@ struct TheoryControl {
   double part[kSlots / 32][3];  // each sampling warp's sums
 };
 
+// golden.theory.top_symbols: the kTop most probable of the 256 bins into `ranks`, best first
+// (ties to the smaller bin), by kTop rounds of a CTA-wide argmax; thread i holds bin i's
+// probability `p` (blockDim.x == 256). Ranking every bin against all 256 took 9 us of double
+// compares; this is seven shuffle trees.
+__device__ inline void theory_top(double p, uint8_t* ranks) {
+  __shared__ double s_best_p[8];
+  __shared__ int s_best_i[8], s_win;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  auto better = [](double q, int j, double p, int i) { return q > p || (q == p && j < i); };
+  for (int r = 0; r < kTop; ++r) {
+    double bp = p;
+    int bi = tid;
+    for (int d = 16; d; d >>= 1) {
+      const double q = __shfl_down_sync(kFull, bp, d);
+      const int j = __shfl_down_sync(kFull, bi, d);
+      if (better(q, j, bp, bi)) bp = q, bi = j;
+    }
+    if (lane == 0) s_best_p[warp] = bp, s_best_i[warp] = bi;
+    __syncthreads();
+    if (tid == 0) {
+      for (int w = 1; w < 8; ++w)
+        if (better(s_best_p[w], s_best_i[w], bp, bi)) bp = s_best_p[w], bi = s_best_i[w];
+      s_win = bi;
+      ranks[r] = static_cast<uint8_t>(bi);
+    }
+    __syncthreads();
+    if (tid == s_win) p = -1.0;  // taken: below every probability
+  }
+}
+
 // codec.default_table on the device: golden.theory.zipccl_table from the sample's statistics
 // (RMS of the finite non-zero values, zero share), as table words in `words` and as the header
 // template `head` (table bytes zero) completed with the table and its hash in `stage`. Launched
@@ -139,6 +172,7 @@ struct TheoryControl {
 // reads it at a fraction of the memory's speed); the last CTA to finish (a ticket, no waiting)
 // adds the warps' sums in summary_kernel's order and builds the table, one bin per thread.
 constexpr int kTheoryThreads = 256;
+static_assert(kTheoryThreads == 256, "theory_top: one bin per thread");
 template <class F>
 __global__ void __launch_bounds__(kTheoryThreads)
 theory_kernel(const typename F::T* __restrict__ in, long long stride, long long count,
@@ -189,16 +223,13 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
   for (int i = tid; i < 256; i += blockDim.x)
     s_prob[i] = i <= top ? theory_prob(i, s_cdf[i], s_cdf[i + 1], zeros) : 0.0;
   __syncthreads();
-  for (int i = tid; i < 256; i += blockDim.x) {  // golden.theory.top_symbols: the 7 best bins
-    const int r = theory_rank(s_prob, i);
-    if (r < kTop) s_tb[10 + r] = static_cast<uint8_t>(i);
-  }
+  theory_top(s_prob[tid], s_tb + 10);  // golden.theory.top_symbols: the 7 best bins
   if (tid == 0) s_tb[0] = 8 | kLiteralFlag, s_tb[8] = kTop;  // zipccl_layout: p0 escapes
   __syncthreads();
-  publish_table(s_tb, head, stage, words, [&] {
+  publish_table(s_tb, head, stage, words, [&](const uint32_t* msg) {
     unsigned long long key = 0;
     for (int r = 0; r < kTop; ++r) key |= static_cast<unsigned long long>(s_tb[10 + r]) << (8 * r);
-    return theory_hash64(s_tb, key);
+    return theory_hash64(msg, key);
   });
 }
 
@@ -317,7 +348,7 @@ staircase_kernel(const typename F::T* __restrict__ in, long long stride, long lo
   __syncthreads();
   if (tid < s_ranked) s_tb[10 + tid] = static_cast<uint8_t>(s_order[tid]);
   __syncthreads();
-  publish_table(s_tb, head, stage, words, [&] { return table_sha64(s_tb); });
+  publish_table(s_tb, head, stage, words, [](const uint32_t* msg) { return table_sha64(msg); });
 }
 
 }  // namespace

@@ -62,36 +62,47 @@ __constant__ uint32_t kSha[64] = {
 
 __device__ inline uint32_t rotr(uint32_t x, int n) { return __funnelshift_r(x, x, n); }
 
-// Byte i of the SHA-256 message of a canonical table: the table, 0x80, zeros, the bit length.
+// The SHA-256 message of a canonical table: the table, 0x80, zeros, the 64-bit big-endian bit
+// length; kShaBlocks blocks of 16 big-endian words.
+constexpr int kShaBlocks = (kTableBytes + 9 + 63) / 64;
+
 __device__ inline uint32_t sha_byte(const uint8_t* tb, int i) {
-  constexpr int kPadded = (kTableBytes + 9 + 63) / 64 * 64;
   if (i < kTableBytes) return tb[i];
   if (i == kTableBytes) return 0x80u;
-  const int from_end = kPadded - 1 - i;  // the 64-bit big-endian length ends the message
+  const int from_end = 64 * kShaBlocks - 1 - i;
   return from_end < 8 ? static_cast<uint32_t>((8ull * kTableBytes) >> (8 * from_end)) & 0xffu : 0u;
 }
 
-// golden.codebook.Codebook.hash64: the first 8 bytes of the table's SHA-256, little endian. One
-// thread (five compression rounds: a few microseconds, hence the cache below).
-__device__ inline unsigned long long table_sha64(const uint8_t* tb) {
+// The message's 16 * kShaBlocks words into `msg` (shared memory), by the whole CTA.
+__device__ inline void sha_message(const uint8_t* tb, uint32_t* msg) {
+  for (int t = threadIdx.x; t < 16 * kShaBlocks; t += blockDim.x)
+    msg[t] = sha_byte(tb, 4 * t) << 24 | sha_byte(tb, 4 * t + 1) << 16 |
+             sha_byte(tb, 4 * t + 2) << 8 | sha_byte(tb, 4 * t + 3);
+  __syncthreads();
+}
+
+// golden.codebook.Codebook.hash64: the first 8 bytes of the table's SHA-256, little endian, from
+// its sha_message. One thread: five compression rounds in a dependent chain, so the rounds are
+// unrolled and the message schedule is a rolling window of 16 words, all in registers (a 64-word
+// schedule in local memory took 14 us a table).
+__device__ inline unsigned long long table_sha64(const uint32_t* msg) {
   uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                    0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-  for (int blk = 0; blk < (kTableBytes + 9 + 63) / 64; ++blk) {
-    uint32_t w[64];
-    for (int t = 0; t < 16; ++t) {
-      const int i = 64 * blk + 4 * t;
-      w[t] = sha_byte(tb, i) << 24 | sha_byte(tb, i + 1) << 16 | sha_byte(tb, i + 2) << 8 |
-             sha_byte(tb, i + 3);
-    }
-    for (int t = 16; t < 64; ++t) {
-      const uint32_t s0 = rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
-      const uint32_t s1 = rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
-      w[t] = w[t - 16] + s0 + w[t - 7] + s1;
-    }
+#pragma unroll 1
+  for (int blk = 0; blk < kShaBlocks; ++blk) {
+    uint32_t w[16];
+#pragma unroll
+    for (int t = 0; t < 16; ++t) w[t] = msg[16 * blk + t];
     uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], k = h[7];
+#pragma unroll
     for (int t = 0; t < 64; ++t) {
+      if (t >= 16) {  // w[t & 15] holds w[t - 16]
+        const uint32_t x = w[(t - 15) & 15], y = w[(t - 2) & 15];
+        w[t & 15] += (rotr(x, 7) ^ rotr(x, 18) ^ (x >> 3)) + w[(t - 7) & 15] +
+                     (rotr(y, 17) ^ rotr(y, 19) ^ (y >> 10));
+      }
       const uint32_t t1 = k + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) +
-                          kSha[t] + w[t];
+                          kSha[t] + w[t & 15];
       const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
       k = g, g = f, f = e, e = d + t1, d = c, c = b, b = a, a = t1 + t2;
     }
@@ -110,14 +121,14 @@ struct HashEntry { unsigned int seq; unsigned int pad; unsigned long long key, h
 constexpr int kHashSlots = 256;
 __device__ HashEntry g_theory_hashes[kHashSlots];
 
-__device__ inline unsigned long long theory_hash64(const uint8_t* tb, unsigned long long key) {
+__device__ inline unsigned long long theory_hash64(const uint32_t* msg, unsigned long long key) {
   HashEntry& e = g_theory_hashes[(key * 0x9E3779B97F4A7C15ull) >> 56];
   volatile HashEntry& v = e;
   const unsigned int s1 = v.seq;
   const unsigned long long k = v.key, h = v.hash;
   __threadfence();
   if (!(s1 & 1u) && s1 && v.seq == s1 && k == key) return h;
-  const unsigned long long hash = table_sha64(tb);
+  const unsigned long long hash = table_sha64(msg);
   if (!(s1 & 1u) && atomicCAS(&e.seq, s1, s1 + 1u) == s1) {
     __threadfence();
     v.key = key;
@@ -203,19 +214,6 @@ __device__ inline double theory_cdf(int j, int top, int bias, double sigma) {
 __device__ inline double theory_prob(int i, double cdf_lo, double cdf_hi, double zeros) {
   const double p = (cdf_hi - cdf_lo) * (1.0 - zeros);
   return i == 0 ? p + zeros : p;
-}
-
-// golden.theory.top_symbols' place of bin i among the 256: the bins more probable, or as
-// probable with a smaller symbol, come first.
-__device__ inline int theory_rank(const double* __restrict__ probs, int i) {
-  const double p = probs[i];
-  int r = 0;
-#pragma unroll 32
-  for (int j = 0; j < 256; ++j) {  // unrolled: 32 shared loads in flight, not one at a time
-    const double q = probs[j];
-    r += q > p || (q == p && j < i);
-  }
-  return r;
 }
 
 }  // namespace
