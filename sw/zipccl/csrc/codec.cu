@@ -28,10 +28,9 @@
 // bytes and output are aligned for vector access: plane bytes at immediate offsets, a group's
 // prefixes as one word of nibbles from three lookups, bare prmt lookups, BF16 escapes patched
 // without a loop, and an L2 prefetch of the next round; partial rounds and unaligned buffers take
-// the general code. With the compact table, this took BF16 decode from 1781 to 2073 GB/s and FP8
-// from 677 to 876 GB/s of GPU work (256 MiB, H200, benchmarks/variants.py); staging FP8's large
-// per-block payload with eight loads in flight per lane, 863 -> 1065 GB/s. Measured numbers and
-// the path that led here: benchmarks/results/codec.md.
+// the general code. FP8's large per-block payload is staged with eight loads in flight per lane
+// (the decoder is latency-bound). Measured numbers and the path that led here: BENCHMARKS.md §3
+// and benchmarks/results/codec.md.
 //
 // Files: layout.cuh (Layout, format traits, load/store helpers), table.cuh (device-side tables,
 // CRC-32, SHA-256), warp.cuh (warp primitives), encode.cuh, decode.cuh, sample.cuh (sample

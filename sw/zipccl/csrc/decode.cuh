@@ -496,8 +496,8 @@ __device__ inline void stage_payload_wide(uint32_t* stage, const uint8_t* src, u
 // container's own payload section, or a separate buffer. Whole rounds of an aligned block
 // (round_aligned) take dec_round_z or dec_round_byte_z, the rest the general code. The byte-coded
 // and BF16 fast-path decoders are held to 64 registers, with no spills: four CTAs per SM instead
-// of two or three, which the latency-bound decoders need (86 -> 64 registers once took BF16 from
-// 1414 to 1732 GB/s; the generic kernels need more registers).
+// of two or three, which the latency-bound decoders need (the generic kernels need more
+// registers).
 template <class F, bool Z>
 __global__ void __launch_bounds__(32 * kMaxWarps, (F::BYTE_CODED || Z) ? 4 : 1)
 decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
