@@ -22,7 +22,8 @@ mode, different ops) into a CollectiveMismatchError on every rank.
   the DDP hook, whose buckets DDP already keeps identical). ``ZIPCCL_MODE=never`` bypasses
   zipccl altogether, verification included.
 * a compressed call exchanges the descriptor whatever the policy: the exchange also carries
-  every rank's sample summary, which the protocols need (below). all_to_all_single with explicit
+  every rank's sample summary, which the protocols need (below), or on a planned call the
+  plan's tag (Plans, below). all_to_all_single with explicit
   splits exchanges it whenever the profile could compress it: per-rank sizes differ, and the
   ranks must agree on the strategy and chunk count (see its docstring).
 
@@ -50,8 +51,8 @@ chunk moves in *one* collective, with no host sync before it:
   pays the verification of its own protocol). ``ZIPCCL_NATIVE_REDUCE=1`` lets auto take the
   backend's reduce-scatter / all-reduce for any W where the cost model prefers it, trading
   rank-order determinism for speed;
-* all-reduce: reduce-scatter + all-gather on a flat copy padded to a multiple of W (the
-  all-gather half exchanges its shards' summaries first).
+* all-reduce: reduce-scatter + all-gather on a flat copy padded to a multiple of W (on a first
+  call the all-gather half exchanges its shards' summaries first).
 
 A received slot is decoded as it lands: the CUDA kernel reads the payload size from the slot's
 own header and skips a payload that outgrew its room (other backends read the header on the
@@ -62,13 +63,45 @@ misled the prediction -- is resent raw in one more collective, which every rank 
 to expect from the headers it has seen. The pieces' bytes equal ``codec.compress_into``'s for
 the same table.
 
+Plans (zipccl._plans): in the steady state no summary, table or prediction before the wire. A
+call's *key* is its descriptor on this rank (op, dtype, sizes and splits, table hash, mode,
+reduce op), its device, whether it verifies and the raw ``ZIPCCL_*`` settings -- the arguments'
+fingerprint, not the tensors' identity (equal-sized DDP buckets share one). A key's first call
+runs as above; once its agreement has passed on every rank, each rank keeps the outcome as an
+immutable plan: strategy, chunks, every rank's table, and every split piece's payload size from
+the headers of the final read (an all-gather's and a broadcast's ranks read every header; both
+ends of an all-to-all piece read its header), so both ends of every piece hold the same number
+without another collective. The key's later calls
+
+* exchange the same descriptor row in the same all-gather, with the plan's tag where the
+  summary goes: no sample summary is taken, no table built, no strategy or chunk count decided;
+* encode with the plan's tables (each rank its first call's theory table), which the receivers
+  hold before the data arrives, so the CUDA decoder still decodes every piece as it lands;
+* size every piece by what the key's previous call measured of it, times MEASURED_MARGIN plus
+  SLACK (raw where it went raw); a payload that outgrew that room goes through the raw resend
+  above -- the dynamic phase after the main collective -- and sizes the next call;
+* an all-reduce's all-gather half skips its summary exchange.
+
+Why an exchange stays before the wire: a rank whose call differs from its peers' would otherwise
+issue a different first collective (another size or kind: gloo aborts, NCCL hangs), and no rank
+can learn a peer's call without a collective of a shape fixed in advance. The descriptor row is
+that collective: one length for every op, with or without a plan, so a rank repeating a plan
+and one on a first call issue the same all-gather. The tag hashes the exchange that made the
+plan (its rows and its number in the group) and the calls the plan served, so equal tags on every
+rank mean one plan in one state. The descriptor checks raise CollectiveMismatchError on every
+rank where the calls differ, planned or not; where they pass but the tags differ (a rank lost
+its plans) every rank exchanges once more, with summaries, and they agree on a new plan. So a
+planned call keeps one small all-gather and its host sync before the wire and drops the work
+around it. ``ZIPCCL_PLAN_CALLS`` (default 64; agreed like the other settings): the calls a plan
+serves before its key is agreed afresh, with tables fitted to a fresh sample; 0 turns plans off.
+
 Large messages go in chunks, pipelined over three CUDA streams: compress, NCCL's own,
 decompress; every chunk is queued at once. In ``auto`` mode on CUDA the switch's cost model
 picks the chunk count (``switch.best_chunks``: every chunk pays its collective's latency, so
 slow-latency links get few); ``ZIPCCL_CHUNK_BYTES`` fixes the chunk size instead (default 32 MiB
 on CUDA, the ``always`` mode's). Host syncs of one compressed call: the exchange's, the final
 read's and the agreement's (below), whatever the chunk count (plus, for an all-reduce, its
-all-gather half's three).
+all-gather half's three, or on a planned call its two).
 
 Failures raise on every rank before the call returns, within the time its collectives take --
 no rank is left waiting for the group's timeout:
