@@ -336,3 +336,23 @@ def test_plan_calls_parsing(monkeypatch):
         monkeypatch.setenv("ZIPCCL_PLAN_CALLS", raw)
         with pytest.raises(ValueError, match="ZIPCCL_PLAN_CALLS"):
             settings.value("ZIPCCL_PLAN_CALLS")
+
+
+def test_plan_tags_follow_the_plans_state(monkeypatch):
+    """A plan's tag is the same for the same exchange and uses, and changes with either; a plan
+    is dropped once it has served ZIPCCL_PLAN_CALLS calls; forgetting the plans keeps the
+    group's exchange count, which every rank shares whatever its plans."""
+    monkeypatch.setenv("ZIPCCL_PLAN_CALLS", "2")
+    group, key = object(), ("all_gather", 1)
+    first = _plans.Ticket(group, key, digest=_plans.digest(_plans.exchanged(group), b"rows"))
+    _plans.keep(first, "outcome")
+    plan = _plans.find(group, key)
+    assert plan is not None and plan.uses == 1 and plan.agreed == "outcome" and plan.tag
+    again = _plans.Plan(key, _plans.digest(1, b"rows"), 1, "other")
+    assert again.tag == plan.tag
+    assert _plans.Plan(key, _plans.digest(2, b"rows"), 1, "outcome").tag != plan.tag
+    _plans.keep(_plans.Ticket(group, key, previous=plan), "next")
+    assert _plans.find(group, key) is None  # served its two calls
+    _plans.keep(first, "outcome")
+    _plans.forget()
+    assert _plans.find(group, key) is None and _plans.exchanged(group) == 2

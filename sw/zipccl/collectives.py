@@ -353,18 +353,19 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
         if (rows[:, _TAG] == plan.tag).all():
             STATS.strategy = plan.agreed.strategy
             return _settled(replace(plan.agreed, ticket=replace(ticket, previous=plan)))
+        exchange_desc = True  # the ranks' plans differ: every rank exchanges afresh, below
     local = None if exchange_desc else _plan(g, name, dtype, nbytes, red_code)
     if local is None:  # no collective before the exchange (the profile is one): a guess
         may_compress = dtype in CODEC_DTYPES and red_code != 99 and mode != "never"
     else:
         may_compress = local[0] == switch.COMPRESSED
-    if not (exchange_desc or may_compress or plan is not None):
+    if not (exchange_desc or may_compress):
         STATS.strategy = local[0]
         return _Agreed(g, name, local[0], table, local[1])  # no exchange, nothing to keep
-    sample = sample if may_compress and not err else None
-    rows, digest = _exchanged(g, name, head, 0, fields, sample, check)
+    summarized = sample if may_compress and not err else None
+    rows, count = _exchanged(g, name, head, 0, fields, summarized, check)
     if rows[:, _TAG].any():  # some ranks repeat a plan the others lack: all exchange afresh
-        rows, digest = _exchanged(g, name, head, 0, fields, sample, check)
+        rows, count = _exchanged(g, name, head, 0, fields, summarized, check)
     agreed = int(rows[:, 6].max())
     if agreed != nbytes:  # the local plan was for another size
         nbytes, local = agreed, None
@@ -373,6 +374,7 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
     sources = ()
     if strategy == switch.COMPRESSED:
         sources = _sources(dtype, rows[:, _FIELDS + _extra_fields(g.world):], table)
+    digest = _plans.digest(count, rows.tobytes())
     return _settled(_Agreed(g, name, strategy, table, chunks, sources,
                             ticket=replace(ticket, digest=digest)))
 
@@ -382,8 +384,8 @@ def _exchanged(g: Group, name: str, head: list[int], tag: int, fields: Sequence[
                ) -> tuple[np.ndarray, int]:
     """One descriptor exchange -- every rank's row of ``head``, plan ``tag``, ``fields`` and
     sample summary (zeros without ``sample``) -- and the checks of it that raise the same
-    CollectiveMismatchError on every rank. Returns the rows and the exchange's digest
-    (zipccl._plans). Every op's row has the same length: no op can mismatch."""
+    CollectiveMismatchError on every rank. Returns the rows and the exchange's number in its
+    group (zipccl._plans.digest). Every op's row has the same length: no op can mismatch."""
     pad = [0] * (_extra_fields(g.world) - len(fields))
     row = [*head, tag, *fields, *pad]
     count = _plans.exchanged(switch.group_key(g.pg))
@@ -395,7 +397,7 @@ def _exchanged(g: Group, name: str, head: list[int], tag: int, fields: Sequence[
     require_same(rows, 5, "the reduce op", name)
     if check is not None:
         check(rows[:, _FIELDS:])
-    return rows, _plans.digest(count, rows.tobytes())
+    return rows, count
 
 
 def _settled(a: _Agreed) -> _Agreed:
