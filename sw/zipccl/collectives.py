@@ -76,24 +76,26 @@ without another collective. The key's later calls
 * exchange the same descriptor row in the same all-gather, with the plan's tag where the
   summary goes: no sample summary is taken, no table built, no strategy or chunk count decided;
 * encode with the plan's tables (each rank its first call's theory table), which the receivers
-  hold before the data arrives, so the CUDA decoder still decodes every piece as it lands;
+  hold before the data arrives, so the CUDA decoder still decodes every piece as it lands (a
+  table per call from each rank's own data would need a summary and a table build before the
+  wire, and a host read of every received header before its decode);
 * size every piece by what the key's previous call measured of it, times MEASURED_MARGIN plus
   SLACK (raw where it went raw); a payload that outgrew that room goes through the raw resend
   above -- the dynamic phase after the main collective -- and sizes the next call;
 * an all-reduce's all-gather half skips its summary exchange.
 
 Why an exchange stays before the wire: a rank whose call differs from its peers' would otherwise
-issue a different first collective (another size or kind: gloo aborts, NCCL hangs), and no rank
-can learn a peer's call without a collective of a shape fixed in advance. The descriptor row is
-that collective: one length for every op, with or without a plan, so a rank repeating a plan
-and one on a first call issue the same all-gather. The tag hashes the exchange that made the
-plan (its rows and its number in the group) and the calls the plan served, so equal tags on every
-rank mean one plan in one state. The descriptor checks raise CollectiveMismatchError on every
-rank where the calls differ, planned or not; where they pass but the tags differ (a rank lost
-its plans) every rank exchanges once more, with summaries, and they agree on a new plan. So a
-planned call keeps one small all-gather and its host sync before the wire and drops the work
-around it. ``ZIPCCL_PLAN_CALLS`` (default 64; agreed like the other settings): the calls a plan
-serves before its key is agreed afresh, with tables fitted to a fresh sample; 0 turns plans off.
+issue a different first collective (another size or kind: gloo aborts, NCCL hangs or corrupts), and
+no rank can learn a peer's call without a collective of a shape fixed in advance. The descriptor
+row is that collective: one length for every op, with or without a plan, so a rank repeating a plan
+and one on a first call issue the same all-gather. The tag hashes the exchange that made the plan
+(its rows and its number in the group) and the calls the plan served, so equal tags on every rank
+mean one plan in one state. The descriptor checks raise CollectiveMismatchError on every rank where
+the calls differ, planned or not; where they pass but the tags differ (a rank lost its plans) every
+rank exchanges once more, with summaries, and they agree on a new plan. So a planned call keeps one
+small all-gather and its host sync before the wire and drops the work around it.
+``ZIPCCL_PLAN_CALLS`` (default 64; agreed like the other settings): the calls a plan serves before
+its key is agreed afresh, with tables fitted to a fresh sample; 0 turns plans off.
 
 Large messages go in chunks, pipelined over three CUDA streams: compress, NCCL's own,
 decompress; every chunk is queued at once. In ``auto`` mode on CUDA the switch's cost model
