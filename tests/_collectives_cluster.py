@@ -13,6 +13,7 @@ import os
 import queue
 import tempfile
 import traceback
+from collections.abc import Iterator
 from datetime import timedelta
 
 import torch.multiprocessing as mp
@@ -106,3 +107,27 @@ class Cluster:
                 p.terminate()
         self._dir.cleanup()
         self._procs = []
+
+
+def sc_short_timeout_world(rank: int, world: int, backend: str, store_path: str,
+                           timeout_s: float) -> str:
+    """Re-create the worker's default group with a ``timeout_s`` timeout (``backend``: gloo or
+    zipccl): a rank left waiting then fails its test soon instead of blocking CI."""
+    import torch.distributed as dist
+    import zipccl  # noqa: F401  (registers the zipccl backend)
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group(backend, store=dist.FileStore(store_path, world), rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout_s))
+    return dist.get_backend()
+
+
+def short_timeout_cluster(world: int, backend: str, store_dir: str, timeout_s: float
+                          ) -> Iterator[Cluster]:
+    """A module fixture's body: W workers whose group times out after ``timeout_s``."""
+    ranks = Cluster(world)
+    store = os.path.join(store_dir, "store")
+    assert ranks.run(sc_short_timeout_world, backend, store, timeout_s) == [backend] * world
+    yield ranks
+    ranks.close()

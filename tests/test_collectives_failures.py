@@ -14,17 +14,16 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
 import zipccl
-from zipccl import _torch, codec, collectives
+from zipccl import _plans, _torch, codec, collectives
 
 from golden.container import CRC_AT
 from golden.theory import SAMPLE_SIZE
-from tests._collectives_cluster import Cluster
+from tests._collectives_cluster import Cluster, short_timeout_cluster
 from tests.test_collectives import lopsided
 
 GROUP_TIMEOUT_S = 15
@@ -33,22 +32,10 @@ ALWAYS = {"ZIPCCL_MODE": "always"}
 N = 6000  # BF16 values per rank: every piece takes the split layout (header, payload)
 
 
-def sc_short_timeout_world(rank: int, world: int, backend: str, store_path: str) -> str:
-    """Re-create the worker's default group with GROUP_TIMEOUT_S (``backend``: gloo or zipccl)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group(backend, store=dist.FileStore(store_path, world), rank=rank,
-                            world_size=world, timeout=timedelta(seconds=GROUP_TIMEOUT_S))
-    return dist.get_backend()
-
-
 def _cluster(world: int, backend: str, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[Cluster]:
-    ranks = Cluster(world)
-    store = tmp_path_factory.mktemp(f"{backend}{world}") / "store"
-    assert ranks.run(sc_short_timeout_world, backend, str(store)) == [backend] * world
-    yield ranks
-    ranks.close()
+    yield from short_timeout_cluster(world, backend, str(tmp_path_factory.mktemp(backend)),
+                                     GROUP_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +124,17 @@ def _call(lib: object, op: str, rank: int, world: int, src: int) -> None:
         raise ValueError(op)
 
 
-def sc_fault(rank: int, world: int, op: str, fault: str, culprit: int, backend: bool
-             ) -> dict[str, object]:
-    """``op`` with ``fault`` on rank ``culprit``: what each rank raised and after how long, then
-    whether a normal all-gather on the same group still gives every rank's data."""
+def sc_fault(rank: int, world: int, op: str, fault: str, culprit: int, backend: bool,
+             cached: bool = False) -> dict[str, object]:
+    """``op`` with ``fault`` on rank ``culprit`` -- in the call's first call, or with ``cached``
+    in its second, which runs on the plan the first left (zipccl._plans) -- : what each rank
+    raised and after how long, then whether a normal all-gather on the same group still gives
+    every rank's data."""
     lib = dist if backend else zipccl
     src = culprit if fault in SENDING else (culprit + 1) % world
+    _plans.forget()
+    if cached:
+        _call(lib, op, rank, world, src)
     start = time.monotonic()
     try:
         with injected(fault, rank == culprit):
@@ -177,6 +169,13 @@ OPS = ["all_gather", "all_to_all", "reduce_scatter", "all_reduce", "broadcast"]
 @pytest.mark.parametrize("op", OPS)
 def test_a_failure_on_one_rank_raises_on_every_rank(pair, op, fault):
     check(pair.run(sc_fault, op, fault, 1, False, env=ALWAYS), fault, 1)
+
+
+@pytest.mark.parametrize("fault", sorted(set(FAULTS) - {"summary"}))  # a plan takes no sample
+@pytest.mark.parametrize("op", OPS)
+def test_a_failure_in_a_planned_call_raises_on_every_rank(pair, op, fault):
+    """The same on a key's second call, whose pieces are sized by what its first measured."""
+    check(pair.run(sc_fault, op, fault, 1, False, True, env=ALWAYS), fault, 1)
 
 
 @pytest.mark.parametrize("fault", ["corrupt_header", "encode"])

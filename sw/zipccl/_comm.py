@@ -3,7 +3,8 @@
 A verified zipccl collective (see collectives.py for when: by default every call on zipccl's own
 protocols, none on the native fast path) starts with one tiny all-gather of a fixed-length int64
 *descriptor* (op, dtype, sizes, table hash, a local error code, ..., and for a call that may
-compress the words of its sample summary, which the device appends). Its length depends only
+compress the words of its sample summary, which the device appends; a planned call sends its
+plan's tag instead and zeros there: collectives.py, Plans). Its length depends only
 on the world size, so it can never mismatch; after it every rank knows every other rank's call,
 checks the same things in the same order and either proceeds with the same decision or raises the
 same :class:`CollectiveMismatchError`. A rank whose own arguments are bad does not raise early (the

@@ -22,7 +22,8 @@ mode, different ops) into a CollectiveMismatchError on every rank.
   the DDP hook, whose buckets DDP already keeps identical). ``ZIPCCL_MODE=never`` bypasses
   zipccl altogether, verification included.
 * a compressed call exchanges the descriptor whatever the policy: the exchange also carries
-  every rank's sample summary, which the protocols need (below). all_to_all_single with explicit
+  every rank's sample summary, which the protocols need (below), or on a planned call the
+  plan's tag (Plans, below). all_to_all_single with explicit
   splits exchanges it whenever the profile could compress it: per-rank sizes differ, and the
   ranks must agree on the strategy and chunk count (see its docstring).
 
@@ -50,8 +51,8 @@ chunk moves in *one* collective, with no host sync before it:
   pays the verification of its own protocol). ``ZIPCCL_NATIVE_REDUCE=1`` lets auto take the
   backend's reduce-scatter / all-reduce for any W where the cost model prefers it, trading
   rank-order determinism for speed;
-* all-reduce: reduce-scatter + all-gather on a flat copy padded to a multiple of W (the
-  all-gather half exchanges its shards' summaries first).
+* all-reduce: reduce-scatter + all-gather on a flat copy padded to a multiple of W (on a first
+  call the all-gather half exchanges its shards' summaries first).
 
 A received slot is decoded as it lands: the CUDA kernel reads the payload size from the slot's
 own header and skips a payload that outgrew its room (other backends read the header on the
@@ -62,13 +63,47 @@ misled the prediction -- is resent raw in one more collective, which every rank 
 to expect from the headers it has seen. The pieces' bytes equal ``codec.compress_into``'s for
 the same table.
 
+Plans (zipccl._plans): in the steady state no summary, table or prediction before the wire. A
+call's *key* is its descriptor on this rank (op, dtype, sizes and splits, table hash, mode,
+reduce op), its device, whether it verifies and the raw ``ZIPCCL_*`` settings -- the arguments'
+fingerprint, not the tensors' identity (equal-sized DDP buckets share one). A key's first call
+runs as above; once its agreement has passed on every rank, each rank keeps the outcome as an
+immutable plan: strategy, chunks, every rank's table, and every split piece's payload size from
+the headers of the final read (an all-gather's and a broadcast's ranks read every header; both
+ends of an all-to-all piece read its header), so both ends of every piece hold the same number
+without another collective. The key's later calls
+
+* exchange the same descriptor row in the same all-gather, with the plan's tag where the
+  summary goes: no sample summary is taken, no table built, no strategy or chunk count decided;
+* encode with the plan's tables (each rank its first call's theory table), which the receivers
+  hold before the data arrives, so the CUDA decoder still decodes every piece as it lands (a
+  table per call from each rank's own data would need a summary and a table build before the
+  wire, and a host read of every received header before its decode);
+* size every piece by what the key's previous call measured of it, times MEASURED_MARGIN plus
+  SLACK (raw where it went raw); a payload that outgrew that room goes through the raw resend
+  above -- the dynamic phase after the main collective -- and sizes the next call;
+* an all-reduce's all-gather half skips its summary exchange.
+
+Why an exchange stays before the wire: a rank whose call differs from its peers' would otherwise
+issue a different first collective (another size or kind: gloo aborts, NCCL hangs or corrupts), and
+no rank can learn a peer's call without a collective of a shape fixed in advance. The descriptor
+row is that collective: one length for every op, with or without a plan, so a rank repeating a plan
+and one on a first call issue the same all-gather. The tag hashes the exchange that made the plan
+(its rows and its number in the group) and the calls the plan served, so equal tags on every rank
+mean one plan in one state. The descriptor checks raise CollectiveMismatchError on every rank where
+the calls differ, planned or not; where they pass but the tags differ (a rank lost its plans) every
+rank exchanges once more, with summaries, and they agree on a new plan. So a planned call keeps one
+small all-gather and its host sync before the wire and drops the work around it.
+``ZIPCCL_PLAN_CALLS`` (default 64; agreed like the other settings): the calls a plan serves before
+its key is agreed afresh, with tables fitted to a fresh sample; 0 turns plans off.
+
 Large messages go in chunks, pipelined over three CUDA streams: compress, NCCL's own,
 decompress; every chunk is queued at once. In ``auto`` mode on CUDA the switch's cost model
 picks the chunk count (``switch.best_chunks``: every chunk pays its collective's latency, so
 slow-latency links get few); ``ZIPCCL_CHUNK_BYTES`` fixes the chunk size instead (default 32 MiB
 on CUDA, the ``always`` mode's). Host syncs of one compressed call: the exchange's, the final
 read's and the agreement's (below), whatever the chunk count (plus, for an all-reduce, its
-all-gather half's three).
+all-gather half's three, or on a planned call its two).
 
 Failures raise on every rank before the call returns, within the time its collectives take --
 no rank is left waiting for the group's timeout:
@@ -103,7 +138,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -121,7 +156,7 @@ from golden.container import (
     Header,
 )
 from golden.formats import FloatFormat
-from zipccl import _comm, codec, settings, switch
+from zipccl import _comm, _plans, codec, settings, switch
 from zipccl._comm import (
     CODEC_DTYPES,
     SENDING,
@@ -173,7 +208,8 @@ STATS = WireStats()
 
 @dataclass(frozen=True)
 class _Agreed:
-    """What every rank knows after the descriptor exchange."""
+    """What every rank knows after the descriptor exchange, or on a key's later calls from the
+    plan its previous call left (zipccl._plans)."""
 
     g: Group
     name: str  # the op the caller called, for error messages
@@ -181,6 +217,22 @@ class _Agreed:
     table: Codebook | None
     chunks: int
     sources: tuple[_Source, ...] = ()  # every rank's (table, predicted payload): compressed only
+    #  payload bytes of each split piece (by _Unpack's keys) in the key's previous call; None:
+    #  the pieces are sized by the sources' prediction (a first call)
+    sizes: Mapping[object, int] | None = None
+    halves: tuple[_Agreed, ...] = ()  # a compressed all-reduce's reduce-scatter and all-gather
+    ticket: _plans.Ticket | None = None  # where a compressed call keeps what it measured
+
+    def seg(self, key: object, dtype: torch.dtype, numel: int, rank: int) -> _Seg:
+        """How the piece ``key`` of ``numel`` values from group rank ``rank`` travels: with room
+        for its payload as the key's previous call measured it (raw where that one went raw),
+        else as ``rank``'s sample predicts it. Both ends compute the same: they read the same
+        header, or the same summary."""
+        if self.sizes is None:
+            return _seg(dtype, numel, _predicted_room(dtype, numel, self.sources[rank]))
+        size = self.sizes.get(key)
+        return _seg(dtype, numel, None if size is None else
+                    math.ceil(size * MEASURED_MARGIN) + SLACK)
 
 
 def _table_hash(table: Codebook | None) -> int:
@@ -270,50 +322,107 @@ def _uneven_strategy(g: Group, name: str, dtype: torch.dtype) -> str:
     return _AGREE
 
 
+_TAG = 7  # the descriptor's column of the plan tag (0: none), after the common head
+_FIELDS = _TAG + 1  # where the op's own fields start
+
+
 def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
            fields: Sequence[int], table: Codebook | None, exchange_desc: bool,
-           red: ReduceOp | None = None, sample: torch.Tensor | None = None
-           ) -> tuple[_Agreed, np.ndarray | None]:
+           red: ReduceOp | None = None, sample: torch.Tensor | None = None,
+           check: Callable[[np.ndarray], None] | None = None) -> _Agreed:
     """Exchange the descriptor (if asked, or if the call compresses: the exchange also carries
     every rank's sample summary of ``sample``, which the compressed protocols size their pieces
-    by), check it, pick the strategy from the agreed size.
+    by), check it (``check``: the op's own checks of every rank's ``fields``), pick the strategy
+    from the agreed size.
 
     Without ``exchange_desc`` (an even call, whose size every rank shares in a correct program)
     the local plan tells whether the call compresses; with it, nothing collective may precede the
     exchange (loading the profile is one), so every call that could compress sends a summary.
+
+    A key's later calls (zipccl._plans) send their plan's tag instead of a summary, in the same
+    exchange: where every rank sent the same tag they take the plan -- no summary, table or
+    strategy to compute -- else every rank sees the difference and they exchange afresh.
     """
     mode = switch.mode()
     red_code = -1 if red is None else _red_code(red)
     head = [_OP_CODES[name], err, dtype_code(dtype), to_i64(_table_hash(table)),
             _MODE_CODES[mode], red_code, nbytes]
+    group = switch.group_key(g.pg)
+    ticket = _plans.Ticket(group, (*head, *fields, g.device, exchange_desc, settings.raw()))
+    plan = _plans.find(group, ticket.key)
+    if plan is not None:
+        rows, _ = _exchanged(g, name, head, plan.tag, fields, None, check)
+        if (rows[:, _TAG] == plan.tag).all():
+            STATS.strategy = plan.agreed.strategy
+            return _settled(replace(plan.agreed, ticket=replace(ticket, previous=plan)))
+        exchange_desc = True  # the ranks' plans differ: every rank exchanges afresh, below
     local = None if exchange_desc else _plan(g, name, dtype, nbytes, red_code)
     if local is None:  # no collective before the exchange (the profile is one): a guess
         may_compress = dtype in CODEC_DTYPES and red_code != 99 and mode != "never"
     else:
         may_compress = local[0] == switch.COMPRESSED
-    desc = summaries = None
-    if exchange_desc or may_compress:  # every op's row has the same length: no op can mismatch
-        pad = [0] * (_extra_fields(g.world) - len(fields))
-        row = head + list(fields) + pad
-        found = exchange(g, row, name, codec.SUMMARY_WORDS,
-                         _summary(sample if may_compress and not err else None))
-        desc, summaries = found[:, : len(row)], found[:, len(row) :]
-        require_same(desc, 2, "the dtype", name, dtype_name)
-        require_same(desc, 3, "the table (hash; 0 = each rank's own theory table)", name,
-                     lambda h: f"{h % (1 << 64):#018x}")
-        require_same(desc, 4, "ZIPCCL_MODE", name, lambda m: switch.MODES[m])
-        require_same(desc, 5, "the reduce op", name)
-        agreed = int(desc[:, 6].max())
-        if agreed != nbytes:  # the local plan was for another size
-            nbytes, local = agreed, None
+    if not (exchange_desc or may_compress):
+        STATS.strategy = local[0]
+        return _Agreed(g, name, local[0], table, local[1])  # no exchange, nothing to keep
+    summarized = sample if may_compress and not err else None
+    rows, count = _exchanged(g, name, head, 0, fields, summarized, check)
+    if rows[:, _TAG].any():  # some ranks repeat a plan the others lack: all exchange afresh
+        rows, count = _exchanged(g, name, head, 0, fields, summarized, check)
+    agreed = int(rows[:, 6].max())
+    if agreed != nbytes:  # the local plan was for another size
+        nbytes, local = agreed, None
     strategy, chunks = local or _plan(g, name, dtype, nbytes, red_code)
     STATS.strategy = strategy
     sources = ()
     if strategy == switch.COMPRESSED:
-        assert summaries is not None  # COMPRESSED agreed implies may_compress locally
-        sources = _sources(dtype, summaries, table)
-    return _Agreed(g, name, strategy, table, chunks, sources), (
-        desc[:, len(head):] if desc is not None else None)
+        sources = _sources(dtype, rows[:, _FIELDS + _extra_fields(g.world):], table)
+    digest = _plans.digest(count, rows.tobytes())
+    return _settled(_Agreed(g, name, strategy, table, chunks, sources,
+                            ticket=replace(ticket, digest=digest)))
+
+
+def _exchanged(g: Group, name: str, head: list[int], tag: int, fields: Sequence[int],
+               sample: torch.Tensor | None, check: Callable[[np.ndarray], None] | None
+               ) -> tuple[np.ndarray, int]:
+    """One descriptor exchange -- every rank's row of ``head``, plan ``tag``, ``fields`` and
+    sample summary (zeros without ``sample``) -- and the checks of it that raise the same
+    CollectiveMismatchError on every rank. Returns the rows and the exchange's number in its
+    group (zipccl._plans.digest). Every op's row has the same length: no op can mismatch."""
+    pad = [0] * (_extra_fields(g.world) - len(fields))
+    row = [*head, tag, *fields, *pad]
+    count = _plans.exchanged(switch.group_key(g.pg))
+    rows = exchange(g, row, name, codec.SUMMARY_WORDS, _summary(sample))
+    require_same(rows, 2, "the dtype", name, dtype_name)
+    require_same(rows, 3, "the table (hash; 0 = each rank's own theory table)", name,
+                 lambda h: f"{h % (1 << 64):#018x}")
+    require_same(rows, 4, "ZIPCCL_MODE", name, lambda m: switch.MODES[m])
+    require_same(rows, 5, "the reduce op", name)
+    if check is not None:
+        check(rows[:, _FIELDS:])
+    return rows, count
+
+
+def _settled(a: _Agreed) -> _Agreed:
+    """``a`` as the call runs it: a call with nothing to measure keeps its plan at once."""
+    if a.strategy != switch.COMPRESSED:
+        _keep(a)
+        return replace(a, ticket=None)
+    return a
+
+
+def _keep(a: _Agreed) -> None:
+    """Keep ``a`` (with what the call measured) as its key's plan, once the call has completed
+    its agreement on every rank."""
+    if a.ticket is not None:
+        _plans.keep(a.ticket, replace(a, ticket=None))
+
+
+def _same_fields(name: str, *named: tuple[int, str]) -> Callable[[np.ndarray], None]:
+    """A ``check`` for :func:`_agree`: the op's fields at these columns agree across ranks."""
+    def check(fields: np.ndarray) -> None:
+        for column, what in named:
+            require_same(fields, column, what, name)
+    return check
 
 
 def _summary(sample: torch.Tensor | None) -> Callable[[torch.Tensor], object]:
@@ -428,6 +537,7 @@ def _canonical(table: Codebook) -> Codebook:
 
 SLOT_ALIGN = 256  # every piece's size on the wire: NCCL moves odd sizes far slower (run D)
 MARGIN = {False: 1.25, True: 1.05}  # payload room / predicted payload: exponent formats, FP8
+MEASURED_MARGIN = 1.05  # payload room / the payload the key's previous call measured
 SLACK = 256  # bytes of payload room on top of the margin
 
 
@@ -487,18 +597,27 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // SLOT_ALIGN) * SLOT_ALIGN
 
 
-def _seg(dtype: torch.dtype, numel: int, src: _Source) -> _Seg:
-    """The split layout with room for the predicted payload (times MARGIN, plus a byte per block
-    and SLACK), unless that is no smaller than the raw values. A collective that moves equal
-    sizes widens every piece to the widest one's width (:func:`_widened`)."""
+def _seg(dtype: torch.dtype, numel: int, room: int | None) -> _Seg:
+    """The split layout with ``room`` bytes for the payload, unless that is no smaller than the
+    raw values or ``room`` is None. A collective that moves equal sizes widens every piece to
+    the widest one's width (:func:`_widened`)."""
     if numel == 0:
         return _Seg(0, 0, 0)
     fmt = codec._fmt(dtype)
     raw = _aligned(numel * fmt.bits // 8)
+    if room is None:
+        return _Seg(numel, 0, raw)
     fixed = codec._fixed(fmt, numel, DEFAULT_BLOCK)
-    room = math.ceil(src.bits * numel / 8 * MARGIN[fmt.byte_coded]) + SLACK
-    split = _aligned(fixed + room + -(-numel // DEFAULT_BLOCK))
+    split = _aligned(fixed + room)
     return _Seg(numel, 0, raw) if split >= raw else _Seg(numel, fixed, split)
+
+
+def _predicted_room(dtype: torch.dtype, numel: int, src: _Source) -> int:
+    """Payload room for ``numel`` values as ``src``'s sample predicts them: times MARGIN, plus a
+    byte per block and SLACK."""
+    fmt = codec._fmt(dtype)
+    return (math.ceil(src.bits * numel / 8 * MARGIN[fmt.byte_coded]) + SLACK
+            + -(-numel // DEFAULT_BLOCK))
 
 
 def _widened(segs: list[_Seg]) -> list[_Seg]:
@@ -544,6 +663,7 @@ class _Unpack:
         self.flag = _flag(g.device) if g.cuda else None  # zeroed by the call's first decode
         self.used: object = None
         self.heads: dict[object, tuple[torch.Tensor, _Seg, Codebook]] = {}
+        self.sizes: dict[object, int] = {}  # after settle: every noted piece's payload bytes
 
     def note(self, key: object, got: torch.Tensor, seg: _Seg, table: Codebook) -> None:
         if not seg.raw and seg.numel:
@@ -571,7 +691,9 @@ class _Unpack:
 
     def settle(self, streams: Streams) -> set[object]:
         """After every decode: one copy of the flag and the noted headers to the host; raise
-        ValueError on a corrupt piece; return the keys of the pieces whose payload overflowed."""
+        ValueError on a corrupt piece; return the keys of the pieces whose payload overflowed
+        (and keep every noted piece's payload size in :attr:`sizes`: the next call of the same
+        key sizes its pieces by them)."""
         keys = list(self.heads)
         parts = [self.heads[k][0] for k in keys]
         if self.used is not None:
@@ -583,7 +705,8 @@ class _Unpack:
         for i, key in enumerate(keys):
             _, seg, table = self.heads[key]
             head = raw[i * HEADER_BYTES : (i + 1) * HEADER_BYTES].tobytes()
-            if _payload_size(_checked(head, self.fmt, seg.numel, table)) > seg.room:
+            self.sizes[key] = _payload_size(_checked(head, self.fmt, seg.numel, table))
+            if self.sizes[key] > seg.room:
                 over.add(key)
         return over
 
@@ -673,15 +796,14 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
     g = resolve(group, input_tensor)
     err = _check_pair(g, input_tensor, output_tensor, output_tensor.numel(),
                       input_tensor.numel() * g.world)
-    agreed, desc = _agree(g, "all_gather", input_tensor.dtype, nbytes, err,
-                          [input_tensor.numel()], table, verify_policy(verify) != "0",
-                          sample=input_tensor)
-    if desc is not None:
-        require_same(desc, 0, "the input numel", "all_gather")
+    agreed = _agree(g, "all_gather", input_tensor.dtype, nbytes, err, [input_tensor.numel()],
+                    table, verify_policy(verify) != "0", sample=input_tensor,
+                    check=_same_fields("all_gather", (0, "the input numel")))
     if agreed.strategy != switch.COMPRESSED:
         return dist.all_gather_into_tensor(_wire(output_tensor), _wire(input_tensor), group,
                                            async_op)
-    _gather_compressed(agreed, _flat(input_tensor), _flat(output_tensor))
+    sizes = _gather_compressed(agreed, _flat(input_tensor), _flat(output_tensor))
+    _keep(replace(agreed, sizes=sizes))
     return _done(async_op)
 
 
@@ -699,16 +821,18 @@ def _check_pair(g: Group, inp: torch.Tensor, out: torch.Tensor, out_numel: int,
     return 0
 
 
-def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None:
+def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> dict[object, int]:
     """One all-gather per chunk of every rank's piece in its agreed width (the largest rank's),
     decoded as it lands; after the last, one host read finds overflowed payloads, whose pieces
-    their ranks then broadcast raw."""
+    their ranks then broadcast raw. Returns every split piece's payload size (every rank reads
+    every header)."""
     g, n, dtype = a.g, inp.numel(), inp.dtype
     rows = out.view(g.world, n)
     streams = streams_for(g)
     unpack = _Unpack(g, dtype)
     pieces = _pieces(n, a.chunks)
-    segs = [_widened([_seg(dtype, m, src) for src in a.sources]) for _, m in pieces]
+    segs = [_widened([a.seg((k, r), dtype, m, r) for r in range(g.world)])
+            for k, (_, m) in enumerate(pieces)]
     widths = [row[0].width for row in segs]
     stores = _buffers(widths, g.device)
     received = _buffers([g.world * w for w in widths], g.device)
@@ -742,6 +866,7 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> None
             if ks:
                 _resend(g, streams, r, [(rows[r], *pieces[k]) for k in ks],
                         inp if r == g.rank else None)
+    return unpack.sizes
 
 
 def _copy_behind(streams: Streams, dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -809,18 +934,16 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
                                       input_split_sizes, group, async_op)
     g = resolve(group, input)
     ins, outs, err = _splits(g, input, output, input_split_sizes, output_split_sizes)
-    agreed, desc = _agree(g, "all_to_all", input.dtype, input.numel() * input.element_size(),
-                          err, [*ins, *outs, _inner(input)], table,
-                          not even or verify_policy(verify) != "0", sample=input)
-    if desc is not None:
-        _check_splits(desc, g.world)
+    agreed = _agree(g, "all_to_all", input.dtype, input.numel() * input.element_size(), err,
+                    [*ins, *outs, _inner(input)], table, not even or verify_policy(verify) != "0",
+                    sample=input, check=lambda fields: _check_splits(fields, g.world))
     if agreed.strategy != switch.COMPRESSED:
         return dist.all_to_all_single(_wire(output), _wire(input), output_split_sizes,
                                       input_split_sizes, group, async_op)
     inner = _inner(input)
     send = _segments(_flat(input), [s * inner for s in ins])
     recv = _segments(_flat(output), [s * inner for s in outs])
-    _a2a_compressed(agreed, send, recv)
+    _keep(replace(agreed, sizes=_a2a_compressed(agreed, send, recv)))
     return _done(async_op)
 
 
@@ -869,11 +992,14 @@ def _segments(flat: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
     return out
 
 
-def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tensor]) -> None:
+def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tensor]
+                    ) -> dict[object, int]:
     """Compressed all-to-all of flat segments: per chunk, one :func:`_swap` of every (src, dst)
-    piece in the width both ends compute from the agreed splits and the sender's summary,
-    decoded as it lands; after the last chunk, one host read finds overflowed payloads, whose
-    pieces one all-to-all then moves raw."""
+    piece in the width both ends compute from the agreed splits and the sender's summary (or
+    what the key's previous call measured of that piece: both ends read its header), decoded as
+    it lands; after the last chunk, one host read finds overflowed payloads, whose pieces one
+    all-to-all then moves raw. Returns the payload sizes of the split pieces this rank sent and
+    received."""
     g, dtype = a.g, send[0].dtype
     streams = streams_for(g)
     unpack = _Unpack(g, dtype)
@@ -882,8 +1008,10 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
     got_at = [_pieces(seg.numel(), a.chunks) for seg in recv]
     outs, ins = [], []  # [chunk][peer]: the pieces this rank sends and receives
     for k in range(a.chunks):
-        out = [_seg(dtype, sent_at[j][k][1] if j != g.rank else 0, me) for j in peers]
-        got = [_seg(dtype, got_at[i][k][1] if i != g.rank else 0, a.sources[i]) for i in peers]
+        out = [a.seg(("out", k, j), dtype, sent_at[j][k][1] if j != g.rank else 0, g.rank)
+               for j in peers]
+        got = [a.seg(("in", k, i), dtype, got_at[i][k][1] if i != g.rank else 0, i)
+               for i in peers]
         if g.world == 2:  # one all-gather: both pieces as wide as the wider (_swap)
             peer = 1 - g.rank
             out[peer], got[peer] = _widened([out[peer], got[peer]])
@@ -917,6 +1045,7 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
         over, anywhere = _settle(outcome, unpack, streams)
         if anywhere:  # an all-to-all: every rank takes part, with or without pieces of its own
             _resend_pairs(g, streams, over, send, sent_at, recv, got_at)
+    return unpack.sizes
 
 
 def _resend_pairs(g: Group, streams: Streams, over: set[object], send: list[torch.Tensor],
@@ -1005,30 +1134,31 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
         return dist.reduce_scatter_tensor(output, input, op, group, async_op)
     g = resolve(group, input)
     err = _check_pair(g, input, output, input.numel(), output.numel() * g.world)
-    agreed, desc = _agree(g, "reduce_scatter", input.dtype, nbytes, err, [input.numel()], table,
-                          verify_policy(verify) != "0", red=op, sample=input)
-    if desc is not None:
-        require_same(desc, 0, "the input numel", "reduce_scatter")
+    agreed = _agree(g, "reduce_scatter", input.dtype, nbytes, err, [input.numel()], table,
+                    verify_policy(verify) != "0", red=op, sample=input,
+                    check=_same_fields("reduce_scatter", (0, "the input numel")))
     if agreed.strategy == switch.NATIVE:
         return dist.reduce_scatter_tensor(output, input, op, group, async_op)
-    _reduce_scatter(agreed, _flat(input), _flat(output), op)
+    _keep(_reduce_scatter(agreed, _flat(input), _flat(output), op))
     return _done(async_op)
 
 
-def _reduce_scatter(a: _Agreed, inp: torch.Tensor, out: torch.Tensor, op: ReduceOp) -> None:
-    """All-to-all of the W row blocks (compressed or not), then the rank-order fp32 reduction."""
+def _reduce_scatter(a: _Agreed, inp: torch.Tensor, out: torch.Tensor, op: ReduceOp) -> _Agreed:
+    """All-to-all of the W row blocks (compressed or not), then the rank-order fp32 reduction.
+    Returns ``a`` with what a compressed all-to-all measured."""
     g = a.g
     if a.strategy != switch.COMPRESSED:
         STATS.sent += inp.numel() * inp.element_size() * (g.world - 1) // g.world
     if a.strategy == switch.NATIVE:
         dist.reduce_scatter_tensor(out, inp, op, g.pg)
-        return
+        return a
     staging = torch.empty_like(inp).view(g.world, -1)
     if a.strategy == switch.COMPRESSED:
-        _a2a_compressed(a, list(inp.view(g.world, -1)), list(staging))
+        a = replace(a, sizes=_a2a_compressed(a, list(inp.view(g.world, -1)), list(staging)))
     else:
         dist.all_to_all_single(_wire(staging), _wire(inp), group=g.pg)
     _reduce_into(out, list(staging), op)
+    return a
 
 
 _ONE_ADD = (torch.bfloat16, torch.float16, torch.float32)
@@ -1056,10 +1186,9 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
         return dist.all_reduce(tensor, op, group, async_op)
     g = resolve(group, tensor)
     err = 4 if not tensor.is_contiguous() else 5 if tensor.device.type != g.device.type else 0
-    agreed, desc = _agree(g, "all_reduce", tensor.dtype, nbytes, err, [tensor.numel()], table,
-                          verify_policy(verify) != "0", red=op, sample=tensor)
-    if desc is not None:
-        require_same(desc, 0, "the tensor numel", "all_reduce")
+    agreed = _agree(g, "all_reduce", tensor.dtype, nbytes, err, [tensor.numel()], table,
+                    verify_policy(verify) != "0", red=op, sample=tensor,
+                    check=_same_fields("all_reduce", (0, "the tensor numel")))
     if agreed.strategy == switch.NATIVE:
         return dist.all_reduce(tensor, op, group, async_op)
     _all_reduce(agreed, tensor, op)
@@ -1074,22 +1203,38 @@ def _all_reduce(a: _Agreed, tensor: torch.Tensor, op: ReduceOp) -> None:
     if padded is not flat:
         padded[: flat.numel()].copy_(flat)
     part = torch.empty(shard, dtype=flat.dtype, device=flat.device)
-    ag_chunks = max(1, a.chunks // g.world)
-    rs, ag = switch.A2A_REDUCE, switch.NATIVE
-    if a.strategy == switch.COMPRESSED:  # each half compressed only where that half pays
-        rs = _strategy(g, "reduce_scatter", flat.dtype, padded.numel() * flat.element_size(),
-                       _LOCAL_OPS[op])
-        ag = _strategy(g, "all_gather", flat.dtype, part.numel() * part.element_size(), -1)
-    _reduce_scatter(replace(a, strategy=rs), padded, part, op)
-    if ag == switch.COMPRESSED:  # the reduced shards' own summaries size the second half
-        sources = _shared_sources(g, "all_reduce", part.dtype, part, a.table)
-        _gather_compressed(replace(a, strategy=ag, chunks=ag_chunks, sources=sources), part,
-                           padded)
-    else:
-        dist.all_gather_into_tensor(_wire(padded), _wire(part), group=g.pg)
-        STATS.sent += part.numel() * part.element_size()
+    rs, ag = a.halves or _halves(a, flat.dtype, padded.numel(), op)
+    rs = _reduce_scatter(rs, padded, part, op)
+    ag = _gather_half(ag, part, padded)
     if padded is not flat:
         flat.copy_(padded[: flat.numel()])
+    _keep(replace(a, halves=(rs, ag)))
+
+
+def _halves(a: _Agreed, dtype: torch.dtype, numel: int, op: ReduceOp
+            ) -> tuple[_Agreed, _Agreed]:
+    """An all-reduce's reduce-scatter of its ``numel`` padded values and all-gather of the
+    shards, a compressed one's each compressed only where that half pays; the all-gather's
+    sources come once the shards exist (:func:`_gather_half`)."""
+    g, nbytes = a.g, numel * dtype.itemsize
+    rs, ag = switch.A2A_REDUCE, switch.NATIVE
+    if a.strategy == switch.COMPRESSED:
+        rs = _strategy(g, "reduce_scatter", dtype, nbytes, _LOCAL_OPS[op])
+        ag = _strategy(g, "all_gather", dtype, nbytes // g.world, -1)
+    return (replace(a, strategy=rs, ticket=None),
+            replace(a, strategy=ag, chunks=max(1, a.chunks // g.world), sources=(), ticket=None))
+
+
+def _gather_half(a: _Agreed, part: torch.Tensor, out: torch.Tensor) -> _Agreed:
+    """An all-reduce's all-gather of the reduced shards; returns ``a`` with the sources and
+    sizes a compressed one used (a first call exchanges the shards' summaries for them)."""
+    if a.strategy != switch.COMPRESSED:
+        dist.all_gather_into_tensor(_wire(out), _wire(part), group=a.g.pg)
+        STATS.sent += part.numel() * part.element_size()
+        return a
+    if not a.sources:
+        a = replace(a, sources=_shared_sources(a.g, "all_reduce", part.dtype, part, a.table))
+    return replace(a, sizes=_gather_compressed(a, part, out))
 
 
 # --------------------------------------------------------------------------- broadcast
@@ -1106,28 +1251,26 @@ def broadcast(tensor: torch.Tensor, src: int | None = None,
     g = resolve(group, tensor)
     group_src = dist.get_group_rank(group, src) if group is not None else src
     err = 6 if not 0 <= group_src < g.world else _check_pair(g, tensor, tensor, 0, 0)
-    agreed, desc = _agree(g, "broadcast", tensor.dtype, nbytes, err, [tensor.numel(), src],
-                          table, verify_policy(verify) != "0",
-                          sample=tensor if g.rank == group_src else None)
-    if desc is not None:
-        require_same(desc, 1, "src", "broadcast")
-        require_same(desc, 0, "the tensor numel", "broadcast")
+    agreed = _agree(g, "broadcast", tensor.dtype, nbytes, err, [tensor.numel(), src], table,
+                    verify_policy(verify) != "0", sample=tensor if g.rank == group_src else None,
+                    check=_same_fields("broadcast", (1, "src"), (0, "the tensor numel")))
     if agreed.strategy != switch.COMPRESSED:
         return dist.broadcast(_wire(tensor), src, group, async_op)
-    _broadcast_compressed(agreed, _flat(tensor), group_src)
+    _keep(replace(agreed, sizes=_broadcast_compressed(agreed, _flat(tensor), group_src)))
     return _done(async_op)
 
 
-def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, group_src: int) -> None:
+def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, group_src: int) -> dict[object, int]:
     """One broadcast per chunk of the source's piece in the width every rank computes from its
-    summary, decoded as it lands; after the last, one host read finds overflowed payloads, whose
-    pieces the source then broadcasts raw."""
+    summary (or the key's previous call), decoded as it lands; after the last, one host read
+    finds overflowed payloads, whose pieces the source then broadcasts raw. Returns the split
+    pieces' payload sizes."""
     g = a.g
     streams = streams_for(g)
     sender, source = g.rank == group_src, a.sources[group_src]
     unpack = _Unpack(g, flat.dtype)
     pieces = _pieces(flat.numel(), a.chunks)
-    segs = [_seg(flat.dtype, m, source) for _, m in pieces]
+    segs = [a.seg(k, flat.dtype, m, group_src) for k, (_, m) in enumerate(pieces)]
     buffers = _buffers([seg.width for seg in segs], g.device)
     outcome = Outcome(g, a.name)
     with ordered(g, streams):
@@ -1152,6 +1295,7 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, group_src: int) -> Non
         if over:
             _resend(g, streams, group_src, [(flat, *pieces[k]) for k in sorted(over)],
                     flat if sender else None)
+    return unpack.sizes
 
 
 __all__ = [

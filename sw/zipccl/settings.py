@@ -29,7 +29,8 @@ from zipccl._comm import CollectiveMismatchError
 
 MODES = ("auto", "always", "never")
 VERIFY_POLICIES = ("auto", "1", "0")
-KEYS = ("ZIPCCL_MODE", "ZIPCCL_VERIFY", "ZIPCCL_CHUNK_BYTES", "ZIPCCL_NATIVE_REDUCE")
+KEYS = ("ZIPCCL_MODE", "ZIPCCL_VERIFY", "ZIPCCL_CHUNK_BYTES", "ZIPCCL_NATIVE_REDUCE",
+        "ZIPCCL_PLAN_CALLS")
 BACKENDS = ("auto", "torch", "triton")  # auto: the CUDA kernels on CUDA tensors, torch elsewhere
 LOCAL_KEYS = ("ZIPCCL_BACKEND", "ZIPCCL_FAST")  # the codec's kernels: same bytes whichever
 
@@ -42,6 +43,7 @@ class Settings:
     verify: str = "auto"  # ZIPCCL_VERIFY: auto | 1 | 0
     chunk_bytes: int | None = None  # ZIPCCL_CHUNK_BYTES; None: the mode's own choice
     native_reduce: bool = False  # ZIPCCL_NATIVE_REDUCE=1
+    plan_calls: int = 64  # ZIPCCL_PLAN_CALLS: calls one plan serves (0: no plan cache)
 
 
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
@@ -99,11 +101,20 @@ def _chunk_bytes(value: str) -> int | None:
     return int(value)
 
 
+def _plan_calls(value: str) -> int:
+    if not value:
+        return Settings.plan_calls
+    if not value.isdigit():
+        raise ValueError(f"ZIPCCL_PLAN_CALLS must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
 _PARSERS: dict[str, Callable[[str], object]] = {  # KEYS order: Settings' fields
     "ZIPCCL_MODE": lambda v: _choice("ZIPCCL_MODE", v, MODES),
     "ZIPCCL_VERIFY": lambda v: _choice("ZIPCCL_VERIFY", v, VERIFY_POLICIES),
     "ZIPCCL_CHUNK_BYTES": _chunk_bytes,
     "ZIPCCL_NATIVE_REDUCE": lambda v: _choice("ZIPCCL_NATIVE_REDUCE", v, ("0", "1")) == "1",
+    "ZIPCCL_PLAN_CALLS": _plan_calls,
     "ZIPCCL_BACKEND": lambda v: _choice("ZIPCCL_BACKEND", v, BACKENDS),
     "ZIPCCL_FAST": lambda v: _choice("ZIPCCL_FAST", v, ("1", "0")) == "1",  # BF16 fast path
 }

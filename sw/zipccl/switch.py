@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zipccl import _comm, _kernel_cache, settings
+from zipccl import _comm, _kernel_cache, _plans, settings
 from zipccl._comm import Group
 from zipccl.settings import MODES
 
@@ -300,8 +300,10 @@ ROUTES: dict[tuple, str] = {}  # collectives' per-call decision cache; depends o
 
 
 def set_profile(group: dist.ProcessGroup | None, profile: Profile | None) -> None:
-    """Install (or with None forget) the profile for a group, e.g. a synthetic one in tests."""
+    """Install (or with None forget) the profile for a group, e.g. a synthetic one in tests;
+    the calls' decisions and plans made under the old one go too."""
     ROUTES.clear()
+    _plans.forget()
     if profile is None:
         _PROFILES.pop(group_key(group), None)
     else:
