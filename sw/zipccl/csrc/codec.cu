@@ -78,16 +78,20 @@ unsigned resident_grid(K kernel, int threads, size_t smem, long long ctas) {
 }
 
 // The encoder's launches once its table is ready (and its tile sums zero): encode, finish.
+// `head_to_hash`: the header stage `head` when its table hash is still to be computed (one more
+// encode CTA does it), else null.
 template <class F, bool Z>
 int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab, void* work,
-                  const uint8_t* head, const uint8_t* raw_head, long long* size, cudaStream_t s) {
+                  const uint8_t* head, const uint8_t* raw_head, long long* size, cudaStream_t s,
+                  uint8_t* head_to_hash = nullptr) {
   const int warps = warps_for(L->block), threads = 32 * warps;
   const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4;
   const long long ctas = (L->nb + warps - 1) / warps;
   const Work w = work_of(work, L->nb);
   uint8_t* o = static_cast<uint8_t*>(out);
-  encode_kernel<F, Z><<<resident_grid(encode_kernel<F, Z>, threads, smem, ctas), threads, smem, s>>>(
-      static_cast<const typename F::T*>(in), o, *L, tab, w);
+  const unsigned grid = resident_grid(encode_kernel<F, Z>, threads, smem, ctas) + !!head_to_hash;
+  encode_kernel<F, Z><<<grid, threads, smem, s>>>(static_cast<const typename F::T*>(in), o, *L, tab,
+                                                  w, head_to_hash);
   const long long copiers = L->raw_size >> 18;  // CTAs to share a raw store, 256 KiB each
   const long long groups = (L->nb + kGroup - 1) / kGroup;
   finish_kernel<<<resident_grid(finish_kernel, 32 * kGroup, 0, groups > copiers ? groups : copiers),
@@ -211,7 +215,8 @@ extern "C" int zipccl_compress(int device, int kind, const void* in, void* out, 
                                                                counts, count_words);
     }
     return launch_encode<F, decltype(z)::value>(in, out, L, tab ? tab : words, work,
-                                                tab ? h : stage, rh, size, s);
+                                                tab ? h : stage, rh, size, s,
+                                                F::BYTE_CODED && !tab ? stage : nullptr);
   });
 }
 

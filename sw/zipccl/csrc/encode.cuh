@@ -167,20 +167,31 @@ __host__ __device__ inline Work work_of(void* work, long long nb) {
 }
 
 // Each warp codes whole blocks: planes into the container, the payload into the block's scratch
-// slot, its byte count into `counts` and the tile's sum.
+// slot, its byte count into `counts` and the tile's sum. `head_to_hash`: a header stage whose
+// table hash is still to be written (the FP8 default table's, see staircase_kernel); CTA 0 then
+// computes it (hash_stage) while the other CTAs encode.
 template <class F, bool Z>
 __global__ void __launch_bounds__(32 * kMaxWarps)
 encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
-              const int32_t* __restrict__ tab, Work work) {
+              const int32_t* __restrict__ tab, Work work, uint8_t* __restrict__ head_to_hash) {
   __shared__ uint32_t s_lut[256];  // Z: spread words; else the encoder words
   extern __shared__ uint4 s_stage[];
+  static_assert(16 * kShaBlocks <= 256, "the hashing CTA's message fits in s_lut");
+  int hashing = 0;  // only FP8's default table comes unhashed: other encoders carry no SHA code
+  if constexpr (F::BYTE_CODED) {
+    hashing = head_to_hash != nullptr;
+    if (hashing && blockIdx.x == 0) {
+      hash_stage(head_to_hash, s_lut);
+      return;
+    }
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, words = stage_words(L.block);
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;
   for (int i = threadIdx.x; i < 256; i += blockDim.x) s_lut[i] = Z ? spread_word(tab[i]) : tab[i];
   __syncthreads();
-  const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
-  for (long long b = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp; b < L.nb;
-       b += warps) {
+  const long long warps = static_cast<long long>(gridDim.x - hashing) * (blockDim.x >> 5);
+  for (long long b = static_cast<long long>(blockIdx.x - hashing) * (blockDim.x >> 5) + warp;
+       b < L.nb; b += warps) {
     if constexpr (!Z) {
       for (int i = lane; i < words; i += 32) stage[i] = 0u;
       __syncwarp();

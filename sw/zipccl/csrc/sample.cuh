@@ -97,23 +97,16 @@ summary_kernel(const typename F::T* __restrict__ in, long long stride, long long
 }
 
 // The end of a table built on the device (`tb`, shared memory, complete): the kernels' table
-// words into `words`, and the header stage: the template `head` with the table's bytes and its
-// hash, `hash(msg)` of the table's SHA-256 message (called by thread 0), in their fields. Every
-// thread of the CTA calls it.
-template <class Hash>
-__device__ inline void publish_table(const uint8_t* tb, const uint8_t* __restrict__ head,
-                                     uint8_t* __restrict__ stage, int32_t* __restrict__ words,
-                                     Hash hash) {
-  __shared__ unsigned long long s_hash;
-  __shared__ uint32_t s_msg[16 * kShaBlocks];
+// words into `words`, and the header stage: the template `head` with the table's bytes and
+// `hash` in their fields. Every thread of the CTA calls it.
+__device__ inline void publish_table(const uint8_t* tb, unsigned long long hash,
+                                     const uint8_t* __restrict__ head, uint8_t* __restrict__ stage,
+                                     int32_t* __restrict__ words) {
   table_words(tb, words);
-  sha_message(tb, s_msg);
-  if (threadIdx.x == 0) s_hash = hash(s_msg);
-  __syncthreads();
   for (int i = threadIdx.x; i < kMaxHeader; i += blockDim.x) {
     const int t = i - kTableAt, h = i - kHashAt;
     stage[i] = t >= 0 && t < kTableBytes ? tb[t]
-             : h >= 0 && h < 8 ? static_cast<uint8_t>(s_hash >> (8 * h)) : head[i];
+             : h >= 0 && h < 8 ? static_cast<uint8_t>(hash >> (8 * h)) : head[i];
   }
 }
 
@@ -226,11 +219,16 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
   theory_top(s_prob[tid], s_tb + 10);  // golden.theory.top_symbols: the 7 best bins
   if (tid == 0) s_tb[0] = 8 | kLiteralFlag, s_tb[8] = kTop;  // zipccl_layout: p0 escapes
   __syncthreads();
-  publish_table(s_tb, head, stage, words, [&](const uint32_t* msg) {
+  __shared__ uint32_t s_msg[16 * kShaBlocks];
+  __shared__ unsigned long long s_hash;
+  sha_message(s_tb, s_msg);
+  if (tid == 0) {
     unsigned long long key = 0;
     for (int r = 0; r < kTop; ++r) key |= static_cast<unsigned long long>(s_tb[10 + r]) << (8 * r);
-    return theory_hash64(msg, key);
-  });
+    s_hash = theory_hash64(s_msg, key);
+  }
+  __syncthreads();
+  publish_table(s_tb, s_hash, head, stage, words);
 }
 
 // ------------------------------------------------------------------------------ FP8 table
@@ -256,7 +254,10 @@ __device__ inline unsigned block_scan256(unsigned v, unsigned* warp_total) {
 
 // codec.default_table of an FP8 tensor on the device: golden.builders.staircase_table of the
 // sample's byte histogram (an empty sample counts as one zero symbol, as codec._nonempty does),
-// as table words in `words` and the completed header in `stage` (theory_kernel's contract).
+// as table words in `words` and the header in `stage` (theory_kernel's contract), but for the
+// table's hash: FP8 tables change with every histogram, so no cache saves the SHA-256, and one
+// thread takes longer over it than the rest of this kernel; the encode kernel computes it in one
+// extra CTA instead (hash_stage), beside the encoding.
 // `rows`: golden.builders.staircase_layouts(), `nrows` rows of 8 widths. kSlots / 32 CTAs
 // histogram a share of the sample each (many loads in flight: the sample is strided); the last
 // CTA ranks the symbols (count descending, ties to the smaller symbol), scores every row by its
@@ -348,7 +349,7 @@ staircase_kernel(const typename F::T* __restrict__ in, long long stride, long lo
   __syncthreads();
   if (tid < s_ranked) s_tb[10 + tid] = static_cast<uint8_t>(s_order[tid]);
   __syncthreads();
-  publish_table(s_tb, head, stage, words, [](const uint32_t* msg) { return table_sha64(msg); });
+  publish_table(s_tb, 0, head, stage, words);  // the encode kernel hashes it (hash_stage)
 }
 
 }  // namespace
