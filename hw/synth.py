@@ -93,10 +93,11 @@ def _cells(stat: dict, top: str) -> dict[str, int]:
 
 
 def _synth_stat(top: str, source: Path, synth: str, stem: Path) -> dict[str, int]:
-    """Cell counts of ``top`` after the yosys ``synth`` command given (``stem``: output prefix)."""
+    """Cell counts of ``top`` after the yosys ``synth`` commands given, which name the top
+    (``stem``: output prefix)."""
     stat_json = stem.with_name(stem.name + "_stat.json")
     _run(
-        ["yosys", "-q", "-p", f"read_verilog {source}; {synth} -top {top}; "
+        ["yosys", "-q", "-p", f"read_verilog {source}; {synth}; "
          f"tee -q -o {stat_json} stat -json"],
         stem.with_name(stem.name + "_yosys.log"),
     )
@@ -135,7 +136,7 @@ DEVICES = {
 
 def yosys_area(top: str, source: Path, out: Path, device: Device) -> dict[str, int]:
     """Cell counts of ``top`` after the device's synth command (flattened)."""
-    return _synth_stat(top, source, device.synth, out / top)
+    return _synth_stat(top, source, f"{device.synth} -top {top}", out / top)
 
 
 def place_and_route(top: str, source: Path, out: Path, device: Device) -> tuple[int, float]:
@@ -178,7 +179,7 @@ def synth_block(top: str, out: Path, device: Device = DEVICES["up5k"]) -> Figure
 # yosys ``synth`` without its memory_map: the encoder LUT copies stay memories ($mem_v2, one
 # cell each, as any flow with RAM macros maps them) instead of 256-way multiplexers per read port
 GENERIC_KEEPING_MEMORIES = (
-    "synth -run begin:fine; opt -fast -full; techmap; opt -fast; abc -fast; opt -fast"
+    "synth -top {top} -run begin:fine; opt -fast -full; techmap; opt -fast; abc -fast; opt -fast"
 )
 
 
@@ -188,7 +189,7 @@ def generic_cells(top: str, out: Path, keep_memories: bool = False) -> dict[str,
     out.mkdir(parents=True, exist_ok=True)
     source = out / f"{top}.v"
     source.write_text(verilog_text(top))
-    synth = GENERIC_KEEPING_MEMORIES if keep_memories else "synth"
+    synth = (GENERIC_KEEPING_MEMORIES if keep_memories else "synth -top {top}").format(top=top)
     stem = out / f"{top}_generic{'_memories' if keep_memories else ''}"
     return _synth_stat(top, source, synth, stem)
 
