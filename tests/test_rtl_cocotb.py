@@ -7,7 +7,7 @@ import pytest
 from sim.runner import have_icarus, run_cocotb
 from sim.suite import LEVELS, TOPS
 
-FILL_CYCLES = 12  # the deepest pipeline (the N-lane decoder's jump tables and lane stages)
+FILL_CYCLES = 12  # the deepest pipeline fill and flush (the N-lane blocks' merge and lane stages)
 
 pytestmark = [
     pytest.mark.rtl,
