@@ -5,6 +5,21 @@ The codec (:mod:`zipccl.codec`) writes golden/container.py buffers on CPU or CUD
 into DDP and FSDP2; :class:`Calibrator` (:mod:`zipccl.calibration`) fits a table per layer;
 importing the package registers the ``zipccl`` torch.distributed backend
 (:mod:`zipccl.backend`), through which unchanged training code reaches the collectives.
+
+Every public name documents its dtypes, arguments, result, exceptions and settings
+(``help(zipccl.compress)``). The codec codes ``torch.bfloat16``, ``float16``, ``float32``,
+``float8_e4m3fn`` and ``float8_e5m2``; the collectives take any dtype and compress those five.
+
+Settings, environment variables parsed in :mod:`zipccl.settings`:
+
+* the codec's kernels (same bytes whichever): ``ZIPCCL_BACKEND`` (``auto`` | ``torch`` |
+  ``triton``) and ``ZIPCCL_FAST`` (``0`` turns off the CUDA kernels' BF16 fast path);
+* what the collectives put on the wire, agreed across a group's ranks before its first zipccl
+  call: ``ZIPCCL_MODE`` (``auto`` | ``always`` | ``never``), ``ZIPCCL_VERIFY`` (``auto`` | ``1``
+  | ``0``), ``ZIPCCL_CHUNK_BYTES``, ``ZIPCCL_NATIVE_REDUCE`` (reductions only) and
+  ``ZIPCCL_PLAN_CALLS``;
+* ``ZIPCCL_CACHE_DIR``: where the CUDA kernels' build and the switch's profiles are cached
+  (default ``~/.cache/zipccl``).
 """
 
 from zipccl.backend import ProcessGroupZipccl

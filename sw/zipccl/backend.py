@@ -41,7 +41,40 @@ _INNER = {"cpu": ("gloo", dist.ProcessGroup.BackendType.GLOO),
 
 
 class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
-    """A process group whose collectives zipccl compresses where it pays (module docstring)."""
+    """A process group whose collectives zipccl compresses where it pays (module docstring).
+
+    torch.distributed creates it for the ``zipccl`` backend that ``import zipccl`` registers:
+    ``dist.init_process_group("zipccl")``, ``"cpu:gloo,cuda:zipccl"`` or
+    ``dist.new_group(ranks, backend="zipccl")``. It first agrees with its peers, through the
+    store, on their ``ZIPCCL_*`` settings, then creates an inner gloo group (CPU tensors) and,
+    where this torch has NCCL and a GPU, an inner NCCL group (CUDA tensors) of the same ranks.
+    All-gather, reduce-scatter, all-reduce, all-to-all and broadcast go through zipccl's
+    functions on the inner group of their tensors' device (the switch, ``ZIPCCL_MODE`` and
+    verification as on any group); everything else, and any op inside a coalescing window,
+    goes to the inner group as it is. A compressed call returns a completed Work whose future
+    holds the outputs (CUDA-aware); a call zipccl kept native returns the inner backend's.
+
+    Args:
+        store (dist.Store): the group's store.
+        rank (int): this process's rank in the group.
+        size (int): the group's size.
+        timeout (timedelta): the inner groups' timeout.
+        global_ranks (list of int): the group's global ranks (empty: the default group).
+        name (str): the group's name; the inner groups are named after it.
+
+    Raises:
+        CollectiveMismatchError: the ranks' ``ZIPCCL_*`` settings differ, or one cannot be
+            parsed (on every rank, from ``init_process_group`` or ``new_group``).
+        ValueError: a setting every rank gives the same malformed value.
+
+    Example::
+
+        >>> import torch.distributed as dist, zipccl
+        >>> dist.init_process_group("zipccl")  # was: dist.init_process_group("nccl")
+        >>> t = torch.randn(1 << 20, dtype=torch.bfloat16, device="cuda")
+        >>> dist.all_reduce(t)  # zipccl.all_reduce on the inner NCCL group
+        >>> nccl = dist.group.WORLD.inner("cuda")  # the inner group itself
+    """
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
                  global_ranks: list[int], name: str) -> None:
@@ -58,10 +91,23 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
             self._inner[device] = pg
 
     def getBackendName(self) -> str:  # the C++ name, which the trampoline looks up
+        """``"zipccl"``."""
         return NAME
 
     def inner(self, device: torch.device | str) -> dist.ProcessGroup:
-        """The inner group that moves tensors of ``device``'s type."""
+        """The inner group that moves tensors of ``device``'s type.
+
+        Args:
+            device (torch.device or str): e.g. ``"cpu"``, ``"cuda"`` or ``"cuda:1"``.
+
+        Returns:
+            ProcessGroup: the inner gloo group for ``"cpu"``, the inner NCCL group for
+            ``"cuda"``, each a regular torch.distributed group of the same ranks.
+
+        Raises:
+            ValueError: no inner group moves that device's tensors (e.g. ``"cuda"`` without
+                NCCL or a GPU).
+        """
         kind = torch.device(device).type
         if kind not in self._inner:
             raise ValueError(f"the zipccl backend moves tensors on {sorted(self._inner)}, "
@@ -72,6 +118,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
 
     def allreduce(self, tensors: list[torch.Tensor],
                   opts: dist.AllreduceOptions | None = None) -> dist.Work:
+        """One tensor: :func:`zipccl.all_reduce` on the inner group; several, or inside a
+        coalescing window: the inner group's own."""
         opts = opts or dist.AllreduceOptions()
         if self._coalescing or len(tensors) != 1:
             return self._pass("allreduce", tensors, opts)
@@ -81,6 +129,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
 
     def broadcast(self, tensors: list[torch.Tensor],
                   opts: dist.BroadcastOptions | None = None) -> dist.Work:
+        """One tensor: :func:`zipccl.broadcast` on the inner group; several, or inside a
+        coalescing window: the inner group's own."""
         opts = opts or dist.BroadcastOptions()
         if self._coalescing or len(tensors) != 1:
             return self._pass("broadcast", tensors, opts)
@@ -91,6 +141,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
 
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                   opts: dist.AllgatherOptions | None = None) -> dist.Work:
+        """One input: :func:`zipccl.all_gather` on the inner group; several, or inside a
+        coalescing window: the inner group's own."""
         opts = opts or dist.AllgatherOptions()
         if self._coalescing or len(inputs) != 1:
             return self._pass("allgather", output_lists, inputs, opts)
@@ -99,6 +151,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: dist.AllgatherOptions | None = None) -> dist.Work:
+        """:func:`zipccl.all_gather_into_tensor` on the inner group (inside a coalescing
+        window: the inner group's own)."""
         if self._coalescing:
             return self._pass("all_gather_single", output, input,
                               opts or dist.AllgatherOptions())
@@ -119,6 +173,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: dist.ReduceScatterOptions | None = None) -> dist.Work:
+        """:func:`zipccl.reduce_scatter_tensor` on the inner group (inside a coalescing window:
+        the inner group's own)."""
         opts = opts or dist.ReduceScatterOptions()
         if self._coalescing:
             return self._pass("reduce_scatter_single", output, input, opts)
@@ -129,6 +185,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
                                         inputs: list[torch.Tensor],
                                         opts: dist.ReduceScatterOptions | None = None
                                         ) -> dist.Work:
+        """One :func:`zipccl.reduce_scatter_tensor` per pair, each finished before the next;
+        one Work for all."""
         opts = opts or dist.ReduceScatterOptions()
         if self._coalescing:
             return self._pass("reduce_scatter_single_coalesced", outputs, inputs, opts)
@@ -152,6 +210,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_splits: list[int], input_splits: list[int],
                           opts: dist.AllToAllOptions | None = None) -> dist.Work:
+        """:func:`zipccl.all_to_all_single` on the inner group (empty splits: even); inside a
+        coalescing window: the inner group's own."""
         if self._coalescing:
             return self._pass("all_to_all_single", output, input, output_splits, input_splits,
                               opts or dist.AllToAllOptions())
@@ -185,6 +245,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
     # ----------------------------------------------------------------- passed through
 
     def barrier(self, opts: dist.BarrierOptions | None = None) -> dist.Work:
+        """The inner group's barrier: of ``opts.device``'s inner group, else the NCCL one where
+        there is one and CUDA is available, else gloo's."""
         opts = opts or dist.BarrierOptions()
         device = opts.device if opts.device is not None else (
             "cuda" if "cuda" in self._inner and torch.cuda.is_available() else "cpu")

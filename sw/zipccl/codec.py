@@ -109,13 +109,67 @@ def _fixed(fmt: FloatFormat, numel: int, block: int) -> int:
 
 
 def fixed_part_bytes(dtype: torch.dtype, numel: int, block: int = DEFAULT_BLOCK) -> int:
-    """Bytes before the payload stream in the split layout (== golden Sections.payload)."""
+    """Bytes of a split-layout buffer before its payload stream, known before any data moves.
+
+    The header, the raw planes, the prefix planes and the block offsets: everything but the
+    payload, whose length only the encoder learns (``== golden.container.Sections.of(fmt, numel,
+    block).payload``). A split buffer is ``fixed_part_bytes(...) + c.payload_bytes`` bytes; the
+    collectives size their slots from the same number. Pure arithmetic: no tensor, no device, no
+    sync.
+
+    Args:
+        dtype (torch.dtype): ``torch.bfloat16``, ``torch.float16``, ``torch.float32``,
+            ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``.
+        numel (int): number of elements.
+        block (int, optional): elements per block, a power of two in
+            [``MIN_BLOCK``, ``MAX_BLOCK``] = [64, 1 << 20] (golden.container); default 4096.
+
+    Returns:
+        int: the byte count.
+
+    Raises:
+        TypeError: ``dtype`` is not a ``torch.dtype`` or not one of the five above.
+        ValueError: ``block`` is not a power of two in [64, 1 << 20].
+
+    Example::
+
+        >>> zipccl.fixed_part_bytes(torch.bfloat16, 1 << 16)
+        90752
+        >>> zipccl.fixed_part_bytes(torch.float8_e4m3fn, 1 << 16)
+        25216
+    """
     _check_block(block)
     return _fixed(_fmt(dtype), int(numel), block)
 
 
 def max_compressed_bytes(dtype: torch.dtype, numel: int, block: int = DEFAULT_BLOCK) -> int:
-    """Upper bound on ``nbytes`` for preallocation: the raw layout's size."""
+    """The most bytes a compressed tensor of this dtype and size can take (for preallocation).
+
+    That is the raw layout's size, the 512-byte header (``HEADER_BYTES``) plus the values'
+    bytes: the encoder takes the split layout only where it is smaller, so ``c.nbytes <=
+    max_compressed_bytes(t.dtype, t.numel())`` for every tensor, table and block. The size of
+    the ``out`` that :func:`compress_into` needs. ``block`` is validated but does not change
+    the result. Pure arithmetic: no tensor, no device, no sync.
+
+    Args:
+        dtype (torch.dtype): ``torch.bfloat16``, ``torch.float16``, ``torch.float32``,
+            ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``.
+        numel (int): number of elements.
+        block (int, optional): a power of two in [64, 1 << 20]; default 4096.
+
+    Returns:
+        int: ``512 + numel * dtype.itemsize``.
+
+    Raises:
+        TypeError: ``dtype`` is not a ``torch.dtype`` or not one of the five above.
+        ValueError: ``block`` is not a power of two in [64, 1 << 20].
+
+    Example::
+
+        >>> zipccl.max_compressed_bytes(torch.bfloat16, 1 << 16)
+        131584
+        >>> out = torch.empty(zipccl.max_compressed_bytes(torch.float32, 1000), dtype=torch.uint8)
+    """
     _check_block(block)
     return raw_size(_fmt(dtype), int(numel))
 
@@ -291,14 +345,42 @@ def _widths(table: Codebook) -> np.ndarray:
 
 
 def default_table(tensor: torch.Tensor) -> Codebook:
-    """The table ``compress`` uses when given none; no histogram on the hot path.
+    """The table :func:`compress` uses when given none (``table=None`` or ``"theory"``).
 
-    Exponent formats: golden.theory.zipccl_table from :func:`sample_stats` (the deterministic
-    sample's RMS over finite non-zero values and its zero fraction), cached per statistics.
-    FP8: golden.builders.staircase_table of the same sample's byte histogram, fitted to the
-    tensor's scale (== :func:`summary_table` of its :func:`sample_summary`). On CUDA this
-    function reads the histogram back (a host sync); ``compress`` builds the same table on the
-    device instead, without one.
+    Built from a deterministic sample of the tensor (golden.theory.sample_indices: at most
+    65,536 values at a fixed stride), never from a full histogram:
+
+    * ``bfloat16``, ``float16``, ``float32`` (the exponent field is coded):
+      golden.theory.zipccl_table from :func:`sample_stats` -- the sample's RMS over its finite
+      non-zero values and its zero fraction -- cached per statistics;
+    * ``float8_e4m3fn``, ``float8_e5m2`` (the whole byte is coded):
+      golden.builders.staircase_table of the sample's byte histogram, fitted to the tensor's
+      scale (== :func:`summary_table` of its :func:`sample_summary`).
+
+    On CUDA this function reads the sample's statistics or histogram back (a host sync);
+    ``compress`` builds the table on the device instead, without one: for FP8 the same table,
+    for the exponent formats from sums whose order may differ from this function's in the last
+    ulp, which rarely gives another table (decoding never depends on it: the table travels in
+    the header).
+
+    Args:
+        tensor (Tensor): one of the five dtypes, on any device.
+
+    Returns:
+        golden.codebook.Codebook: the table; pass it as ``table=`` to code other tensors alike.
+
+    Raises:
+        TypeError: the tensor's dtype is not one of the five.
+
+    Example::
+
+        >>> _ = torch.manual_seed(0)
+        >>> x = torch.randn(1 << 14, dtype=torch.bfloat16)
+        >>> book = zipccl.default_table(x)
+        >>> book.name
+        'zipccl-theory-bfloat16-rms1-z0'
+        >>> zipccl.compress(x).table == book
+        True
     """
     fmt = _fmt(tensor.dtype)
     if not fmt.byte_coded:
@@ -320,10 +402,35 @@ def _nonempty(hist: np.ndarray) -> np.ndarray:
 
 
 def histogram_table(tensor: torch.Tensor) -> Codebook:
-    """Opt-in: a table from the full symbol histogram (one extra pass over the tensor).
+    """Opt-in: a table from the tensor's full symbol histogram (``table="histogram"``).
 
-    Exponent formats: the ZipCCL layout with the measured top 7; FP8: the exhaustive search over
-    width vectors (golden.builders.best_table), the most compact table for this tensor.
+    One extra pass over the whole tensor (the histogram of every value's symbol: the exponent
+    field, or the FP8 byte), then on the host:
+
+    * exponent formats: golden.builders.zipccl_histogram_table, the ZipCCL layout with the
+      measured 7 most frequent exponents;
+    * FP8: golden.builders.best_table, the exhaustive search over width vectors -- the most
+      compact table for this tensor (slower to build than the default staircase table).
+
+    On CUDA the histogram is copied to the host (a host sync), also inside :func:`compress`.
+    An empty tensor's histogram counts one zero symbol.
+
+    Args:
+        tensor (Tensor): one of the five dtypes, on any device.
+
+    Returns:
+        golden.codebook.Codebook: the table.
+
+    Raises:
+        TypeError: the tensor's dtype is not ``bfloat16``, ``float16``, ``float32``,
+            ``float8_e4m3fn`` or ``float8_e5m2``.
+
+    Example::
+
+        >>> x = torch.randn(4096).to(torch.float8_e4m3fn)
+        >>> zipccl.histogram_table(x).name
+        'best-float8_e4m3fn'
+        >>> c = zipccl.compress(x, table="histogram")  # the same table, built inside
     """
     fmt = _fmt(tensor.dtype)
     hist = _nonempty(_histogram(_symbols(tensor, fmt)))
@@ -349,9 +456,29 @@ _FROM_HEADER = object()  # a table the device chose: read from the buffer's head
 class Compressed:
     """One compressed tensor: ``buffer`` is the whole golden/container buffer, sendable as is.
 
-    A CUDA compress returns before the device knows the buffer's size: ``nbytes``, ``ratio``,
-    ``layout``, ``payload_bytes``, ``buffer``, ``table`` and ``table_hash`` read it on first use
-    (one host sync, once). :func:`decompress` needs none of them.
+    Made by :func:`compress`, :func:`compress_into` and :meth:`from_buffer` (not constructed
+    directly); :func:`decompress` turns it back into the tensor. A CUDA compress returns before
+    the device knows the buffer's size: ``nbytes``, ``ratio``, ``layout``, ``payload_bytes``,
+    ``buffer``, ``table`` and ``table_hash`` read it on first use (one host sync, once).
+    :func:`decompress` needs none of them.
+
+    Attributes:
+        dtype (torch.dtype): the tensor's dtype.
+        shape (torch.Size): the tensor's shape.
+        numel (int): its number of elements.
+        block (int): elements per block (a power of two in [64, 1 << 20]).
+
+    Example::
+
+        >>> x = torch.randn(16, 1024, dtype=torch.bfloat16)
+        >>> c = zipccl.compress(x)
+        >>> c.dtype, c.shape, c.block
+        (torch.bfloat16, torch.Size([16, 1024]), 4096)
+        >>> c.layout, c.nbytes == c.buffer.numel(), c.ratio < 0.75
+        ('split', True, True)
+        >>> r = zipccl.Compressed.from_buffer(c.buffer.clone())  # e.g. after a recv
+        >>> torch.equal(zipccl.decompress(r), x)
+        True
     """
 
     __slots__ = ("_meta", "_plan", "_sizes", "_storage", "_table", "block", "dtype", "numel",
@@ -375,28 +502,41 @@ class Compressed:
 
     @property
     def nbytes(self) -> int:
+        """The buffer's length in bytes (header included); on CUDA the first read syncs."""
         return self._read_sizes()[0]
 
     @property
     def payload_bytes(self) -> int:
+        """Bytes of the split layout's payload stream (0 for the raw layout): ``nbytes`` less
+        :func:`fixed_part_bytes`. On CUDA the first read syncs."""
         return self._read_sizes()[1]
 
     @property
     def layout(self) -> str:
-        """"split", or "raw" where that is not larger (the split layout is always smaller)."""
+        """``"split"``, or ``"raw"`` (header + the values' bytes) where the split layout would
+        not be smaller; so a split buffer is always smaller than a raw one. On CUDA the first
+        read syncs."""
         return "raw" if self.nbytes == raw_size(_fmt(self.dtype), self.numel) else "split"
 
     @property
     def ratio(self) -> float:
+        """``nbytes`` / the tensor's own bytes (``numel * itemsize``, at least 1): lower is
+        better. The 512-byte header counts, so small or incompressible tensors exceed 1."""
         return self.nbytes / max(1, self.numel * _fmt(self.dtype).bits // 8)
 
     @property
     def buffer(self) -> torch.Tensor:
+        """The compressed bytes: a 1-D ``torch.uint8`` view of ``nbytes`` bytes on the tensor's
+        device (of ``out`` for :func:`compress_into`), to send, save or :func:`decompress`."""
         return self._storage[: self.nbytes]
 
     @property
     def table(self) -> Codebook | None:
-        """The table the buffer was coded with (None for the raw layout)."""
+        """The table the buffer was coded with (None for the raw layout).
+
+        Where the CUDA kernels built it (the default table on CUDA) the first read copies the
+        header to the host and parses it, checking its CRC and table hash (ValueError if the
+        buffer was corrupted since)."""
         if self.layout == "raw":
             return None
         if self._table is _FROM_HEADER:  # validates the device's header (CRC, table hash)
@@ -405,10 +545,14 @@ class Compressed:
 
     @property
     def table_hash(self) -> int:
+        """The table's 64-bit hash as the header stores it (``Codebook.hash64``); 0 for the
+        raw layout."""
         table = self.table
         return _hash64(table) if table is not None else 0
 
     def header_bytes(self) -> bytes:
+        """The buffer's 512-byte header (golden.container.Header), copied to the host (a sync on
+        CUDA); ``golden.container.Header.unpack`` parses it."""
         return bytes(self._storage[:HEADER_BYTES].cpu().numpy())
 
     @classmethod
@@ -419,7 +563,36 @@ class Compressed:
 
     @classmethod
     def from_buffer(cls, buf: torch.Tensor) -> Compressed:
-        """Parse and validate a received buffer's header and length (ValueError if corrupt)."""
+        """A received buffer as a :class:`Compressed`: its header parsed and checked on the host.
+
+        The header (magic, version, CRC-32, dtype, shape, block, table and its hash, payload
+        size) is copied to the host (a sync on CUDA) and validated, and the buffer's length must
+        be the one the header implies. The blocks themselves are checked when decoded
+        (:func:`decompress`). The result's ``buffer`` is ``buf`` itself, not a copy.
+
+        Args:
+            buf (Tensor): a 1-D ``torch.uint8`` tensor holding exactly one compressed buffer,
+                on any device.
+
+        Returns:
+            Compressed: with every property known (no further sync).
+
+        Raises:
+            TypeError: ``buf`` is not a 1-D ``torch.uint8`` tensor.
+            ValueError: ``buf`` is shorter than the header, its header is corrupt
+                (golden.streams.StreamError, a ValueError), or its length is not the header's
+                (truncated or padded).
+
+        Example::
+
+            >>> c = zipccl.compress(torch.randn(1000))
+            >>> zipccl.Compressed.from_buffer(c.buffer).shape
+            torch.Size([1000])
+            >>> zipccl.Compressed.from_buffer(torch.zeros(10, dtype=torch.uint8))
+            Traceback (most recent call last):
+                ...
+            ValueError: buffer of 10 bytes is shorter than the header
+        """
         if not isinstance(buf, torch.Tensor) or buf.dtype != torch.uint8 or buf.dim() != 1:
             raise TypeError("a compressed buffer is a 1-D torch.uint8 tensor")
         if buf.numel() < HEADER_BYTES:
@@ -565,8 +738,46 @@ def compress_into(
     *,
     block: int = DEFAULT_BLOCK,
 ) -> Compressed:
-    """Compress into the preallocated uint8 ``out`` (>= max_compressed_bytes, same device); the
-    result's buffer is a view of ``out``. On CUDA nothing waits for the device."""
+    """:func:`compress` into preallocated memory: no allocation for the buffer.
+
+    The bytes, the layout choice and the CUDA behaviour are :func:`compress`'s; the result's
+    ``buffer`` is the view ``out[:nbytes]``, so ``out`` must stay alive (and unmodified) while
+    the result is used. On CUDA (the CUDA kernels, ``block`` <= 16384) nothing waits for the
+    device: the size stays there until first read, in a small separate device allocation.
+
+    Settings: ``ZIPCCL_BACKEND`` -- ``auto`` (default: the CUDA kernels on CUDA tensors, the
+    torch ops elsewhere), ``torch`` (the torch ops everywhere) or ``triton`` (the Triton kernels;
+    on CPU under ``TRITON_INTERPRET=1``); ``ZIPCCL_FAST=0`` turns off the CUDA kernels' BF16 fast
+    path. Neither changes the bytes; a value they do not accept raises ValueError naming it.
+
+    Args:
+        tensor (Tensor): as for :func:`compress`: ``bfloat16``, ``float16``, ``float32``,
+            ``float8_e4m3fn`` or ``float8_e5m2``, at most 8 dimensions, any strides.
+        out (Tensor): a 1-D ``torch.uint8`` tensor on the tensor's device of at least
+            ``max_compressed_bytes(tensor.dtype, tensor.numel())`` bytes.
+        table (Codebook or str, optional): None or ``"theory"`` (default), ``"histogram"``,
+            or a golden.codebook.Codebook; see :func:`compress`.
+        block (int, optional): elements per block, a power of two in [64, 1 << 20]
+            (golden.container's ``MIN_BLOCK``, ``MAX_BLOCK``); default 4096.
+
+    Returns:
+        Compressed: whose ``buffer`` is a view of ``out``.
+
+    Raises:
+        TypeError: as for :func:`compress` (not a tensor, dtype, ``table``).
+        ValueError: ``out`` is not a 1-D uint8 tensor, is too small, or is on another device;
+            more than 8 dimensions; a ``block`` out of range.
+
+    Example::
+
+        >>> x = torch.randn(1 << 14, dtype=torch.bfloat16)
+        >>> out = torch.empty(zipccl.max_compressed_bytes(x.dtype, x.numel()), dtype=torch.uint8)
+        >>> c = zipccl.compress_into(x, out)
+        >>> c.buffer.data_ptr() == out.data_ptr(), c.nbytes < out.numel()
+        (True, True)
+        >>> torch.equal(zipccl.decompress(c), x)
+        True
+    """
     fmt = _check_input(tensor)
     _check_block(block)
     cuda = _device_codec(tensor.device, block)
@@ -602,10 +813,80 @@ def compress_into(
 def compress(
     tensor: torch.Tensor, table: TableSpec = None, *, block: int = DEFAULT_BLOCK
 ) -> Compressed:
-    """Compress ``tensor`` losslessly; the buffer lives on the tensor's device.
+    """Compress ``tensor`` losslessly into one golden/container.py buffer on its device.
 
-    On CUDA the call only queues work (table, encode, header, layout choice all on the device)
-    and returns; the buffer is a view of one max_compressed_bytes allocation.
+    The buffer is self-describing: its 512-byte header holds the dtype, shape, block, table,
+    payload size and a CRC-32, so :func:`decompress` (or golden.container.decode) needs nothing
+    else and restores the tensor bit for bit. The values travel in the split layout -- the
+    uncoded bits (sign and mantissa of BF16/FP16/FP32; none for FP8) and each symbol's 3-bit
+    prefix as bit planes, the blocks' offsets, then the payload stream of the rest of each
+    symbol's code (the symbol: the exponent field, or the FP8 byte) -- or, where that would not
+    be smaller, in the raw layout (header + the values' bytes). The bytes are exactly
+    ``golden.container.encode(bits, fmt, table, block)``'s, whichever backend writes them.
+
+    On a CUDA tensor (with the CUDA kernels, the default there, and ``block`` <= 16384) the call
+    only queues work on the current stream and returns: the kernels build the default table
+    from the sample, encode, write the header and choose the layout, so nothing waits for the
+    device and the call can be captured in a CUDA graph. The size stays on the device until
+    ``nbytes`` (or ``buffer``, ``ratio``, ``layout``, ``payload_bytes``, ``table``,
+    ``table_hash``) is first read: one host sync, once. ``table="histogram"`` syncs, and
+    ``ZIPCCL_BACKEND=torch`` or ``triton``, or a larger block, take the host path, which syncs
+    too. On CPU the call returns with everything known.
+
+    Settings: ``ZIPCCL_BACKEND`` -- ``auto`` (default: the CUDA kernels on CUDA tensors, the
+    torch ops elsewhere), ``torch`` (the torch ops everywhere) or ``triton`` (the Triton kernels;
+    on CPU under ``TRITON_INTERPRET=1``); ``ZIPCCL_FAST=0`` turns off the CUDA kernels' BF16 fast
+    path. Neither changes the bytes; a value they do not accept raises ValueError naming it.
+
+    Args:
+        tensor (Tensor): ``torch.bfloat16``, ``torch.float16``, ``torch.float32``,
+            ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``; at most 8 dimensions
+            (golden.container's ``MAX_DIMS``), any number of elements (0 too), any strides (a
+            non-contiguous tensor is coded from a contiguous copy), on CPU or CUDA. Only the
+            values are read: autograd does not see the call.
+        table (Codebook or str, optional): the code table.
+
+            * None or ``"theory"`` (default): :func:`default_table` -- for BF16/FP16/FP32
+              golden.theory's ZipCCL table from the statistics of a deterministic 65,536-value
+              sample, for FP8 golden.builders.staircase_table of the sample's byte histogram;
+              on CUDA built on the device, with golden's bytes;
+            * ``"histogram"``: :func:`histogram_table` of the whole tensor (an extra pass and,
+              on CUDA, a host sync; for FP8 an exhaustive table search);
+            * a golden.codebook.Codebook: used as given (e.g. :func:`default_table` of another
+              tensor, or a :class:`~zipccl.Calibrator`'s). Every table codes every value; a
+              poor fit only costs ratio, down to the raw layout.
+        block (int, optional): elements per block, a power of two in [64, 1 << 20]
+            (golden.container's ``MIN_BLOCK``, ``MAX_BLOCK``); default ``DEFAULT_BLOCK`` = 4096.
+            Blocks are coded independently; smaller ones add block offsets to the fixed part.
+
+    Returns:
+        Compressed: ``buffer`` (1-D ``torch.uint8`` on the tensor's device, a view of one
+        allocation of at least :func:`max_compressed_bytes`), ``nbytes``, ``ratio``,
+        ``layout``, ``table``, ``dtype``, ``shape``, ``block``.
+
+    Raises:
+        TypeError: ``tensor`` is not a torch.Tensor; its dtype is not one of the five above;
+            ``table`` is not None, ``"theory"``, ``"histogram"`` or a Codebook.
+        ValueError: the tensor has more than 8 dimensions; ``block`` is not a power of two in
+            [64, 1 << 20]; a malformed ``ZIPCCL_BACKEND`` or ``ZIPCCL_FAST``.
+
+    Example::
+
+        >>> x = torch.randn(1 << 14, dtype=torch.bfloat16)
+        >>> c = zipccl.compress(x)
+        >>> c.layout, c.ratio < 0.75  # about 0.72 here; 0.70 for 1M N(0, 1) BF16 values
+        ('split', True)
+        >>> c.buffer.dtype, c.nbytes <= zipccl.max_compressed_bytes(x.dtype, x.numel())
+        (torch.uint8, True)
+        >>> torch.equal(zipccl.decompress(c), x)
+        True
+        >>> c8 = zipccl.compress(x.to(torch.float8_e5m2), table="histogram", block=1024)
+
+    On CUDA the same call only queues work; the first read of a size waits for the device::
+
+        >>> x = torch.randn(1 << 20, dtype=torch.bfloat16, device="cuda")  # doctest: +SKIP
+        >>> c = zipccl.compress(x)  # doctest: +SKIP
+        >>> n = c.nbytes  # doctest: +SKIP
     """
     fmt = _check_input(tensor)
     _check_block(block)
@@ -634,8 +915,31 @@ def _indexed(device: torch.device) -> torch.device:
 
 
 def check_errors(device: torch.device | str | None = None) -> None:
-    """Raise what ``decompress(..., sync=False)`` calls found wrong since the last check
-    (ValueError naming it), on ``device`` or on every device; waits for those decodes."""
+    """Raise what ``decompress(..., sync=False)`` calls found wrong since the last check.
+
+    ``decompress(c, sync=False)`` on CUDA records a corrupt buffer's problems in one int32 flag
+    per device instead of raising; this reads the flag (a host sync: it waits for the decodes
+    queued so far), clears it and raises once for all of them. A device on which no decode was
+    ever queued that way (CPU tensors, other backends) is not read: it returns at once.
+
+    Args:
+        device (torch.device or str, optional): the device whose decodes to check (``"cuda"``
+            means the current CUDA device); None (default): every device that has had one.
+
+    Returns:
+        None
+
+    Raises:
+        ValueError: ``"corrupt compressed buffer: "`` and what the decoders found (block
+            offsets out of order, a payload size that disagrees with the prefix planes, an
+            illegal codeword, non-zero padding); the flag is cleared first.
+
+    Example::
+
+        >>> c = zipccl.compress(torch.randn(4096))
+        >>> y = zipccl.decompress(c, sync=False)  # on CUDA: queued, unchecked
+        >>> zipccl.check_errors()  # raises here if that buffer was corrupt
+    """
     devices = list(_PENDING) if device is None else [_indexed(torch.device(device))]
     for dev in devices:
         flag = _PENDING.get(dev)
@@ -650,12 +954,64 @@ def check_errors(device: torch.device | str | None = None) -> None:
 def decompress(
     c: Compressed | torch.Tensor, out: torch.Tensor | None = None, *, sync: bool = True
 ) -> torch.Tensor:
-    """Decompress to a new tensor, or into ``out`` (same dtype and numel; returned).
+    """Decompress to a new tensor, or into ``out``: a bit-exact copy of the compressed one.
 
-    ``sync=True`` (default) checks the buffer before returning: a corrupt one raises ValueError.
-    ``sync=False`` on CUDA only queues the decode (no host sync): problems are recorded on the
-    device and raised by the next :func:`check_errors`, and the output of a corrupt buffer is
-    undefined until then. A bare uint8 buffer is parsed (its header checked) on the host first.
+    Every block's structure is checked (offsets, payload size, illegal codewords, padding; on CPU
+    also the canonical form the encoder writes), so corruption that breaks the code raises; there is
+    no checksum over the values (only the header's CRC-32), so a flipped bit that leaves the code
+    legal -- in the sign or mantissa planes, say -- decodes to another value. ``sync=True``
+    (default) raises before returning (on CUDA one host sync). ``sync=False`` on CUDA (the CUDA
+    kernels) only queues the decode, on the current stream: problems are recorded on the device and
+    raised by the next :func:`check_errors`, and the output of a corrupt buffer is undefined until
+    then; together with :func:`compress` the pair can be captured in a CUDA graph. Elsewhere
+    ``sync=False`` decodes and checks as ``sync=True`` does. A bare uint8 buffer is first parsed by
+    :meth:`Compressed.from_buffer` (its header copied to the host and checked: a sync on CUDA); a
+    :class:`Compressed` from :func:`compress` needs no host read of its size.
+
+    Settings: ``ZIPCCL_BACKEND`` and ``ZIPCCL_FAST`` choose the decoder as for :func:`compress`
+    (same results), except that a Compressed the CUDA kernels made is decoded by them.
+
+    Args:
+        c (Compressed or Tensor): what :func:`compress`, :func:`compress_into` or
+            :meth:`Compressed.from_buffer` returned, or a 1-D ``torch.uint8`` tensor holding
+            exactly one compressed buffer (e.g. ``c.buffer`` after a send), on CPU or CUDA.
+        out (Tensor, optional): where to decode: the buffer's dtype and number of elements
+            (any shape; strided is fine: decoded contiguous, then copied), on the buffer's
+            device. Default: a new contiguous tensor of the buffer's shape.
+        sync (bool, optional): True (default) to raise on a corrupt buffer before returning;
+            False to leave that to :func:`check_errors` (CUDA).
+
+    Returns:
+        Tensor: ``out``, or the new tensor (the original dtype and shape, on the buffer's
+        device).
+
+    Raises:
+        TypeError: ``c`` is neither a Compressed nor a tensor, or a tensor that is not 1-D
+            ``torch.uint8``.
+        ValueError: a corrupt or truncated buffer (a bad header is golden.streams.StreamError,
+            a ValueError); ``out`` of another dtype, element count or device.
+
+    Example::
+
+        >>> x = torch.randn(128, 128).to(torch.float8_e4m3fn)
+        >>> c = zipccl.compress(x)
+        >>> y = zipccl.decompress(c)
+        >>> y.dtype, y.shape, torch.equal(y.view(torch.uint8), x.view(torch.uint8))
+        (torch.float8_e4m3fn, torch.Size([128, 128]), True)
+        >>> out = torch.empty_like(x)
+        >>> zipccl.decompress(c.buffer, out=out) is out  # a received buffer, decoded in place
+        True
+        >>> bad = c.buffer.clone()
+        >>> bad[8] ^= 1  # a flipped header bit
+        >>> zipccl.decompress(bad)
+        Traceback (most recent call last):
+            ...
+        golden.streams.StreamError: header checksum mismatch: the buffer is corrupt
+
+    On CUDA, the queued form (nothing waits for the device until :func:`check_errors`)::
+
+        >>> zipccl.decompress(c, out=y, sync=False)  # doctest: +SKIP
+        >>> zipccl.check_errors()  # ValueError if c was corrupt  # doctest: +SKIP
     """
     if isinstance(c, torch.Tensor):
         c = Compressed.from_buffer(c)

@@ -486,8 +486,37 @@ def _plan(g: Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int
 
 def all_reduce_strategy(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
                         group: dist.ProcessGroup | None = None) -> str:
-    """What :func:`all_reduce` would do with this tensor (without verification): "native",
-    "a2a_reduce" or "compressed". Hooks use it to hand native calls straight to torch."""
+    """What :func:`all_reduce` would do with this tensor (without verification).
+
+    The switch's local decision from values every rank shares (op, dtype, size, world size,
+    ``ZIPCCL_MODE``, ``ZIPCCL_CHUNK_BYTES``, ``ZIPCCL_NATIVE_REDUCE`` and the group's profile),
+    cached per group and call shape. :func:`zipccl.ddp_hook` uses it to hand native buckets
+    straight to torch. In ``auto`` mode the group's first decision measures (or loads) the
+    switch's profile, a collective, so every rank must ask at the same point; a group's first
+    zipccl call also agrees on the settings (a store round trip).
+
+    Args:
+        tensor (Tensor): the tensor that would be all-reduced.
+        op (ReduceOp, optional): the reduce op; default SUM.
+        group (ProcessGroup, optional): the group; None (default): the default group.
+
+    Returns:
+        str: ``"native"`` (torch's all-reduce; always for a ``zipccl``-backend group),
+        ``"a2a_reduce"`` (an uncompressed all-to-all and zipccl's local reduction) or
+        ``"compressed"``.
+
+    Raises:
+        CollectiveMismatchError: on a group's first call, ranks whose ``ZIPCCL_*`` settings
+            differ.
+        ValueError: a malformed ``ZIPCCL_*`` value.
+
+    Example::
+
+        >>> # on every rank, after dist.init_process_group("nccl")
+        >>> t = torch.randn(1 << 24, dtype=torch.bfloat16, device="cuda")
+        >>> zipccl.all_reduce_strategy(t) in ("native", "a2a_reduce", "compressed")
+        True
+    """
     if _entered(group):
         return switch.NATIVE
     nbytes = tensor.numel() * tensor.element_size()
@@ -788,7 +817,79 @@ def protocol_call(g: Group, op: str, x: torch.Tensor) -> Callable[[], None]:
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                            group: dist.ProcessGroup | None = None, async_op: bool = False, *,
                            table: Codebook | None = None, verify: bool | None = None) -> object:
-    """torch.distributed.all_gather_into_tensor, compressed where it pays."""
+    """torch.distributed.all_gather_into_tensor, compressed where it pays.
+
+    ``output_tensor`` receives every rank's ``input_tensor`` end to end in group rank order,
+    bit-identical to torch's result. A compressed call encodes this rank's input once (its
+    default table, or ``table``) into a slot as wide as the widest rank's, all-gathers the
+    slots in one collective per chunk and decodes each rank's piece as it lands; a piece whose
+    payload outgrew its slot is resent raw after one host read at the end of the call.
+
+    Only ``bfloat16``, ``float16``, ``float32``, ``float8_e4m3fn`` and ``float8_e5m2`` tensors are
+    ever compressed; other dtypes take torch's path (FP8 travels as bytes there, so gloo moves it
+    too). A call the switch keeps native and that is not verified goes straight to torch.distributed
+    with the caller's tensors and returns torch's own Work; a verified or compressed call first
+    exchanges a small descriptor (one all-gather and a host sync), and a compressed one encodes the
+    pieces with the codec (golden/container.py's bytes), moves them in one collective per chunk and
+    decodes them as they land (module docstring: Protocols). A call repeating an earlier one (same
+    op, group, dtype, sizes, table and settings) reuses that call's tables and strategy: a *plan*
+    (module docstring: Plans).
+
+    Settings (read at every call; a group's ranks agree on them before its first zipccl call, else
+    CollectiveMismatchError): ``ZIPCCL_MODE`` (``auto``, default: compress where the switch's cost
+    model, measured once per group and cached, predicts a gain; ``always``; ``never``: plain
+    torch.distributed, no verification), ``ZIPCCL_VERIFY`` (unless ``verify`` is given),
+    ``ZIPCCL_CHUNK_BYTES`` (per-rank bytes per pipeline chunk; default: the model's chunk count in
+    ``auto`` on CUDA, else 32 MiB on CUDA and one chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one
+    plan serves, default 64; 0: no plans); the codec's ``ZIPCCL_BACKEND`` and ``ZIPCCL_FAST`` choose
+    its kernels (same bytes, so not agreed).
+
+    Args:
+        output_tensor (Tensor): ``world_size * input_tensor.numel()`` values of the input's
+            dtype (any shape), contiguous.
+        input_tensor (Tensor): this rank's values, the same numel on every rank, contiguous;
+            on CUDA for NCCL, on CPU for gloo.
+        group (ProcessGroup, optional): the group; None (default): the default group. A group
+            of the ``zipccl`` backend hands the call to torch.distributed, whose backend then
+            runs zipccl's protocol on its inner group (never compressed twice).
+        async_op (bool, optional): return a Work instead of None.
+        table (Codebook, optional): the table every rank codes its pieces with; every rank must
+            pass the same one (its hash is checked). None (default): each rank's default table
+            (:func:`zipccl.default_table` of its sample), which every rank builds from the
+            exchanged sample summaries. Ignored where the call goes straight to torch.
+        verify (bool, optional): True: exchange the descriptor for every call, native ones too
+            (``ZIPCCL_VERIFY=1``); False: only where the protocol exchanges it anyway
+            (``ZIPCCL_VERIFY=0``); None (default): ``ZIPCCL_VERIFY`` (``auto``: calls that take
+            zipccl's own protocols).
+
+    Returns:
+        A Work if ``async_op``, else None: torch's own where the call went to torch.distributed,
+        else a completed :class:`~zipccl._comm.DoneWork` (the result is in place, queued on the
+        caller's stream; its ``wait()`` and CUDA-aware future order the waiting stream after
+        it).
+
+    Raises:
+        CollectiveMismatchError: (a ValueError; on every rank) on a verified or compressed call
+            whose ranks' arguments do not fit together (dtype, input size, table, ZIPCCL_MODE) or
+            where one rank's are wrong (the output's size, input and output dtypes that differ,
+            non-contiguous tensors, tensors on the wrong device for the backend); on a group's first
+            call, ranks whose ``ZIPCCL_*`` settings differ.
+        PeerError: (a RuntimeError) another rank failed inside the same compressed call; that
+            rank raises its own exception (ValueError for a corrupt piece it received).
+        TypeError: ``table`` is neither a Codebook nor None (where zipccl's path is taken).
+        ValueError: a malformed ``ZIPCCL_*`` value. A call handed straight to torch raises
+            torch's own errors instead.
+
+    Example::
+
+        >>> # on every rank, after dist.init_process_group("nccl")
+        >>> rank, world = dist.get_rank(), dist.get_world_size()
+        >>> shard = torch.randn(1 << 20, dtype=torch.bfloat16, device="cuda")
+        >>> full = torch.empty(world * shard.numel(), dtype=shard.dtype, device="cuda")
+        >>> zipccl.all_gather_into_tensor(full, shard)
+        >>> torch.equal(full.view(world, -1)[rank], shard)
+        True
+    """
     nbytes = input_tensor.numel() * input_tensor.element_size()
     if _direct(group, input_tensor, "all_gather", nbytes, -1, verify):
         return dist.all_gather_into_tensor(_wire(output_tensor), _wire(input_tensor), group,
@@ -897,7 +998,75 @@ def _resend(g: Group, streams: Streams, src: int, parts: list[tuple[torch.Tensor
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
                group: dist.ProcessGroup | None = None, async_op: bool = False, *,
                table: Codebook | None = None, verify: bool | None = None) -> object:
-    """torch.distributed.all_gather (equal shapes), through all_gather_into_tensor."""
+    """torch.distributed.all_gather (equal shapes), through :func:`all_gather_into_tensor`.
+
+    ``tensor_list[r]`` receives rank r's ``tensor``. Where every entry of ``tensor_list`` has
+    ``tensor``'s shape and dtype, the call gathers into one flat buffer with
+    :func:`all_gather_into_tensor` (``table`` and ``verify`` passed on; compressed where it
+    pays) and copies the pieces out; otherwise, or where the switch keeps it native and it is
+    not verified, it is torch.distributed.all_gather as is.
+
+    Only ``bfloat16``, ``float16``, ``float32``, ``float8_e4m3fn`` and ``float8_e5m2`` tensors are
+    ever compressed; other dtypes take torch's path (FP8 travels as bytes there, so gloo moves it
+    too). A call the switch keeps native and that is not verified goes straight to torch.distributed
+    with the caller's tensors and returns torch's own Work; a verified or compressed call first
+    exchanges a small descriptor (one all-gather and a host sync), and a compressed one encodes the
+    pieces with the codec (golden/container.py's bytes), moves them in one collective per chunk and
+    decodes them as they land (module docstring: Protocols). A call repeating an earlier one (same
+    op, group, dtype, sizes, table and settings) reuses that call's tables and strategy: a *plan*
+    (module docstring: Plans).
+
+    Settings (read at every call; a group's ranks agree on them before its first zipccl call, else
+    CollectiveMismatchError): ``ZIPCCL_MODE`` (``auto``, default: compress where the switch's cost
+    model, measured once per group and cached, predicts a gain; ``always``; ``never``: plain
+    torch.distributed, no verification), ``ZIPCCL_VERIFY`` (unless ``verify`` is given),
+    ``ZIPCCL_CHUNK_BYTES`` (per-rank bytes per pipeline chunk; default: the model's chunk count in
+    ``auto`` on CUDA, else 32 MiB on CUDA and one chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one
+    plan serves, default 64; 0: no plans); the codec's ``ZIPCCL_BACKEND`` and ``ZIPCCL_FAST`` choose
+    its kernels (same bytes, so not agreed).
+
+    Args:
+        tensor_list (list of Tensor): ``world_size`` tensors, overwritten.
+        tensor (Tensor): this rank's tensor (any strides); on CUDA for NCCL, on CPU for gloo.
+        group (ProcessGroup, optional): the group; None (default): the default group. A group
+            of the ``zipccl`` backend hands the call to torch.distributed, whose backend then
+            runs zipccl's protocol on its inner group (never compressed twice).
+        async_op (bool, optional): return a Work instead of None.
+        table (Codebook, optional): the table every rank codes its pieces with; every rank must
+            pass the same one (its hash is checked). None (default): each rank's default table
+            (:func:`zipccl.default_table` of its sample), which every rank builds from the
+            exchanged sample summaries. Ignored where the call goes straight to torch.
+        verify (bool, optional): True: exchange the descriptor for every call, native ones too
+            (``ZIPCCL_VERIFY=1``); False: only where the protocol exchanges it anyway
+            (``ZIPCCL_VERIFY=0``); None (default): ``ZIPCCL_VERIFY`` (``auto``: calls that take
+            zipccl's own protocols).
+
+    Returns:
+        A Work if ``async_op``, else None: torch's own where the call went to
+        torch.distributed.all_gather, else a completed :class:`~zipccl._comm.DoneWork` (the result
+        is in place, queued on the caller's stream; its ``wait()`` and CUDA-aware future order the
+        waiting stream after it).
+
+    Raises:
+        CollectiveMismatchError: (a ValueError; on every rank) on a verified or compressed call
+            whose ranks' arguments do not fit together (dtype, size, table, ZIPCCL_MODE) or where
+            one rank's tensor is on the wrong device for the backend; on a group's first call,
+            ranks whose ``ZIPCCL_*`` settings differ.
+        PeerError: (a RuntimeError) another rank failed inside the same compressed call; that
+            rank raises its own exception (ValueError for a corrupt piece it received).
+        TypeError: ``table`` is neither a Codebook nor None (where zipccl's path is taken).
+        ValueError: a malformed ``ZIPCCL_*`` value. A call handed straight to torch raises
+            torch's own errors instead.
+
+    Example::
+
+        >>> # on every rank, after dist.init_process_group("nccl")
+        >>> t = torch.randn(4096, 1024, dtype=torch.bfloat16, device="cuda")
+        >>> gathered = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+        >>> zipccl.all_gather(gathered, t)
+        >>> torch.equal(gathered[dist.get_rank()], t)
+        True
+    """
     nbytes = tensor.numel() * tensor.element_size()
     if _direct(group, tensor, "all_gather", nbytes, -1, verify) or not all(
             t.shape == tensor.shape and t.dtype == tensor.dtype for t in tensor_list):
@@ -926,6 +1095,84 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
     otherwise it exchanges the descriptor -- which then also checks the splits -- whatever the
     policy, because every rank must use the same strategy and chunk count. So in auto mode every
     rank must pass its splits the same way (all None or all lists).
+
+    Rank i's rows ``input_split_sizes[j]`` (dimension 0) go to rank j, which receives them at
+    ``output_split_sizes[i]``; bit-identical to torch's result. A compressed call moves every
+    (src, dst) piece in a slot both ends size from the agreed splits and the sender's sample
+    summary, in one all-to-all per chunk (between two ranks an all-gather, faster on NCCL over
+    sockets); a piece whose payload outgrew its slot is resent raw in one more all-to-all.
+
+    Only ``bfloat16``, ``float16``, ``float32``, ``float8_e4m3fn`` and ``float8_e5m2`` tensors are
+    ever compressed; other dtypes take torch's path (FP8 travels as bytes there, so gloo moves it
+    too). A call the switch keeps native and that is not verified goes straight to torch.distributed
+    with the caller's tensors and returns torch's own Work; a verified or compressed call first
+    exchanges a small descriptor (one all-gather and a host sync), and a compressed one encodes the
+    pieces with the codec (golden/container.py's bytes), moves them in one collective per chunk and
+    decodes them as they land (module docstring: Protocols). A call repeating an earlier one (same
+    op, group, dtype, sizes, table and settings) reuses that call's tables and strategy: a *plan*
+    (module docstring: Plans).
+
+    Settings (read at every call; a group's ranks agree on them before its first zipccl call, else
+    CollectiveMismatchError): ``ZIPCCL_MODE`` (``auto``, default: compress where the switch's cost
+    model, measured once per group and cached, predicts a gain; ``always``; ``never``: plain
+    torch.distributed, no verification), ``ZIPCCL_VERIFY`` (unless ``verify`` is given),
+    ``ZIPCCL_CHUNK_BYTES`` (per-rank bytes per pipeline chunk; default: the model's chunk count in
+    ``auto`` on CUDA, else 32 MiB on CUDA and one chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one
+    plan serves, default 64; 0: no plans); the codec's ``ZIPCCL_BACKEND`` and ``ZIPCCL_FAST`` choose
+    its kernels (same bytes, so not agreed).
+
+    Args:
+        output (Tensor): receives the pieces, contiguous, with ``input``'s dtype and row size.
+        input (Tensor): the rows to send, contiguous; on CUDA for NCCL, on CPU for gloo.
+        output_split_sizes (list of int, optional): rows received from each rank; None or
+            empty: ``output.shape[0] // world_size`` each.
+        input_split_sizes (list of int, optional): rows sent to each rank; None or empty:
+            ``input.shape[0] // world_size`` each.
+        group (ProcessGroup, optional): the group; None (default): the default group. A group
+            of the ``zipccl`` backend hands the call to torch.distributed, whose backend then
+            runs zipccl's protocol on its inner group (never compressed twice).
+        async_op (bool, optional): return a Work instead of None.
+        table (Codebook, optional): the table every rank codes its pieces with; every rank must
+            pass the same one (its hash is checked). None (default): each rank's default table
+            (:func:`zipccl.default_table` of its sample), which every rank builds from the
+            exchanged sample summaries. Ignored where the call goes straight to torch.
+        verify (bool, optional): True: exchange the descriptor for every call, native ones too
+            (``ZIPCCL_VERIFY=1``); False: only where the protocol exchanges it anyway
+            (``ZIPCCL_VERIFY=0``); None (default): ``ZIPCCL_VERIFY`` (``auto``: calls that take
+            zipccl's own protocols).
+
+    Returns:
+        A Work if ``async_op``, else None: torch's own where the call went to torch.distributed,
+        else a completed :class:`~zipccl._comm.DoneWork` (the result is in place, queued on the
+        caller's stream; its ``wait()`` and CUDA-aware future order the waiting stream after
+        it).
+
+    Raises:
+        CollectiveMismatchError: (a ValueError; on every rank) on a verified or compressed call
+            whose ranks' arguments do not fit together (dtype, row size, rank i's input split j not
+            rank j's output split i, table, ZIPCCL_MODE) or where one rank's are wrong (splits that
+            do not add up to the first dimension, differing dtypes, non-contiguous tensors, tensors
+            on the wrong device for the backend); on a group's first call, ranks whose ``ZIPCCL_*``
+            settings differ.
+        PeerError: (a RuntimeError) another rank failed inside the same compressed call; that
+            rank raises its own exception (ValueError for a corrupt piece it received).
+        TypeError: ``table`` is neither a Codebook nor None (where zipccl's path is taken).
+        ValueError: a malformed ``ZIPCCL_*`` value. A call handed straight to torch raises
+            torch's own errors instead.
+
+    Example::
+
+        >>> # on every rank, after dist.init_process_group("nccl"): an even all-to-all
+        >>> world = dist.get_world_size()
+        >>> tokens = torch.randn(world * 512, 4096, dtype=torch.bfloat16, device="cuda")
+        >>> routed = torch.empty_like(tokens)
+        >>> zipccl.all_to_all_single(routed, tokens)
+        >>> # uneven (MoE dispatch): send[j] rows to rank j, as the router decided
+        >>> send = torch.full((world,), 512, dtype=torch.int64, device="cuda")
+        >>> recv = torch.empty_like(send)
+        >>> dist.all_to_all_single(recv, send)  # every rank learns what it receives
+        >>> routed = torch.empty(int(recv.sum()), 4096, dtype=tokens.dtype, device="cuda")
+        >>> zipccl.all_to_all_single(routed, tokens, recv.tolist(), send.tolist())
     """
     even = not output_split_sizes and not input_split_sizes
     nbytes = input.numel() * input.element_size() if even else None
@@ -1104,7 +1351,29 @@ def _swap(g: Group, streams: Streams, whole: torch.Tensor, out: list[torch.Tenso
 
 
 def reference_reduce(parts: Sequence[torch.Tensor], op: ReduceOp = ReduceOp.SUM) -> torch.Tensor:
-    """The reduction every zipccl reduce op computes: fp32, rank order 0..W-1, rounded once."""
+    """The reduction every zipccl reduce op computes: fp32, rank order 0..W-1, rounded once.
+
+    ``parts[0]`` op ``parts[1]`` op ... in float32, then one rounding to ``parts[0]``'s dtype
+    (AVG: the float32 sum divided by ``len(parts)`` before it). :func:`reduce_scatter_tensor`
+    and :func:`all_reduce` give exactly these bits whatever their strategy, except where
+    ``ZIPCCL_NATIVE_REDUCE=1`` lets them take the backend's own reduction. Local: no group.
+
+    Args:
+        parts (sequence of Tensor): one tensor per rank, in rank order, of one shape and dtype.
+        op (ReduceOp, optional): ``SUM`` (default), ``AVG``, ``PRODUCT``, ``MIN`` or ``MAX``.
+
+    Returns:
+        Tensor: a new tensor of ``parts[0]``'s shape and dtype.
+
+    Raises:
+        ValueError: any other ``op``.
+
+    Example::
+
+        >>> a = torch.tensor([1.0, 256.0], dtype=torch.bfloat16)
+        >>> zipccl.reference_reduce([a, a, a], dist.ReduceOp.AVG)
+        tensor([  1., 256.], dtype=torch.bfloat16)
+    """
     if op not in _LOCAL_OPS:
         raise ValueError(f"zipccl reduces SUM, AVG, PRODUCT, MIN and MAX locally, not {op}")
     acc = parts[0].float().clone()
@@ -1127,8 +1396,83 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
                           op: ReduceOp = ReduceOp.SUM, group: dist.ProcessGroup | None = None,
                           async_op: bool = False, *, table: Codebook | None = None,
                           verify: bool | None = None) -> object:
-    """torch.distributed.reduce_scatter_tensor with the deterministic fp32 reduction (module
-    docstring: auto with W > 2 is therefore not the backend's reduce-scatter)."""
+    """torch.distributed.reduce_scatter_tensor with the deterministic fp32 reduction.
+
+    Rank r's ``output`` becomes the reduction over every rank of block r of ``input`` (input
+    holds world_size blocks of ``output.numel()`` values). zipccl moves the W blocks by an
+    all-to-all (compressed where it pays, or not: ``a2a_reduce``) and reduces locally, as
+    :func:`reference_reduce` does: float32, rank order 0..W-1, rounded once -- the same bits on
+    every run. With two ranks the backend's own reduce-scatter gives those bits too, so the
+    switch may take it; with more, ``auto`` takes it only under ``ZIPCCL_NATIVE_REDUCE=1``
+    (and ``ZIPCCL_MODE=never`` always does). Ops other than SUM, AVG, PRODUCT, MIN and MAX
+    (PREMUL_SUM, bitwise) go to torch.
+
+    Only ``bfloat16``, ``float16``, ``float32``, ``float8_e4m3fn`` and ``float8_e5m2`` tensors are
+    ever compressed; other dtypes take torch's path. gloo cannot reduce FP8, so there ``auto`` and
+    ``always`` reduce it in zipccl. A call the switch keeps native and that is not verified goes
+    straight to torch.distributed with the caller's tensors and returns torch's own Work; a verified
+    or compressed call first exchanges a small descriptor (one all-gather and a host sync), and a
+    compressed one encodes the pieces with the codec (golden/container.py's bytes), moves them in
+    one collective per chunk and decodes them as they land (module docstring: Protocols). A call
+    repeating an earlier one (same op, group, dtype, sizes, table and settings) reuses that call's
+    tables and strategy: a *plan* (module docstring: Plans).
+
+    Settings (read at every call; a group's ranks agree on them before its first zipccl call, else
+    CollectiveMismatchError): ``ZIPCCL_MODE`` (``auto``, default: compress where the switch's cost
+    model, measured once per group and cached, predicts a gain; ``always``; ``never``: plain
+    torch.distributed, no verification), ``ZIPCCL_VERIFY`` (unless ``verify`` is given),
+    ``ZIPCCL_CHUNK_BYTES`` (per-rank bytes per pipeline chunk; default: the model's chunk count in
+    ``auto`` on CUDA, else 32 MiB on CUDA and one chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one
+    plan serves, default 64; 0: no plans), ``ZIPCCL_NATIVE_REDUCE=1`` (let ``auto`` take the
+    backend's own reduction for any world size, giving up rank-order determinism when it does); the
+    codec's ``ZIPCCL_BACKEND`` and ``ZIPCCL_FAST`` choose its kernels (same bytes, so not agreed).
+
+    Args:
+        output (Tensor): this rank's reduced block, ``input.numel() // world_size`` values of
+            ``input``'s dtype, contiguous.
+        input (Tensor): ``world_size * output.numel()`` values, contiguous; on CUDA for NCCL,
+            on CPU for gloo.
+        op (ReduceOp, optional): ``SUM`` (default), ``AVG``, ``PRODUCT``, ``MIN``, ``MAX``; any
+            other goes to torch.
+        group (ProcessGroup, optional): the group; None (default): the default group. A group
+            of the ``zipccl`` backend hands the call to torch.distributed, whose backend then
+            runs zipccl's protocol on its inner group (never compressed twice).
+        async_op (bool, optional): return a Work instead of None.
+        table (Codebook, optional): the table every rank codes its pieces with; every rank must
+            pass the same one (its hash is checked). None (default): each rank's default table
+            (:func:`zipccl.default_table` of its sample), which every rank builds from the
+            exchanged sample summaries. Ignored where the call goes straight to torch.
+        verify (bool, optional): True: exchange the descriptor for every call, native ones too
+            (``ZIPCCL_VERIFY=1``); False: only where the protocol exchanges it anyway
+            (``ZIPCCL_VERIFY=0``); None (default): ``ZIPCCL_VERIFY`` (``auto``: calls that take
+            zipccl's own protocols).
+
+    Returns:
+        A Work if ``async_op``, else None: torch's own where the call went to torch.distributed,
+        else a completed :class:`~zipccl._comm.DoneWork` (the result is in place, queued on the
+        caller's stream; its ``wait()`` and CUDA-aware future order the waiting stream after
+        it).
+
+    Raises:
+        CollectiveMismatchError: (a ValueError; on every rank) on a verified or compressed call
+            whose ranks' arguments do not fit together (dtype, input size, table, reduce op,
+            ZIPCCL_MODE) or where one rank's are wrong (the output's size, input and output dtypes
+            that differ, non-contiguous tensors, tensors on the wrong device for the backend); on a
+            group's first call, ranks whose ``ZIPCCL_*`` settings differ.
+        PeerError: (a RuntimeError) another rank failed inside the same compressed call; that
+            rank raises its own exception (ValueError for a corrupt piece it received).
+        TypeError: ``table`` is neither a Codebook nor None (where zipccl's path is taken).
+        ValueError: a malformed ``ZIPCCL_*`` value. A call handed straight to torch raises
+            torch's own errors instead.
+
+    Example::
+
+        >>> # on every rank, after dist.init_process_group("nccl")
+        >>> world = dist.get_world_size()
+        >>> grads = torch.randn(world * (1 << 20), dtype=torch.bfloat16, device="cuda")
+        >>> shard = torch.empty(1 << 20, dtype=torch.bfloat16, device="cuda")
+        >>> zipccl.reduce_scatter_tensor(shard, grads, op=dist.ReduceOp.AVG)
+    """
     nbytes = input.numel() * input.element_size()
     if _direct(group, input, "reduce_scatter", nbytes, _red_code(op), verify):
         return dist.reduce_scatter_tensor(output, input, op, group, async_op)
@@ -1178,8 +1522,78 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
                table: Codebook | None = None, verify: bool | None = None) -> object:
     """torch.distributed.all_reduce as reduce-scatter + all-gather, each compressed where it pays.
 
-    Every rank ends with the same bits: the rank-order fp32 reduction of its shard, all-gathered
-    losslessly.
+    In place: every rank's ``tensor`` becomes the reduction over all ranks, the same bits on
+    every rank -- :func:`reference_reduce` of the ranks' tensors (float32, rank order, rounded
+    once), reduced shard by shard and all-gathered losslessly. The flat tensor (padded with
+    zeros to a multiple of the world size where needed) is reduce-scattered
+    (:func:`reduce_scatter_tensor`'s strategies) and then all-gathered
+    (:func:`all_gather_into_tensor`'s), each half compressed only where it pays. With two ranks
+    the backend's own all-reduce gives the same bits, so the switch may take it; with more,
+    ``auto`` takes it only under ``ZIPCCL_NATIVE_REDUCE=1`` (and ``ZIPCCL_MODE=never`` always
+    does). Ops other than SUM, AVG, PRODUCT, MIN and MAX (PREMUL_SUM, bitwise) go to torch.
+
+    Only ``bfloat16``, ``float16``, ``float32``, ``float8_e4m3fn`` and ``float8_e5m2`` tensors are
+    ever compressed; other dtypes take torch's path. gloo cannot reduce FP8, so there ``auto`` and
+    ``always`` reduce it in zipccl. A call the switch keeps native and that is not verified goes
+    straight to torch.distributed with the caller's tensors and returns torch's own Work; a verified
+    or compressed call first exchanges a small descriptor (one all-gather and a host sync), and a
+    compressed one encodes the pieces with the codec (golden/container.py's bytes), moves them in
+    one collective per chunk and decodes them as they land (module docstring: Protocols). A call
+    repeating an earlier one (same op, group, dtype, sizes, table and settings) reuses that call's
+    tables and strategy: a *plan* (module docstring: Plans).
+
+    Settings (read at every call; a group's ranks agree on them before its first zipccl call, else
+    CollectiveMismatchError): ``ZIPCCL_MODE`` (``auto``, default: compress where the switch's cost
+    model, measured once per group and cached, predicts a gain; ``always``; ``never``: plain
+    torch.distributed, no verification), ``ZIPCCL_VERIFY`` (unless ``verify`` is given),
+    ``ZIPCCL_CHUNK_BYTES`` (per-rank bytes per pipeline chunk; default: the model's chunk count in
+    ``auto`` on CUDA, else 32 MiB on CUDA and one chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one
+    plan serves, default 64; 0: no plans), ``ZIPCCL_NATIVE_REDUCE=1`` (let ``auto`` take the
+    backend's own reduction for any world size, giving up rank-order determinism when it does); the
+    codec's ``ZIPCCL_BACKEND`` and ``ZIPCCL_FAST`` choose its kernels (same bytes, so not agreed).
+
+    Args:
+        tensor (Tensor): reduced in place; contiguous, on CUDA for NCCL, on CPU for gloo.
+        op (ReduceOp, optional): ``SUM`` (default), ``AVG``, ``PRODUCT``, ``MIN``, ``MAX``; any
+            other goes to torch.
+        group (ProcessGroup, optional): the group; None (default): the default group. A group
+            of the ``zipccl`` backend hands the call to torch.distributed, whose backend then
+            runs zipccl's protocol on its inner group (never compressed twice).
+        async_op (bool, optional): return a Work instead of None.
+        table (Codebook, optional): the table every rank codes its pieces with; every rank must
+            pass the same one (its hash is checked). None (default): each rank's default table
+            (:func:`zipccl.default_table` of its sample), which every rank builds from the
+            exchanged sample summaries. Ignored where the call goes straight to torch.
+        verify (bool, optional): True: exchange the descriptor for every call, native ones too
+            (``ZIPCCL_VERIFY=1``); False: only where the protocol exchanges it anyway
+            (``ZIPCCL_VERIFY=0``); None (default): ``ZIPCCL_VERIFY`` (``auto``: calls that take
+            zipccl's own protocols).
+
+    Returns:
+        A Work if ``async_op``, else None: torch's own where the call went to torch.distributed,
+        else a completed :class:`~zipccl._comm.DoneWork` (the result is in place, queued on the
+        caller's stream; its ``wait()`` and CUDA-aware future order the waiting stream after
+        it).
+
+    Raises:
+        CollectiveMismatchError: (a ValueError; on every rank) on a verified or compressed call
+            whose ranks' arguments do not fit together (dtype, numel, table, reduce op, ZIPCCL_MODE)
+            or where one rank's are wrong (a non-contiguous tensor, a tensor on the wrong device for
+            the backend); on a group's first call, ranks whose ``ZIPCCL_*`` settings differ.
+        PeerError: (a RuntimeError) another rank failed inside the same compressed call; that
+            rank raises its own exception (ValueError for a corrupt piece it received).
+        TypeError: ``table`` is neither a Codebook nor None (where zipccl's path is taken).
+        ValueError: a malformed ``ZIPCCL_*`` value. A call handed straight to torch raises
+            torch's own errors instead.
+
+    Example::
+
+        >>> # on every rank, after dist.init_process_group("nccl")
+        >>> t = torch.randn(1 << 24, dtype=torch.bfloat16, device="cuda")
+        >>> zipccl.all_reduce(t, op=dist.ReduceOp.AVG)  # t: the mean, alike on every rank
+        >>> work = zipccl.all_reduce(t, async_op=True)
+        >>> work.wait()
+        True
     """
     nbytes = tensor.numel() * tensor.element_size()
     if _direct(group, tensor, "all_reduce", nbytes, _red_code(op), verify):
@@ -1243,7 +1657,74 @@ def _gather_half(a: _Agreed, part: torch.Tensor, out: torch.Tensor) -> _Agreed:
 def broadcast(tensor: torch.Tensor, src: int | None = None,
               group: dist.ProcessGroup | None = None, async_op: bool = False, *,
               table: Codebook | None = None, verify: bool | None = None) -> object:
-    """torch.distributed.broadcast (``src`` a global rank), compressed where it pays."""
+    """torch.distributed.broadcast (``src`` a global rank), compressed where it pays.
+
+    Every rank's ``tensor`` becomes the source's, bit for bit. A compressed call encodes only on
+    the source (with the source's default table, or ``table``) and broadcasts one slot per
+    chunk, which every other rank decodes as it lands.
+
+    Only ``bfloat16``, ``float16``, ``float32``, ``float8_e4m3fn`` and ``float8_e5m2`` tensors are
+    ever compressed; other dtypes take torch's path (FP8 travels as bytes there, so gloo moves it
+    too). A call the switch keeps native and that is not verified goes straight to torch.distributed
+    with the caller's tensors and returns torch's own Work; a verified or compressed call first
+    exchanges a small descriptor (one all-gather and a host sync), and a compressed one encodes the
+    pieces with the codec (golden/container.py's bytes), moves them in one collective per chunk and
+    decodes them as they land (module docstring: Protocols). A call repeating an earlier one (same
+    op, group, dtype, sizes, table and settings) reuses that call's tables and strategy: a *plan*
+    (module docstring: Plans).
+
+    Settings (read at every call; a group's ranks agree on them before its first zipccl call, else
+    CollectiveMismatchError): ``ZIPCCL_MODE`` (``auto``, default: compress where the switch's cost
+    model, measured once per group and cached, predicts a gain; ``always``; ``never``: plain
+    torch.distributed, no verification), ``ZIPCCL_VERIFY`` (unless ``verify`` is given),
+    ``ZIPCCL_CHUNK_BYTES`` (per-rank bytes per pipeline chunk; default: the model's chunk count in
+    ``auto`` on CUDA, else 32 MiB on CUDA and one chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one
+    plan serves, default 64; 0: no plans); the codec's ``ZIPCCL_BACKEND`` and ``ZIPCCL_FAST`` choose
+    its kernels (same bytes, so not agreed).
+
+    Args:
+        tensor (Tensor): the data on ``src``, overwritten elsewhere; the same numel and dtype on
+            every rank, contiguous, on CUDA for NCCL, on CPU for gloo.
+        src (int, optional): the source's global rank; None (default): 0.
+        group (ProcessGroup, optional): the group; None (default): the default group. A group
+            of the ``zipccl`` backend hands the call to torch.distributed, whose backend then
+            runs zipccl's protocol on its inner group (never compressed twice).
+        async_op (bool, optional): return a Work instead of None.
+        table (Codebook, optional): the table every rank codes its pieces with; every rank must
+            pass the same one (its hash is checked). None (default): each rank's default table
+            (:func:`zipccl.default_table` of its sample), which every rank builds from the
+            exchanged sample summaries. Ignored where the call goes straight to torch.
+        verify (bool, optional): True: exchange the descriptor for every call, native ones too
+            (``ZIPCCL_VERIFY=1``); False: only where the protocol exchanges it anyway
+            (``ZIPCCL_VERIFY=0``); None (default): ``ZIPCCL_VERIFY`` (``auto``: calls that take
+            zipccl's own protocols).
+
+    Returns:
+        A Work if ``async_op``, else None: torch's own where the call went to torch.distributed,
+        else a completed :class:`~zipccl._comm.DoneWork` (the result is in place, queued on the
+        caller's stream; its ``wait()`` and CUDA-aware future order the waiting stream after
+        it).
+
+    Raises:
+        CollectiveMismatchError: (a ValueError; on every rank) on a verified or compressed call
+            whose ranks' arguments do not fit together (dtype, numel, ``src``, table, ZIPCCL_MODE)
+            or where one rank's are wrong (``src`` not a rank of the group, a non-contiguous tensor,
+            a tensor on the wrong device for the backend); on a group's first call, ranks whose
+            ``ZIPCCL_*`` settings differ.
+        PeerError: (a RuntimeError) another rank failed inside the same compressed call; that
+            rank raises its own exception (ValueError for a corrupt piece it received).
+        TypeError: ``table`` is neither a Codebook nor None (where zipccl's path is taken).
+        ValueError: a malformed ``ZIPCCL_*`` value. A call handed straight to torch raises
+            torch's own errors instead.
+
+    Example::
+
+        >>> # on every rank, after dist.init_process_group("nccl")
+        >>> w = torch.empty(1 << 22, dtype=torch.bfloat16, device="cuda")
+        >>> if dist.get_rank() == 0:
+        ...     _ = w.normal_()
+        >>> zipccl.broadcast(w, src=0)  # w: rank 0's values on every rank
+    """
     src = 0 if src is None else src
     nbytes = tensor.numel() * tensor.element_size()
     if _direct(group, tensor, "broadcast", nbytes, -1, verify):

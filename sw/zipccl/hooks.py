@@ -25,9 +25,42 @@ from zipccl.collectives import (
 
 def ddp_hook(state: dist.ProcessGroup | None,
              bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook: compressed all-reduce (AVG) of the bucket's flat gradient buffer.
+    """DDP comm hook: the mean of each gradient bucket through :func:`zipccl.all_reduce`.
+
+    Register with ``model.register_comm_hook(state, zipccl.ddp_hook)``. Where
+    :func:`zipccl.all_reduce_strategy` says the bucket stays native (``ZIPCCL_MODE=never``, a dtype
+    zipccl does not code, or where ``auto`` leaves it to the backend: with two ranks, whose sum
+    gives the fp32 mean's bits, or under ``ZIPCCL_NATIVE_REDUCE=1``), it is exactly DDP's default
+    hook: divide by the world size, then an asynchronous SUM all-reduce. Otherwise the bucket is
+    all-reduced with AVG -- the rank-order fp32 mean, rounded once -- and ``verify=False``: DDP
+    checks at construction that every rank has the same parameters, so buckets match (a compressed
+    bucket still exchanges its sample summary, and is checked in that exchange). On CUDA the
+    all-reduce runs on a side stream, so the backward pass keeps computing, and the returned future
+    is CUDA-aware: DDP's stream waits for it when it reads the result. On CPU the call completes
+    before the hook returns.
+
+    Settings: those of :func:`zipccl.all_reduce` (``ZIPCCL_MODE``, ``ZIPCCL_CHUNK_BYTES``,
+    ``ZIPCCL_NATIVE_REDUCE``, ``ZIPCCL_PLAN_CALLS``, the codec's); ``ZIPCCL_VERIFY`` does not
+    apply.
 
     (Real annotations, no ``from __future__``: DDP checks them against dist.GradBucket.)
+
+    Args:
+        state (ProcessGroup or None): the group to average over; None: the default group.
+        bucket (dist.GradBucket): the bucket DDP passes; its flat buffer is averaged in place.
+
+    Returns:
+        torch.futures.Future[Tensor]: completes with the averaged buffer.
+
+    Raises:
+        CollectiveMismatchError, PeerError, ValueError: as :func:`zipccl.all_reduce`.
+
+    Example::
+
+        >>> from torch.nn.parallel import DistributedDataParallel as DDP
+        >>> local_rank = int(os.environ["LOCAL_RANK"])  # under torchrun
+        >>> model = DDP(torch.nn.Linear(1024, 1024).cuda(local_rank), device_ids=[local_rank])
+        >>> model.register_comm_hook(None, zipccl.ddp_hook)
     """
     buffer = bucket.buffer()
     if all_reduce_strategy(buffer, dist.ReduceOp.AVG, state) == "native":
@@ -81,18 +114,56 @@ class _Alloc:
 
 
 class ZipAllGather(_Alloc, AllGather):  # type: ignore[misc,valid-type]
-    """FSDP2 all-gather of parameter shards through :func:`zipccl.all_gather_into_tensor`."""
+    """FSDP2 all-gather of parameter shards through :func:`zipccl.all_gather_into_tensor`.
+
+    ``module.set_custom_all_gather(ZipAllGather())`` on a ``fully_shard`` module (where the
+    installed torch has the interface: :data:`FSDP2_HOOKS`). FSDP2 allocates its staging
+    buffers through :meth:`allocate` (plain ``torch.empty``) and calls the object with
+    torch.distributed's all-gather arguments; the call is :func:`zipccl.all_gather_into_tensor`
+    with its defaults (``table=None``, ``verify=None``), so its settings apply.
+
+    Example::
+
+        >>> from torch.distributed.fsdp import fully_shard
+        >>> block = fully_shard(torch.nn.Linear(1024, 1024, device="cuda"))
+        >>> block.set_custom_all_gather(zipccl.ZipAllGather())
+    """
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False) -> object:
+        """:func:`zipccl.all_gather_into_tensor` ``(output_tensor, input_tensor, group,
+        async_op)``.
+
+        Returns:
+            A Work if ``async_op``, else None (as :func:`zipccl.all_gather_into_tensor`).
+        """
         return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
 
 
 class ZipReduceScatter(_Alloc, ReduceScatter):  # type: ignore[misc,valid-type]
-    """FSDP2 gradient reduce-scatter through :func:`zipccl.reduce_scatter_tensor`."""
+    """FSDP2 gradient reduce-scatter through :func:`zipccl.reduce_scatter_tensor`.
+
+    ``module.set_custom_reduce_scatter(ZipReduceScatter())`` on a ``fully_shard`` module (where
+    the installed torch has the interface: :data:`FSDP2_HOOKS`). The call is
+    :func:`zipccl.reduce_scatter_tensor` with FSDP2's op and zipccl's defaults, so the
+    reduction is the rank-order fp32 one (or the backend's under the rules stated there) and
+    its settings apply.
+
+    Example::
+
+        >>> from torch.distributed.fsdp import fully_shard
+        >>> block = fully_shard(torch.nn.Linear(1024, 1024, device="cuda"))
+        >>> block.set_custom_reduce_scatter(zipccl.ZipReduceScatter())
+    """
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op: object, async_op: bool = False) -> object:
+        """:func:`zipccl.reduce_scatter_tensor` ``(output_tensor, input_tensor, op, group,
+        async_op)``.
+
+        Returns:
+            A Work if ``async_op``, else None (as :func:`zipccl.reduce_scatter_tensor`).
+        """
         return reduce_scatter_tensor(output_tensor, input_tensor, op, group, async_op)
 
 
