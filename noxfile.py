@@ -42,7 +42,9 @@ def tests(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-e", ".[test,sim,torch,triton,report]")
     session.run("ruff", "check", ".")
-    session.run("pytest", "-q", *session.posargs)
+    # one worker per core, a test file per worker (module fixtures such as generated Verilog and
+    # process-group clusters are then built once)
+    session.run("pytest", "-q", "-n", "auto", "--dist", "loadfile", *session.posargs)
 
 
 @nox.session

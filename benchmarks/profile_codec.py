@@ -1,6 +1,6 @@
 """Where a public call's GPU time goes, kernel by kernel, and single calls for ncu to attach to.
 
-    python benchmarks/profile_codec.py --mib 1          # torch.profiler: mean µs per call and kernel
+    python benchmarks/profile_codec.py --mib 1     # torch.profiler: mean µs per call and kernel
     ncu --clock-control none -k regex:'theory|staircase|encode|finish|decode' \
         python benchmarks/profile_codec.py --mib 256 --once
 
