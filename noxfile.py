@@ -42,6 +42,7 @@ def tests(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-e", ".[test,sim,torch,triton,report]")
     session.run("ruff", "check", ".")
+    session.run("mypy")  # golden/ and sw/zipccl ([tool.mypy] in pyproject.toml)
     # one worker per core, a test file per worker (module fixtures such as generated Verilog and
     # process-group clusters are then built once)
     session.run("pytest", "-q", "-n", "auto", "--dist", "loadfile", *session.posargs)

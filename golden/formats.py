@@ -23,7 +23,8 @@ class FloatFormat:
 
     @property
     def uint(self) -> type[np.unsignedinteger]:
-        return {8: np.uint8, 16: np.uint16, 32: np.uint32}[self.bits]
+        uints: dict[int, type[np.unsignedinteger]] = {8: np.uint8, 16: np.uint16, 32: np.uint32}
+        return uints[self.bits]
 
     @property
     def raw_bits(self) -> int:

@@ -170,7 +170,7 @@ def measure_class(name: str, log: Callable[[str], None]) -> dict:
         measure_tensor(bits, fmt, tallies)
         if i % 20 == 0 or i == len(tensors):
             log(f"  {i}/{len(tensors)} tensors ({time.monotonic() - start:.1f} s)")
-    result = {k: _summary(k, t, numel, fmt) for k, t in tallies.items()}
+    result: dict[str, object] = {k: _summary(k, t, numel, fmt) for k, t in tallies.items()}
     result["numel"] = numel
     result["tensors"] = len(tensors)
     return result

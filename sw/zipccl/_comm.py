@@ -26,6 +26,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -169,6 +170,7 @@ def _gather(g: Group, fields: Sequence[int], extra_words: int = 0,
         bufs.uploaded.synchronize()  # the last call's upload of the host row is done (normally)
     failed = None
     if extra_words:
+        assert fill is not None  # exchange() checked
         try:
             fill(bufs.row[head:])
         except Exception as exc:  # reported in the row: the peers wait in the all-gather below
@@ -177,6 +179,7 @@ def _gather(g: Group, fields: Sequence[int], extra_words: int = 0,
     if failed is not None:
         bufs.host_row.numpy()[1] = SUMMARY_FAILED
     if g.cuda:
+        assert bufs.uploaded is not None  # made with an event on CUDA
         bufs.row[:head].copy_(bufs.host_row[:head], non_blocking=True)
         bufs.uploaded.record()
     dist.all_gather_into_tensor(bufs.table, bufs.row, group=g.pg)
@@ -267,9 +270,10 @@ class _Rows:
 
 
 _LOCAL = threading.local()
+_T = TypeVar("_T")
 
 
-def per_thread(key: tuple, make: Callable[[], object]) -> object:
+def per_thread(key: tuple, make: Callable[[], _T]) -> _T:
     """This thread's object under ``key``, made on first use: small buffers a call reuses, which
     that call is done with (its host reads waited for them) before the thread's next call."""
     kept = _LOCAL.__dict__.setdefault("kept", {})
@@ -329,7 +333,9 @@ class DoneWork(dist._Work):
     def is_success(self) -> bool:
         return True
 
-    def result(self) -> list[torch.Tensor] | None:
+    # torch's stub has Work.result() -> list[Tensor]; this returns None for a collective without
+    # outputs (as it always has), which the stub cannot express
+    def result(self) -> list[torch.Tensor] | None:  # type: ignore[override]
         return self._result
 
     def get_future(self) -> torch.futures.Future:
@@ -350,7 +356,8 @@ class Streams:
         so this calls torch's own setter directly where it exists."""
         if stream is None:
             yield
-        elif _SET_STREAM is None or torch.cuda.current_device() != stream.device_index:
+        elif (_SET_STREAM is None or _GET_STREAM is None
+              or torch.cuda.current_device() != stream.device_index):
             with torch.cuda.stream(stream):
                 yield
         else:
@@ -391,10 +398,13 @@ def ordered(g: Group, streams: Streams) -> Iterator[None]:
         yield
         return
     main = torch.cuda.current_stream(g.device)
-    for s in (streams.compress, streams.decompress):
+    compress, decompress = streams.compress, streams.decompress
+    assert compress is not None and decompress is not None  # streams_for made both on CUDA
+    sides = (compress, decompress)
+    for s in sides:
         s.wait_stream(main)
     try:
         yield
     finally:
-        for s in (streams.compress, streams.decompress):
+        for s in sides:
             main.wait_stream(s)

@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -77,7 +78,9 @@ ROOM_ERROR = DecodeError.ROOM
 class Layout(ctypes.Structure):
     """Mirror of ``struct Layout`` in codec.cu (all 64-bit, so no padding)."""
 
-    _fields_ = [
+    _fields_: ClassVar[
+        list[tuple[str, type[ctypes.c_longlong] | type[ctypes.Array[ctypes.c_longlong]]]]
+    ] = [
         (name, ctypes.c_longlong)
         for name in ("n", "nb", "block", "ngaps")
     ] + [
@@ -172,7 +175,8 @@ _byte_escape = functools.lru_cache(maxsize=64)(byte_escape)
 def _fast_words(table: Codebook) -> list[int]:
     """The fast-path decoder's table words (codec.cu kFastAt): the literal prefix, prefix -> symbol
     bytes and prefix -> 0xFF where a prefix has no symbol (illegal in a stream)."""
-    if not byte_escape(table):
+    literal = table.literal
+    if literal is None or not byte_escape(table):  # (byte_escape is False without a literal)
         return [0] * 5
     sym, bad = [0] * NUM_REGIONS, [0] * NUM_REGIONS
     for p, base in enumerate(table.bases):
@@ -182,7 +186,7 @@ def _fast_words(table: Codebook) -> list[int]:
             sym[p] = table.ranks[base]
         else:
             bad[p] = 0xFF
-    return [int(table.literal), *(int.from_bytes(bytes(v[i : i + 4]), "little")
+    return [int(literal), *(int.from_bytes(bytes(v[i : i + 4]), "little")
                                   for v in (sym, bad) for i in (0, 4))]
 
 
@@ -524,8 +528,10 @@ def compress(x: torch.Tensor, p: Plan, table: Codebook | None, header: bytes | N
         tab, head = None, p.split_head.data_ptr()
     else:
         tab = _table_tensor(table, device).data_ptr()
+        assert header is not None  # a given table comes with its header template
         head = _header_tensor(header, device).data_ptr()
     rows = p.staircases
+    assert _LIB is not None  # loaded: the plan p was made with it
     _check(_LIB.zipccl_compress(
         device.index, _kind(p.fmt, table, p.block), x.data_ptr(), out.data_ptr(),
         ctypes.byref(p.encode), tab, meta + 16, _scratch(device, stream, p).data_ptr(), head,
@@ -542,6 +548,7 @@ def decompress(buf: torch.Tensor, p: Plan, table: Codebook | None, meta: int,
     device = buf.device
     at = buf.data_ptr()
     tab = meta + 16 if table is None else _table_tensor(table, device).data_ptr()
+    assert _LIB is not None  # loaded: the plan p was made with it
     _check(_LIB.zipccl_decode(
         device.index, _kind(p.fmt, table, p.block), at, at + p.fixed, out.data_ptr(),
         ctypes.byref(p.decode), tab, flag.data_ptr(), int(clear), _stream(device),

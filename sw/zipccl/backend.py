@@ -27,19 +27,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
+from typing import cast
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions  # (torch.distributed does not export it)
 from torch.distributed import distributed_c10d as c10d
 
 from zipccl import collectives, settings
 from zipccl._comm import DoneWork, Forwarding
+from zipccl.collectives import ReduceOpArg
 
 NAME = "zipccl"
 _INNER = {"cpu": ("gloo", dist.ProcessGroup.BackendType.GLOO),
           "cuda": ("nccl", dist.ProcessGroup.BackendType.NCCL)}
 
 
+# The overrides below take the arguments torch's C++ dispatcher passes a Python backend (tensors,
+# then an options object); torch's stubs type each as the overload set of the Python-facing
+# binding, which such an override cannot match: hence their ``type: ignore[override]`` (and
+# ``[assignment]`` on the older names, whose stub parameter names differ).
 class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
     """A process group whose collectives zipccl compresses where it pays (module docstring).
 
@@ -79,7 +86,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
                  global_ranks: list[int], name: str) -> None:
         settings.agree(store, rank, size)  # before anything else: a mismatch raises here
-        super().__init__(rank, size)
+        # the binding's (rank, size) constructor, which torch's stub lacks (it has only the store's)
+        super().__init__(rank, size)  # type: ignore[call-arg]
         self._coalescing = False
         self._inner: dict[str, dist.ProcessGroup] = {}
         for device in _devices():
@@ -116,7 +124,7 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
 
     # ----------------------------------------------------------------- compressed ops
 
-    def allreduce(self, tensors: list[torch.Tensor],
+    def allreduce(self, tensors: list[torch.Tensor],  # type: ignore[override]
                   opts: dist.AllreduceOptions | None = None) -> dist.Work:
         """One tensor: :func:`zipccl.all_reduce` on the inner group; several, or inside a
         coalescing window: the inner group's own."""
@@ -127,7 +135,7 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         return _work(tensors, collectives.all_reduce(t, _reduce_op(opts), self.inner(t.device),
                                                      True))
 
-    def broadcast(self, tensors: list[torch.Tensor],
+    def broadcast(self, tensors: list[torch.Tensor],  # type: ignore[override]
                   opts: dist.BroadcastOptions | None = None) -> dist.Work:
         """One tensor: :func:`zipccl.broadcast` on the inner group; several, or inside a
         coalescing window: the inner group's own."""
@@ -139,34 +147,34 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         src = dist.get_global_rank(group, opts.rootRank)
         return _work(tensors, collectives.broadcast(t, src, group, True))
 
-    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
-                  opts: dist.AllgatherOptions | None = None) -> dist.Work:
+    def allgather(self, output_lists: list[list[torch.Tensor]],  # type: ignore[override]
+                  inputs: list[torch.Tensor], opts: AllgatherOptions | None = None) -> dist.Work:
         """One input: :func:`zipccl.all_gather` on the inner group; several, or inside a
         coalescing window: the inner group's own."""
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or AllgatherOptions()
         if self._coalescing or len(inputs) != 1:
             return self._pass("allgather", output_lists, inputs, opts)
         (t,), (outs,) = inputs, output_lists
         return _work(outs, collectives.all_gather(outs, t, self.inner(t.device), True))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
-                          opts: dist.AllgatherOptions | None = None) -> dist.Work:
+                          opts: AllgatherOptions | None = None) -> dist.Work:
         """:func:`zipccl.all_gather_into_tensor` on the inner group (inside a coalescing
         window: the inner group's own)."""
         if self._coalescing:
             return self._pass("all_gather_single", output, input,
-                              opts or dist.AllgatherOptions())
+                              opts or AllgatherOptions())
         return _work([output], collectives.all_gather_into_tensor(
             output, input, self.inner(input.device), True))
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
                                     inputs: list[torch.Tensor],
-                                    opts: dist.AllgatherOptions | None = None) -> dist.Work:
+                                    opts: AllgatherOptions | None = None) -> dist.Work:
         """One zipccl all-gather per pair (FSDP's and DTensor's coalesced all-gathers), each
         finished before the next; one Work for all."""
         if self._coalescing:
             return self._pass("all_gather_single_coalesced", outputs, inputs,
-                              opts or dist.AllgatherOptions())
+                              opts or AllgatherOptions())
         for out, inp in zip(outputs, inputs, strict=True):
             collectives.all_gather_into_tensor(out, inp, self.inner(inp.device))
         return DoneWork(outputs)
@@ -195,7 +203,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
             collectives.reduce_scatter_tensor(out, inp, op, self.inner(inp.device))
         return DoneWork(outputs)
 
-    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+    def reduce_scatter(self, outputs: list[torch.Tensor],  # type: ignore[override]
+                       input_lists: list[list[torch.Tensor]],
                        opts: dist.ReduceScatterOptions | None = None) -> dist.Work:
         """The list form as one zipccl reduce-scatter of the inputs laid end to end (where they
         all match the output, as torch requires; else the inner group's own)."""
@@ -207,7 +216,7 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         collectives.reduce_scatter_tensor(out, flat, _reduce_op(opts), self.inner(out.device))
         return DoneWork(outputs)
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # type: ignore[override]
                           output_splits: list[int], input_splits: list[int],
                           opts: dist.AllToAllOptions | None = None) -> dist.Work:
         """:func:`zipccl.all_to_all_single` on the inner group (empty splits: even); inside a
@@ -219,7 +228,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
             output, input, list(output_splits) or None, list(input_splits) or None,
             self.inner(input.device), True))
 
-    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+    def alltoall(self, outputs: list[torch.Tensor],  # type: ignore[override]
+                 inputs: list[torch.Tensor],
                  opts: dist.AllToAllOptions | None = None) -> dist.Work:
         """The list form as one zipccl all-to-all of the tensors laid end to end, split by their
         sizes (where all share one dtype and device; else the inner group's own)."""
@@ -237,14 +247,15 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
 
     # torch's older names for the same calls (still looked up by some callers)
     _allgather_base = all_gather_single
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-    _reduce_scatter_base = reduce_scatter_single
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-    alltoall_base = all_to_all_single
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
+    alltoall_base = all_to_all_single  # type: ignore[assignment]
 
     # ----------------------------------------------------------------- passed through
 
-    def barrier(self, opts: dist.BarrierOptions | None = None) -> dist.Work:
+    def barrier(self,  # type: ignore[override]
+                opts: dist.BarrierOptions | None = None) -> dist.Work:
         """The inner group's barrier: of ``opts.device``'s inner group, else the NCCL one where
         there is one and CUDA is available, else gloo's."""
         opts = opts or dist.BarrierOptions()
@@ -298,24 +309,29 @@ def _inner_group(backend: str, store: dist.Store, rank: int, size: int, timeout:
     torch.distributed function takes it), under a name and tag of its own."""
     inner_name = f"{name}:zipccl:{backend}"
     pg, _ = c10d._new_process_group_helper(size, rank, global_ranks, backend, store,
-                                            group_name=inner_name, timeout=timeout,
+                                            group_name=cast(c10d.GroupName, inner_name),
+                                            timeout=timeout,
                                             pg_tag=inner_name)
     ranks = global_ranks or range(size)  # empty: the default group, global ranks = group ranks
     c10d._world.pg_group_ranks[pg] = {g: r for r, g in enumerate(ranks)}
     return pg
 
 
-def _reduce_op(opts: object) -> object:
+def _reduce_op(opts: dist.AllreduceOptions | dist.ReduceScatterOptions) -> ReduceOpArg:
     """The reduce op as zipccl takes it: the plain op type, or PREMUL_SUM whole (with its
     factor), which zipccl leaves to the inner backend."""
     op = opts.reduceOp
-    return op if op.op == dist.ReduceOp.PREMUL_SUM else op.op
+    kind = op.op  # type: ignore[attr-defined]  # ReduceOp.op: in the binding, not in the stub
+    return op if kind == dist.ReduceOp.PREMUL_SUM else kind
 
 
-def _work(outputs: list[torch.Tensor], returned: object) -> dist.Work:
+def _work(outputs: list[torch.Tensor], returned: dist.Work | None) -> dist.Work:
     """What a compressed op returns: torch's Work where zipccl handed the call to torch, else a
     completed one holding the outputs."""
-    return DoneWork(outputs) if isinstance(returned, DoneWork) else returned
+    if isinstance(returned, DoneWork):
+        return DoneWork(outputs)
+    assert returned is not None  # async_op=True: torch's own Work
+    return returned
 
 
 def _alike(out: torch.Tensor, parts: list[torch.Tensor]) -> bool:

@@ -944,7 +944,7 @@ def check_errors(device: torch.device | str | None = None) -> None:
     for dev in devices:
         flag = _PENDING.get(dev)
         code = int(flag.item()) if flag is not None else 0
-        if code:
+        if code and flag is not None:  # (code is 0 without a flag)
             flag.zero_()
             from zipccl._cuda import raise_on_flag
 
@@ -1042,6 +1042,7 @@ def _decompress_on_device(c: Compressed, target: torch.Tensor, sync: bool) -> No
     meta, at = c._meta  # type: ignore[misc]
     device = target.device
     flag = torch.empty(1, dtype=torch.int32, device=device) if sync else _pending_flag(device)
+    assert _cuda is not None  # loaded: the device compressed c with it
     _cuda.decompress(c._storage, c._plan, book, meta.data_ptr() + at, target, flag, sync)
     if sync:
         _cuda.raise_on_flag(int(flag.item()))

@@ -137,9 +137,11 @@ buffers; the tests run it on gloo (tests/test_collectives_failures.py).
 from __future__ import annotations
 
 import math
+import types
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 import torch
@@ -178,11 +180,14 @@ from zipccl._comm import (
 )
 
 ReduceOp = dist.ReduceOp
+# an op argument: torch's stubs type ReduceOp.SUM & co. as ReduceOp.RedOpType, which its bindings
+# take (converted) wherever they take a ReduceOp
+ReduceOpArg = ReduceOp | ReduceOp.RedOpType
 _OP_CODES = {"all_gather": 1, "all_to_all": 2, "reduce_scatter": 3, "all_reduce": 4,
              "broadcast": 5}
 _MODE_CODES = {m: i for i, m in enumerate(switch.MODES)}
-_LOCAL_OPS = {ReduceOp.SUM: 0, ReduceOp.AVG: 1, ReduceOp.PRODUCT: 2, ReduceOp.MIN: 3,
-              ReduceOp.MAX: 4}
+_LOCAL_OPS: dict[ReduceOpArg, int] = {ReduceOp.SUM: 0, ReduceOp.AVG: 1, ReduceOp.PRODUCT: 2,
+                                      ReduceOp.MIN: 3, ReduceOp.MAX: 4}
 _BYTE_VIEW = {torch.float8_e4m3fn, torch.float8_e5m2}  # gloo cannot move fp8: send the bytes
 
 
@@ -282,7 +287,7 @@ def _entered(group: dist.ProcessGroup | None) -> bool:
     key = switch.group_key(group)
     if isinstance(key, _comm.Forwarding):
         return True
-    settings.ensure_agreed(key)
+    settings.ensure_agreed(cast(dist.ProcessGroup, key))  # the group itself, WORLD for None
     return False
 
 
@@ -328,7 +333,7 @@ _FIELDS = _TAG + 1  # where the op's own fields start
 
 def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
            fields: Sequence[int], table: Codebook | None, exchange_desc: bool,
-           red: ReduceOp | None = None, sample: torch.Tensor | None = None,
+           red: ReduceOpArg | None = None, sample: torch.Tensor | None = None,
            check: Callable[[np.ndarray], None] | None = None) -> _Agreed:
     """Exchange the descriptor (if asked, or if the call compresses: the exchange also carries
     every rank's sample summary of ``sample``, which the compressed protocols size their pieces
@@ -362,6 +367,7 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
     else:
         may_compress = local[0] == switch.COMPRESSED
     if not (exchange_desc or may_compress):
+        assert local is not None  # planned: exchange_desc is False
         STATS.strategy = local[0]
         return _Agreed(g, name, local[0], table, local[1])  # no exchange, nothing to keep
     summarized = sample if may_compress and not err else None
@@ -373,7 +379,7 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
         nbytes, local = agreed, None
     strategy, chunks = local or _plan(g, name, dtype, nbytes, red_code)
     STATS.strategy = strategy
-    sources = ()
+    sources: tuple[_Source, ...] = ()
     if strategy == switch.COMPRESSED:
         sources = _sources(dtype, rows[:, _FIELDS + _extra_fields(g.world):], table)
     digest = _plans.digest(count, rows.tobytes())
@@ -484,7 +490,7 @@ def _plan(g: Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int
     return switch.choose(profile, call), call.chunks
 
 
-def all_reduce_strategy(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
+def all_reduce_strategy(tensor: torch.Tensor, op: ReduceOpArg = ReduceOp.SUM,
                         group: dist.ProcessGroup | None = None) -> str:
     """What :func:`all_reduce` would do with this tensor (without verification).
 
@@ -690,7 +696,7 @@ class _Unpack:
     def __init__(self, g: Group, dtype: torch.dtype) -> None:
         self.fmt = codec._fmt(dtype)
         self.flag = _flag(g.device) if g.cuda else None  # zeroed by the call's first decode
-        self.used: object = None
+        self.used: types.ModuleType | None = None  # the backend whose decodes set the flag
         self.heads: dict[object, tuple[torch.Tensor, _Seg, Codebook]] = {}
         self.sizes: dict[object, int] = {}  # after settle: every noted piece's payload bytes
 
@@ -726,6 +732,7 @@ class _Unpack:
         keys = list(self.heads)
         parts = [self.heads[k][0] for k in keys]
         if self.used is not None:
+            assert self.flag is not None  # a backend used the flag
             parts.append(self.flag.view(torch.uint8))
         raw = _read(streams, parts)
         if self.used is not None:
@@ -764,6 +771,7 @@ def _read(streams: Streams, parts: Sequence[torch.Tensor]) -> np.ndarray:
     if not parts:
         return np.empty(0, dtype=np.uint8)
     if streams.decompress is not None:
+        assert streams.compress is not None  # streams_for makes both or neither
         streams.decompress.wait_stream(streams.compress)
     with streams.on(streams.decompress):
         return torch.cat([t.reshape(-1).view(torch.uint8) for t in parts]).cpu().numpy()
@@ -789,7 +797,7 @@ def _done(async_op: bool) -> DoneWork | None:
     return DoneWork() if async_op else None
 
 
-def protocol_call(g: Group, op: str, x: torch.Tensor) -> Callable[[], None]:
+def protocol_call(g: Group, op: str, x: torch.Tensor) -> Callable[[], object]:
     """A compressed ``op`` ("all_gather", "all_to_all" or "broadcast" from group rank 0) of the
     flat ``x`` through the protocol alone -- the summary exchange, one chunk, each rank's theory
     table, no descriptor checks: what the switch's profile measures its model against
@@ -816,7 +824,8 @@ def protocol_call(g: Group, op: str, x: torch.Tensor) -> Callable[[], None]:
 
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                            group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-                           table: Codebook | None = None, verify: bool | None = None) -> object:
+                           table: Codebook | None = None, verify: bool | None = None
+                           ) -> dist.Work | None:
     """torch.distributed.all_gather_into_tensor, compressed where it pays.
 
     ``output_tensor`` receives every rank's ``input_tensor`` end to end in group rank order,
@@ -975,6 +984,7 @@ def _copy_behind(streams: Streams, dst: torch.Tensor, src: torch.Tensor) -> None
     done: beside an encode, a copy this size takes its memory bandwidth and holds back the wire;
     beside the collective it costs nothing."""
     if streams.decompress is not None:
+        assert streams.compress is not None  # streams_for makes both or neither
         streams.decompress.wait_stream(streams.compress)
     dst.copy_(src)
 
@@ -997,7 +1007,7 @@ def _resend(g: Group, streams: Streams, src: int, parts: list[tuple[torch.Tensor
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
                group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-               table: Codebook | None = None, verify: bool | None = None) -> object:
+               table: Codebook | None = None, verify: bool | None = None) -> dist.Work | None:
     """torch.distributed.all_gather (equal shapes), through :func:`all_gather_into_tensor`.
 
     ``tensor_list[r]`` receives rank r's ``tensor``. Where every entry of ``tensor_list`` has
@@ -1085,7 +1095,8 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
                       output_split_sizes: list[int] | None = None,
                       input_split_sizes: list[int] | None = None,
                       group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-                      table: Codebook | None = None, verify: bool | None = None) -> object:
+                      table: Codebook | None = None, verify: bool | None = None
+                      ) -> dist.Work | None:
     """torch.distributed.all_to_all_single (uneven splits included), compressed where it pays.
 
     Even splits (both split arguments None or empty) follow the verification policy like every
@@ -1257,13 +1268,13 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
     for k in range(a.chunks):
         out = [a.seg(("out", k, j), dtype, sent_at[j][k][1] if j != g.rank else 0, g.rank)
                for j in peers]
-        got = [a.seg(("in", k, i), dtype, got_at[i][k][1] if i != g.rank else 0, i)
-               for i in peers]
+        into = [a.seg(("in", k, i), dtype, got_at[i][k][1] if i != g.rank else 0, i)
+                for i in peers]
         if g.world == 2:  # one all-gather: both pieces as wide as the wider (_swap)
             peer = 1 - g.rank
-            out[peer], got[peer] = _widened([out[peer], got[peer]])
+            out[peer], into[peer] = _widened([out[peer], into[peer]])
         outs.append(out)
-        ins.append(got)
+        ins.append(into)
     stores = _buffers([sum(s.width for s in out) for out in outs], g.device)
     keep = []  # receive buffers live until the caller's stream is re-joined (see ordered)
     outcome = Outcome(g, a.name)
@@ -1318,7 +1329,7 @@ def _resend_pairs(g: Group, streams: Streams, over: set[object], send: list[torc
 
 
 def _swap(g: Group, streams: Streams, whole: torch.Tensor, out: list[torch.Tensor],
-          in_sizes: list[int]) -> tuple[list[torch.Tensor], object | None]:
+          in_sizes: list[int]) -> tuple[list[torch.Tensor], dist.Work | None]:
     """Send ``out[j]`` (views of the one buffer ``whole``, in rank order) to every rank j and
     receive ``in_sizes[i]`` bytes from every rank i, issued from the compress stream; returns
     the received pieces and the Work (None where two ranks have nothing to swap).
@@ -1350,7 +1361,8 @@ def _swap(g: Group, streams: Streams, whole: torch.Tensor, out: list[torch.Tenso
 # --------------------------------------------------------------------------- reductions
 
 
-def reference_reduce(parts: Sequence[torch.Tensor], op: ReduceOp = ReduceOp.SUM) -> torch.Tensor:
+def reference_reduce(parts: Sequence[torch.Tensor],
+                     op: ReduceOpArg = ReduceOp.SUM) -> torch.Tensor:
     """The reduction every zipccl reduce op computes: fp32, rank order 0..W-1, rounded once.
 
     ``parts[0]`` op ``parts[1]`` op ... in float32, then one rounding to ``parts[0]``'s dtype
@@ -1393,9 +1405,9 @@ def reference_reduce(parts: Sequence[torch.Tensor], op: ReduceOp = ReduceOp.SUM)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
-                          op: ReduceOp = ReduceOp.SUM, group: dist.ProcessGroup | None = None,
+                          op: ReduceOpArg = ReduceOp.SUM, group: dist.ProcessGroup | None = None,
                           async_op: bool = False, *, table: Codebook | None = None,
-                          verify: bool | None = None) -> object:
+                          verify: bool | None = None) -> dist.Work | None:
     """torch.distributed.reduce_scatter_tensor with the deterministic fp32 reduction.
 
     Rank r's ``output`` becomes the reduction over every rank of block r of ``input`` (input
@@ -1487,7 +1499,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
     return _done(async_op)
 
 
-def _reduce_scatter(a: _Agreed, inp: torch.Tensor, out: torch.Tensor, op: ReduceOp) -> _Agreed:
+def _reduce_scatter(a: _Agreed, inp: torch.Tensor, out: torch.Tensor, op: ReduceOpArg) -> _Agreed:
     """All-to-all of the W row blocks (compressed or not), then the rank-order fp32 reduction.
     Returns ``a`` with what a compressed all-to-all measured."""
     g = a.g
@@ -1508,7 +1520,7 @@ def _reduce_scatter(a: _Agreed, inp: torch.Tensor, out: torch.Tensor, op: Reduce
 _ONE_ADD = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _reduce_into(out: torch.Tensor, parts: list[torch.Tensor], op: ReduceOp) -> None:
+def _reduce_into(out: torch.Tensor, parts: list[torch.Tensor], op: ReduceOpArg) -> None:
     """:func:`reference_reduce` into ``out``; the sum of two parts as one add, which computes
     in fp32 and rounds once -- the same bits in one pass instead of five."""
     if op == ReduceOp.SUM and len(parts) == 2 and out.dtype in _ONE_ADD:
@@ -1517,9 +1529,9 @@ def _reduce_into(out: torch.Tensor, parts: list[torch.Tensor], op: ReduceOp) -> 
         out.copy_(reference_reduce(parts, op))
 
 
-def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
+def all_reduce(tensor: torch.Tensor, op: ReduceOpArg = ReduceOp.SUM,
                group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-               table: Codebook | None = None, verify: bool | None = None) -> object:
+               table: Codebook | None = None, verify: bool | None = None) -> dist.Work | None:
     """torch.distributed.all_reduce as reduce-scatter + all-gather, each compressed where it pays.
 
     In place: every rank's ``tensor`` becomes the reduction over all ranks, the same bits on
@@ -1609,7 +1621,7 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.SUM,
     return _done(async_op)
 
 
-def _all_reduce(a: _Agreed, tensor: torch.Tensor, op: ReduceOp) -> None:
+def _all_reduce(a: _Agreed, tensor: torch.Tensor, op: ReduceOpArg) -> None:
     g, flat = a.g, _flat(tensor)
     shard = -(-flat.numel() // g.world)
     padded = flat if shard * g.world == flat.numel() else torch.zeros(
@@ -1625,7 +1637,7 @@ def _all_reduce(a: _Agreed, tensor: torch.Tensor, op: ReduceOp) -> None:
     _keep(replace(a, halves=(rs, ag)))
 
 
-def _halves(a: _Agreed, dtype: torch.dtype, numel: int, op: ReduceOp
+def _halves(a: _Agreed, dtype: torch.dtype, numel: int, op: ReduceOpArg
             ) -> tuple[_Agreed, _Agreed]:
     """An all-reduce's reduce-scatter of its ``numel`` padded values and all-gather of the
     shards, a compressed one's each compressed only where that half pays; the all-gather's
@@ -1656,7 +1668,7 @@ def _gather_half(a: _Agreed, part: torch.Tensor, out: torch.Tensor) -> _Agreed:
 
 def broadcast(tensor: torch.Tensor, src: int | None = None,
               group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-              table: Codebook | None = None, verify: bool | None = None) -> object:
+              table: Codebook | None = None, verify: bool | None = None) -> dist.Work | None:
     """torch.distributed.broadcast (``src`` a global rank), compressed where it pays.
 
     Every rank's ``tensor`` becomes the source's, bit for bit. A compressed call encodes only on
@@ -1774,7 +1786,8 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, group_src: int) -> dic
                         unpack(k, buffers[k], segs[k], source.table, flat[s : s + m])
         over, _ = _settle(outcome, unpack, streams)
         if over:
-            _resend(g, streams, group_src, [(flat, *pieces[k]) for k in sorted(over)],
+            _resend(g, streams, group_src,
+                    [(flat, *pieces[k]) for k in sorted(cast("set[int]", over))],  # keys: k
                     flat if sender else None)
     return unpack.sizes
 

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from zipccl.collectives import (
+    ReduceOpArg,
     all_gather_into_tensor,
     all_reduce,
     all_reduce_strategy,
@@ -113,7 +114,7 @@ class _Alloc:
         return torch.empty(*size, dtype=dtype, device=device)
 
 
-class ZipAllGather(_Alloc, AllGather):  # type: ignore[misc,valid-type]
+class ZipAllGather(_Alloc, AllGather):  # type: ignore[misc]
     """FSDP2 all-gather of parameter shards through :func:`zipccl.all_gather_into_tensor`.
 
     ``module.set_custom_all_gather(ZipAllGather())`` on a ``fully_shard`` module (where the
@@ -130,7 +131,7 @@ class ZipAllGather(_Alloc, AllGather):  # type: ignore[misc,valid-type]
     """
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                 group: dist.ProcessGroup, async_op: bool = False) -> object:
+                 group: dist.ProcessGroup, async_op: bool = False) -> dist.Work | None:
         """:func:`zipccl.all_gather_into_tensor` ``(output_tensor, input_tensor, group,
         async_op)``.
 
@@ -140,7 +141,7 @@ class ZipAllGather(_Alloc, AllGather):  # type: ignore[misc,valid-type]
         return all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
 
 
-class ZipReduceScatter(_Alloc, ReduceScatter):  # type: ignore[misc,valid-type]
+class ZipReduceScatter(_Alloc, ReduceScatter):  # type: ignore[misc]
     """FSDP2 gradient reduce-scatter through :func:`zipccl.reduce_scatter_tensor`.
 
     ``module.set_custom_reduce_scatter(ZipReduceScatter())`` on a ``fully_shard`` module (where
@@ -157,7 +158,8 @@ class ZipReduceScatter(_Alloc, ReduceScatter):  # type: ignore[misc,valid-type]
     """
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                 group: dist.ProcessGroup, op: object, async_op: bool = False) -> object:
+                 group: dist.ProcessGroup, op: ReduceOpArg,
+                 async_op: bool = False) -> dist.Work | None:
         """:func:`zipccl.reduce_scatter_tensor` ``(output_tensor, input_tensor, op, group,
         async_op)``.
 

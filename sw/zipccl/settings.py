@@ -22,6 +22,7 @@ import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 
@@ -68,14 +69,14 @@ def current() -> Settings:
     return Settings(*map(value, KEYS))
 
 
-def value(key: str) -> object:
+def value(key: str) -> Any:  # the field's type: str, bool, int or int | None by key
     """One setting's value now (a Settings field); ValueError naming it if malformed. Cheaper
     than :func:`current` where a call needs only one, and independent of the others."""
     return _parse(key, _raw(key))
 
 
 @functools.lru_cache(maxsize=256)
-def _parse(key: str, raw_value: object) -> object:
+def _parse(key: str, raw_value: object) -> Any:
     return _PARSERS[key](_text(raw_value))
 
 

@@ -31,6 +31,7 @@ all-reduce for every world size and gives up rank-order determinism for W > 2.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -432,12 +433,15 @@ def _measure(g: Group) -> Profile:
     book = codec.default_table(data[sizes[-1]])
     packed = {s: codec.compress(x, book) for s, x in data.items()}
     comp = Line.fit([float(s) for s in sizes],
-                    [_timed(lambda x=x: codec.compress(x, book), g.cuda) for x in data.values()])
+                    [_timed(functools.partial(codec.compress, x, book), g.cuda)
+                     for x in data.values()])
     table = Line(_timed(lambda: codec.default_table(data[sizes[-1]]), g.cuda), 1e18)
     dec = Line.fit([float(s) for s in sizes],
-                   [_timed(lambda c=c: codec.decompress(c), g.cuda) for c in packed.values()])
+                   [_timed(functools.partial(codec.decompress, c), g.cuda)
+                    for c in packed.values()])
     red = Line.fit([float(s) for s in sizes],
-                   [_timed(lambda x=x: _reduce_once(x, g.world), g.cuda) for x in data.values()])
+                   [_timed(functools.partial(_reduce_once, x, g.world), g.cuda)
+                    for x in data.values()])
     ratio = {}
     for dtype in _PRIOR_DTYPES:
         x = torch.randn(1 << 16, generator=gen).to(dtype).to(g.device)
