@@ -36,12 +36,16 @@ def sim(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Everything that runs without a GPU: golden, hw (Amaranth sim + cocotb), sw on CPU."""
-    for tool, package in (("iverilog", "iverilog"), ("yosys", "yosys"),
-                          ("nextpnr-ice40", "nextpnr-ice40")):  # the synthesis script's test too
+    for tool, package in (
+        ("iverilog", "iverilog"),
+        ("yosys", "yosys"),
+        ("nextpnr-ice40", "nextpnr-ice40"),
+    ):  # the synthesis script's test too
         _ensure_tool(session, tool, package)
     session.install(TORCH)
     session.install("-e", ".[test,sim,torch,triton,report]")
     session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
     session.run("mypy")  # golden/ and sw/zipccl ([tool.mypy] in pyproject.toml)
     # one worker per core, a test file per worker (module fixtures such as generated Verilog and
     # process-group clusters are then built once)

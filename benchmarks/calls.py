@@ -87,8 +87,11 @@ class DietGPU:
     def row(self, x: torch.Tensor) -> dict[str, float | bool]:
         as_float = x.element_size() > 1  # FP8: its byte (ANS) codec on the bytes
         data = x if as_float else x.view(torch.uint8)
-        size_of = (self.ops.max_float_compressed_output_size if as_float
-                   else self.ops.max_any_compressed_output_size)
+        size_of = (
+            self.ops.max_float_compressed_output_size
+            if as_float
+            else self.ops.max_any_compressed_output_size
+        )
         rows, cols = size_of([data])
         comp = torch.empty([rows, cols], dtype=torch.uint8, device="cuda")
         sizes = torch.zeros([1], dtype=torch.int, device="cuda")
@@ -107,10 +110,12 @@ class DietGPU:
         compress()
         decompress()
         ok = torch.equal(out.view(torch.uint8), data.view(torch.uint8))
-        return {"dietgpu_ratio": int(sizes.item()) / (x.numel() * x.element_size()),
-                "dietgpu_roundtrip_ok": ok,
-                "dietgpu_compress_us": per_call(compress) * 1e6,
-                "dietgpu_decompress_us": per_call(decompress) * 1e6}
+        return {
+            "dietgpu_ratio": int(sizes.item()) / (x.numel() * x.element_size()),
+            "dietgpu_roundtrip_ok": ok,
+            "dietgpu_compress_us": per_call(compress) * 1e6,
+            "dietgpu_decompress_us": per_call(decompress) * 1e6,
+        }
 
 
 def main() -> None:
@@ -138,8 +143,9 @@ def main() -> None:
                     row["dietgpu_error"] = repr(exc)
             rows.append(row)
             print(json.dumps(row), flush=True)
-            (out / "calls.json").write_text(json.dumps(
-                {"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+            (out / "calls.json").write_text(
+                json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1)
+            )
             del x
             torch.cuda.empty_cache()
 

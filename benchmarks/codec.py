@@ -78,8 +78,9 @@ def zipccl_row(x: torch.Tensor, runs: int, copy_bw: float) -> dict[str, object]:
     default = zipccl.default_table(x)
     # FP8: the preset fits absmax-scaled activations only; time the kernels with the fitted table
     table = zipccl.histogram_table(x) if fmt.byte_coded else default
-    out = torch.empty(zipccl.max_compressed_bytes(x.dtype, x.numel()), dtype=torch.uint8,
-                      device="cuda")
+    out = torch.empty(
+        zipccl.max_compressed_bytes(x.dtype, x.numel()), dtype=torch.uint8, device="cuda"
+    )
     c = zipccl.compress_into(x, out, table)
     y = torch.empty_like(x)
     zipccl.decompress(c, out=y)
@@ -92,31 +93,58 @@ def zipccl_row(x: torch.Tensor, runs: int, copy_bw: float) -> dict[str, object]:
         "layout": c.layout,
         "roundtrip_ok": ok,
         "theory_table_ms": t_table * 1e3,
-        "compress_api_GBps": n / event_median(lambda: zipccl.compress_into(x, out, table), runs)
+        "compress_api_GBps": n
+        / event_median(lambda: zipccl.compress_into(x, out, table), runs)
         / 1e9,
-        "compress_kernel_GBps": n / event_median(
-            lambda: _cuda.launch_encode(x, fmt, table, c.block, out), runs) / 1e9,
+        "compress_kernel_GBps": n
+        / event_median(lambda: _cuda.launch_encode(x, fmt, table, c.block, out), runs)
+        / 1e9,
         "decompress_api_GBps": n / event_median(lambda: zipccl.decompress(c, out=y), runs) / 1e9,
     }
     if c.layout == "split":
-        row["decompress_kernel_GBps"] = n / event_median(
-            lambda: _cuda.launch_decode(c.buffer, fmt, table, c.block, c.payload_bytes, y, flag),
-            runs) / 1e9
+        row["decompress_kernel_GBps"] = (
+            n
+            / event_median(
+                lambda: _cuda.launch_decode(
+                    c.buffer, fmt, table, c.block, c.payload_bytes, y, flag
+                ),
+                runs,
+            )
+            / 1e9
+        )
         assert int(flag.item()) == 0
-        row["compress_gpu_GBps"] = n / graph_median(
-            lambda: _cuda.launch_encode(x, fmt, table, c.block, out), runs) / 1e9
-        row["decompress_gpu_GBps"] = n / graph_median(
-            lambda: _cuda.launch_decode(c.buffer, fmt, table, c.block, c.payload_bytes, y, flag),
-            runs) / 1e9
+        row["compress_gpu_GBps"] = (
+            n / graph_median(lambda: _cuda.launch_encode(x, fmt, table, c.block, out), runs) / 1e9
+        )
+        row["decompress_gpu_GBps"] = (
+            n
+            / graph_median(
+                lambda: _cuda.launch_decode(
+                    c.buffer, fmt, table, c.block, c.payload_bytes, y, flag
+                ),
+                runs,
+            )
+            / 1e9
+        )
         assert int(flag.item()) == 0
         if _cuda._kind(fmt, table, c.block) == _cuda.FAST_BF16:  # generic kernels, same data
             os.environ["ZIPCCL_FAST"] = "0"
             try:
-                row["generic_compress_kernel_GBps"] = n / event_median(
-                    lambda: _cuda.launch_encode(x, fmt, table, c.block, out), runs) / 1e9
-                row["generic_decompress_kernel_GBps"] = n / event_median(
-                    lambda: _cuda.launch_decode(c.buffer, fmt, table, c.block, c.payload_bytes,
-                                                y, flag), runs) / 1e9
+                row["generic_compress_kernel_GBps"] = (
+                    n
+                    / event_median(lambda: _cuda.launch_encode(x, fmt, table, c.block, out), runs)
+                    / 1e9
+                )
+                row["generic_decompress_kernel_GBps"] = (
+                    n
+                    / event_median(
+                        lambda: _cuda.launch_decode(
+                            c.buffer, fmt, table, c.block, c.payload_bytes, y, flag
+                        ),
+                        runs,
+                    )
+                    / 1e9
+                )
             finally:
                 del os.environ["ZIPCCL_FAST"]
     # Memory-bound floor: input read + container written (compress), the reverse (decompress).
@@ -135,8 +163,10 @@ def golden_ratio_check(x: torch.Tensor) -> dict[str, float]:
     bits = head.view(torch.uint8 if fmt.bits == 8 else torch.int16).numpy().view(fmt.uint)
     gold = container.encode(bits, fmt, c.table or zipccl.default_table(head), c.block)
     same = bytes(c.buffer.cpu().numpy()) == gold
-    return {"golden_ratio_1Mi": len(gold) / (head.numel() * head.element_size()),
-            "golden_bytes_equal_1Mi": same}
+    return {
+        "golden_ratio_1Mi": len(gold) / (head.numel() * head.element_size()),
+        "golden_bytes_equal_1Mi": same,
+    }
 
 
 def table_costs(x: torch.Tensor) -> dict[str, float]:
@@ -170,8 +200,13 @@ def backend_row(x: torch.Tensor, backend: str) -> dict[str, object]:
 
 def sanitize_case() -> None:
     """Small compress/decompress of every dtype plus corrupt buffers, for compute-sanitizer."""
-    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn,
-                  torch.float8_e5m2):
+    for dtype in (
+        torch.bfloat16,
+        torch.float16,
+        torch.float32,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+    ):
         x = (torch.randn(10007, device="cuda") * 3).to(dtype)
         c = zipccl.compress(x, block=1024)
         assert torch.equal(zipccl.decompress(c).view(torch.uint8), x.view(torch.uint8))
@@ -179,16 +214,23 @@ def sanitize_case() -> None:
         bad[-40:] = 0xFF
         bad[container.HEADER_BYTES + 7 :: 97] ^= 0x5A
         try:
-            zipccl.decompress(zipccl.Compressed._of(bad, container.Header.unpack(
-                bytes(bad[: container.HEADER_BYTES].cpu().numpy()))))
+            zipccl.decompress(
+                zipccl.Compressed._of(
+                    bad, container.Header.unpack(bytes(bad[: container.HEADER_BYTES].cpu().numpy()))
+                )
+            )
         except ValueError as exc:
             print("rejected as expected:", exc)
     torch.cuda.synchronize()
     print("sanitize case done")
 
 
-CASES = [(torch.bfloat16, "normal"), (torch.bfloat16, "bf16_weights"),
-         (torch.float8_e4m3fn, "normal"), (torch.float8_e4m3fn, "fp8_activations")]
+CASES = [
+    (torch.bfloat16, "normal"),
+    (torch.bfloat16, "bf16_weights"),
+    (torch.float8_e4m3fn, "normal"),
+    (torch.float8_e4m3fn, "fp8_activations"),
+]
 
 
 def load_minilm(path: str) -> dict[str, np.ndarray]:
@@ -203,8 +245,12 @@ def sweep(args: argparse.Namespace, out: Path, minilm: dict[str, np.ndarray]) ->
     """One process per library (``--only``), so a crash in one cannot take the other's rows."""
     copy_bw = copy_bandwidth()
     print(f"device {torch.cuda.get_device_name()}  D2D copy {copy_bw / 1e12:.2f} TB/s", flush=True)
-    results: dict[str, object] = {"device": torch.cuda.get_device_name(),
-                                  "copy_TBps": copy_bw / 1e12, "rows": [], "extra": {}}
+    results: dict[str, object] = {
+        "device": torch.cuda.get_device_name(),
+        "copy_TBps": copy_bw / 1e12,
+        "rows": [],
+        "extra": {},
+    }
     path = out / f"codec_{args.only}.json"
     for dtype, kind in CASES:
         if (kind != "normal" and not minilm) or str(dtype)[6:] not in args.dtypes.split(","):
@@ -246,8 +292,11 @@ def report(out: Path) -> None:
     nv = json.loads(nv_path.read_text())["rows"] if nv_path.exists() else []
     by_key = {(r["dtype"], r["data"], r["MiB"]): r for r in nv}
     for r in results["rows"]:
-        r |= {k: v for k, v in by_key.get((r["dtype"], r["data"], r["MiB"]), {}).items()
-              if k.startswith("nvcomp")}
+        r |= {
+            k: v
+            for k, v in by_key.get((r["dtype"], r["data"], r["MiB"]), {}).items()
+            if k.startswith("nvcomp")
+        }
     (out / "codec.json").write_text(json.dumps(results, indent=1, default=str))
     print(markdown(results))
 
@@ -273,17 +322,37 @@ def main() -> None:
 
 
 def markdown(results: dict) -> str:
-    cols = [("ratio", ".4f"), ("compress_api_GBps", ".0f"), ("compress_kernel_GBps", ".0f"),
-            ("compress_gpu_GBps", ".0f"),
-            ("decompress_api_GBps", ".0f"), ("decompress_kernel_GBps", ".0f"),
-            ("decompress_gpu_GBps", ".0f"),
-            ("compress_api_of_copy", ".2f"), ("decompress_api_of_copy", ".2f"),
-            ("nvcomp_ratio", ".4f"),
-            ("nvcomp_compress_GBps", ".0f"), ("nvcomp_decompress_GBps", ".0f")]
-    head = ["dtype", "data", "MiB", "ratio", "compress GB/s api", "compress GB/s kernel",
-            "compress GB/s gpu", "decompress GB/s api", "decompress GB/s kernel",
-            "decompress GB/s gpu", "compress / copy", "decompress / copy",
-            "nvCOMP ANS ratio", "nvCOMP compress GB/s", "nvCOMP decompress GB/s"]
+    cols = [
+        ("ratio", ".4f"),
+        ("compress_api_GBps", ".0f"),
+        ("compress_kernel_GBps", ".0f"),
+        ("compress_gpu_GBps", ".0f"),
+        ("decompress_api_GBps", ".0f"),
+        ("decompress_kernel_GBps", ".0f"),
+        ("decompress_gpu_GBps", ".0f"),
+        ("compress_api_of_copy", ".2f"),
+        ("decompress_api_of_copy", ".2f"),
+        ("nvcomp_ratio", ".4f"),
+        ("nvcomp_compress_GBps", ".0f"),
+        ("nvcomp_decompress_GBps", ".0f"),
+    ]
+    head = [
+        "dtype",
+        "data",
+        "MiB",
+        "ratio",
+        "compress GB/s api",
+        "compress GB/s kernel",
+        "compress GB/s gpu",
+        "decompress GB/s api",
+        "decompress GB/s kernel",
+        "decompress GB/s gpu",
+        "compress / copy",
+        "decompress / copy",
+        "nvCOMP ANS ratio",
+        "nvCOMP compress GB/s",
+        "nvCOMP decompress GB/s",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in results["rows"]:
         cells = [r["dtype"], r["data"], str(r["MiB"])]

@@ -91,8 +91,9 @@ def make_data(kind: str, nbytes: int, rank: int, minilm: Path) -> torch.Tensor:
 # --------------------------------------------------------------------------- ops
 
 
-def op_call(op: str, x: torch.Tensor, world: int, lib: object,
-            fresh: bool = True) -> tuple[Callable[[], object], torch.Tensor]:
+def op_call(
+    op: str, x: torch.Tensor, world: int, lib: object, fresh: bool = True
+) -> tuple[Callable[[], object], torch.Tensor]:
     """A closure running ``op`` through ``lib`` (torch.distributed or zipccl) and its output;
     in-place ops restore their input first unless ``fresh`` is False."""
     if op == "all_gather":
@@ -118,8 +119,13 @@ def op_call(op: str, x: torch.Tensor, world: int, lib: object,
 def native_wire(op: str, nbytes: int, world: int, rank: int) -> int:
     """Bytes a rank sends to other ranks in the native collective (ring/pairwise volumes)."""
     share = nbytes * (world - 1) // world
-    return {"all_gather": nbytes, "all_to_all": share, "reduce_scatter": share,
-            "all_reduce": 2 * share, "broadcast": nbytes if rank == 0 else 0}[op]
+    return {
+        "all_gather": nbytes,
+        "all_to_all": share,
+        "reduce_scatter": share,
+        "all_reduce": 2 * share,
+        "broadcast": nbytes if rank == 0 else 0,
+    }[op]
 
 
 def reference(op: str, x: torch.Tensor, world: int, rank: int) -> torch.Tensor:
@@ -135,10 +141,13 @@ def reference(op: str, x: torch.Tensor, world: int, rank: int) -> torch.Tensor:
     return zipccl.reference_reduce(parts)
 
 
-OVERHEAD_MODES = {"native": {"ZIPCCL_MODE": "never"}, "auto": {"ZIPCCL_MODE": "auto"},
-                  "auto_verify": {"ZIPCCL_MODE": "auto", "ZIPCCL_VERIFY": "1"},
-                  "always": {"ZIPCCL_MODE": "always"},  # the whole compressed protocol
-                  "native_again": {"ZIPCCL_MODE": "never"}}  # control: the noise floor
+OVERHEAD_MODES = {
+    "native": {"ZIPCCL_MODE": "never"},
+    "auto": {"ZIPCCL_MODE": "auto"},
+    "auto_verify": {"ZIPCCL_MODE": "auto", "ZIPCCL_VERIFY": "1"},
+    "always": {"ZIPCCL_MODE": "always"},  # the whole compressed protocol
+    "native_again": {"ZIPCCL_MODE": "never"},
+}  # control: the noise floor
 
 
 def stub_codec() -> None:
@@ -164,14 +173,20 @@ def overhead(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
         stub_codec()
     if args.native_profile:  # instant links, slow codec: auto keeps every call native
         fast, slow = switch.Line(1e-6, 1e15), switch.Line(1e-3, 1e9)
-        switch.set_profile(None, switch.Profile({op: fast for op in switch.OPS}, slow, slow, slow,
-                                                slow, {"bfloat16": 0.7}))
+        switch.set_profile(
+            None,
+            switch.Profile(
+                {op: fast for op in switch.OPS}, slow, slow, slow, slow, {"bfloat16": 0.7}
+            ),
+        )
     rows = []
     for kib in args.kib:
         x = make_data("normal", kib << 10, rank, Path())
         for op in (*OPS, "all_to_all_splits"):
-            fns = {m: op_call(op, x, world, dist if "native" in m else zipccl, fresh=False)[0]
-                   for m in OVERHEAD_MODES}
+            fns = {
+                m: op_call(op, x, world, dist if "native" in m else zipccl, fresh=False)[0]
+                for m in OVERHEAD_MODES
+            }
             times: dict[str, list[float]] = {m: [] for m in OVERHEAD_MODES}
             strategy = {}
             for m, env in OVERHEAD_MODES.items():
@@ -192,9 +207,13 @@ def overhead(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
                         times[m].append(time.perf_counter() - t0)
             os.environ.pop("ZIPCCL_VERIFY", None)
             os.environ["ZIPCCL_MODE"] = "auto"
-            row = {"op": op, "kib": kib, "strategy": strategy["auto"],
-                   "verify_strategy": strategy["auto_verify"],
-                   "host_us": host_cost(op, fns["auto"], fns["native"])}
+            row = {
+                "op": op,
+                "kib": kib,
+                "strategy": strategy["auto"],
+                "verify_strategy": strategy["auto_verify"],
+                "host_us": host_cost(op, fns["auto"], fns["native"]),
+            }
             row.update({f"{m}_us": 1e6 * statistics.median(t) for m, t in times.items()})
             rows.append(row)
             if rank == 0:
@@ -202,39 +221,51 @@ def overhead(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
     return rows
 
 
-TORCH_NAME = {"all_gather": "all_gather_into_tensor", "all_to_all": "all_to_all_single",
-              "all_to_all_splits": "all_to_all_single", "reduce_scatter": "reduce_scatter_tensor",
-              "all_reduce": "all_reduce", "broadcast": "broadcast"}
+TORCH_NAME = {
+    "all_gather": "all_gather_into_tensor",
+    "all_to_all": "all_to_all_single",
+    "all_to_all_splits": "all_to_all_single",
+    "reduce_scatter": "reduce_scatter_tensor",
+    "all_reduce": "all_reduce",
+    "broadcast": "broadcast",
+}
 
 
-def host_cost(op: str, zipped: Callable[[], object], native: Callable[[], object],
-              calls: int = 20000) -> float:
+def host_cost(
+    op: str, zipped: Callable[[], object], native: Callable[[], object], calls: int = 20000
+) -> float:
     """Microseconds zipccl adds to a call on its native path, free of transport noise: both
     closures timed with the torch.distributed op replaced by a no-op (local, no communication)."""
     name = TORCH_NAME[op]
     real = getattr(dist, name)
     setattr(dist, name, lambda *args, **kwargs: None)
     try:
-        t = [statistics.median(timeit.repeat(fn, number=calls // 5, repeat=5)) / (calls // 5)
-             for fn in (zipped, native)]
+        t = [
+            statistics.median(timeit.repeat(fn, number=calls // 5, repeat=5)) / (calls // 5)
+            for fn in (zipped, native)
+        ]
     finally:
         setattr(dist, name, real)
     return 1e6 * (t[0] - t[1])
 
 
 def overhead_table(rows: list[dict]) -> str:
-    lines = ["| op | KiB/rank | native us | native again / native | auto us | auto / native |"
-             " auto path | zipccl host us | auto, VERIFY=1 us | VERIFY=1 / native |"
-             " always us | always / native |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| op | KiB/rank | native us | native again / native | auto us | auto / native |"
+        " auto path | zipccl host us | auto, VERIFY=1 us | VERIFY=1 / native |"
+        " always us | always / native |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         n = r["native_us"]
         host = f"{r['host_us']:.2f}" if r["strategy"] == "native" else "-"  # stub: native only
-        lines.append(f"| {r['op']} | {r['kib']} | {n:.1f} | {r['native_again_us'] / n:.2f} | "
-                     f"{r['auto_us']:.1f} | {r['auto_us'] / n:.2f} | {r['strategy']} | "
-                     f"{host} | {r['auto_verify_us']:.1f} | "
-                     f"{r['auto_verify_us'] / n:.2f} | {r['always_us']:.1f} | "
-                     f"{r['always_us'] / n:.2f} |")
+        lines.append(
+            f"| {r['op']} | {r['kib']} | {n:.1f} | {r['native_again_us'] / n:.2f} | "
+            f"{r['auto_us']:.1f} | {r['auto_us'] / n:.2f} | {r['strategy']} | "
+            f"{host} | {r['auto_verify_us']:.1f} | "
+            f"{r['auto_verify_us'] / n:.2f} | {r['always_us']:.1f} | "
+            f"{r['always_us'] / n:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -244,8 +275,11 @@ def set_mode(mode: str) -> None:
     os.environ["ZIPCCL_VERIFY"] = "0" if mode == "auto_nv" else "auto"
 
 
-def timed_together(calls: dict[str, Callable[[], object]], reps: int,
-                   prepare: Callable[[str], None] = lambda _: None) -> dict[str, float]:
+def timed_together(
+    calls: dict[str, Callable[[], object]],
+    reps: int,
+    prepare: Callable[[str], None] = lambda _: None,
+) -> dict[str, float]:
     """Median seconds of each call, timed in interleaved rounds (``prepare(key)``, then one call
     of each per round, between barriers and syncs), so drift in the machine's load hits every
     call alike."""
@@ -300,6 +334,7 @@ def trace(rank: int, world: int, mib: int, op: str, out_dir: Path) -> str:
         def run(*a: object, **kw: object) -> object:
             with record_function(name):
                 return fn(*a, **kw)
+
         return run
 
     stages = [(coll, "_agree"), (coll, "_pack"), (coll._Unpack, "settle")]
@@ -367,6 +402,7 @@ def phases(rank: int, world: int, mib: int, op: str, reps: int = 10) -> dict:
                 marks["ready"] = recorded()
             work = real[name](tensor, *args, **kw)
             return _Marked(work, marks) if data and work is not None else work
+
         return run
 
     x = make_data("normal", mib * MIB, rank, Path())
@@ -387,9 +423,14 @@ def phases(rank: int, world: int, mib: int, op: str, reps: int = 10) -> dict:
             end, t1 = recorded(), time.perf_counter()
             sync()
             if i >= 2:  # warm-up calls
-                spans.append((start.elapsed_time(marks["ready"]),
-                              marks["ready"].elapsed_time(marks["done"]),
-                              marks["done"].elapsed_time(end), 1e3 * (t1 - t0)))
+                spans.append(
+                    (
+                        start.elapsed_time(marks["ready"]),
+                        marks["ready"].elapsed_time(marks["done"]),
+                        marks["done"].elapsed_time(end),
+                        1e3 * (t1 - t0),
+                    )
+                )
     finally:
         for name, f in real.items():
             setattr(dist, name, f)
@@ -401,19 +442,30 @@ def phases(rank: int, world: int, mib: int, op: str, reps: int = 10) -> dict:
     sent = torch.tensor([STATS.sent], device=DEV)  # a broadcast's receivers sent nothing
     dist.all_reduce(sent, dist.ReduceOp.MAX)
     piece = torch.empty(int(sent.item()), dtype=torch.uint8, device=DEV)
-    wire, _ = op_call("broadcast" if op == "broadcast" else "all_gather", piece, world, dist,
-                      fresh=False)
+    wire, _ = op_call(
+        "broadcast" if op == "broadcast" else "all_gather", piece, world, dist, fresh=False
+    )
     ready, collective, tail, host = (statistics.median(c) for c in zip(*spans, strict=True))
-    return {"op": op, "mib": mib, "ready_ms": ready, "collective_ms": collective,
-            "tail_ms": tail, "call_ms": host, "sent_bytes": piece.numel(),
-            "native_ms": 1e3 * timed(native, reps), "wire_ms": 1e3 * timed(wire, reps)}
+    return {
+        "op": op,
+        "mib": mib,
+        "ready_ms": ready,
+        "collective_ms": collective,
+        "tail_ms": tail,
+        "call_ms": host,
+        "sent_bytes": piece.numel(),
+        "native_ms": 1e3 * timed(native, reps),
+        "wire_ms": 1e3 * timed(wire, reps),
+    }
 
 
 def timeline(chrome: dict) -> str:
     """The last ``zipccl.call`` of a chrome trace as text lines: start, duration, kind, name."""
     events = [e for e in chrome["traceEvents"] if e.get("ph") == "X"]
-    call = max((e for e in events if e["name"] == "zipccl.call"
-                and e.get("cat") != "gpu_user_annotation"), key=lambda e: e["ts"])
+    call = max(
+        (e for e in events if e["name"] == "zipccl.call" and e.get("cat") != "gpu_user_annotation"),
+        key=lambda e: e["ts"],
+    )
     t0, t1 = call["ts"], call["ts"] + call["dur"]
     keep = []
     for e in events:
@@ -532,8 +584,13 @@ def train(args: argparse.Namespace, rank: int, hooked: bool) -> dict:
         losses.append(loss.item())
     params = sum(p.numel() for p in model.parameters())
     routes = {int(k[3]): v for k, v in switch.ROUTES.items() if k[1] == "all_reduce"}
-    return {"hooked": hooked, "losses": losses, "step_s": statistics.median(times[20:]),
-            "params": params, "routes": routes}
+    return {
+        "hooked": hooked,
+        "losses": losses,
+        "step_s": statistics.median(times[20:]),
+        "params": params,
+        "routes": routes,
+    }
 
 
 # --------------------------------------------------------------------------- report
@@ -541,13 +598,17 @@ def train(args: argparse.Namespace, rank: int, hooked: bool) -> dict:
 
 def phases_table(rows: list[dict]) -> str:
     """Markdown of :func:`phases` rows."""
-    lines = ["| op | MiB/rank | to the wire ms | collective ms | after it ms | call ms |"
-             " native ms | x | wire alone ms (its bytes, native) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| op | MiB/rank | to the wire ms | collective ms | after it ms | call ms |"
+        " native ms | x | wire alone ms (its bytes, native) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        lines.append(f"| {r['op']} | {r['mib']} | {r['ready_ms']:.2f} | {r['collective_ms']:.2f} "
-                     f"| {r['tail_ms']:.2f} | {r['call_ms']:.2f} | {r['native_ms']:.2f} | "
-                     f"{r['native_ms'] / r['call_ms']:.2f} | {r['wire_ms']:.2f} |")
+        lines.append(
+            f"| {r['op']} | {r['mib']} | {r['ready_ms']:.2f} | {r['collective_ms']:.2f} "
+            f"| {r['tail_ms']:.2f} | {r['call_ms']:.2f} | {r['native_ms']:.2f} | "
+            f"{r['native_ms'] / r['call_ms']:.2f} | {r['wire_ms']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -555,14 +616,18 @@ def table(out: Path) -> str:
     lines = []
     for path in sorted(out.glob("phases-*.json")):
         found = json.loads(path.read_text())
-        lines += [f"\n### phases of one compressed call, transport: {found['transport']}\n",
-                  phases_table(found["rows"])]
+        lines += [
+            f"\n### phases of one compressed call, transport: {found['transport']}\n",
+            phases_table(found["rows"]),
+        ]
     for path in sorted(out.glob("sweep-*.json")):
         rows = json.loads(path.read_text())["rows"]
-        lines += [f"\n### transport: {rows[0]['transport']}\n",
-                  "| data | op | MiB/rank | native ms | auto ms | auto x | auto path |"
-                  " auto, no verify x | always ms | always x | wire always / native | exact |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            f"\n### transport: {rows[0]['transport']}\n",
+            "| data | op | MiB/rank | native ms | auto ms | auto x | auto path |"
+            " auto, no verify x | always ms | always x | wire always / native | exact |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for r in rows:
             n = r["native_s"]
             exact = all(r[f"{m}_ok"] is not False for m in MODES)
@@ -570,27 +635,36 @@ def table(out: Path) -> str:
                 f"| {r['data']} | {r['op']} | {r['mib']} | {1e3 * n:.2f} | "
                 f"{1e3 * r['auto_s']:.2f} | {n / r['auto_s']:.2f} | {r['auto_strategy']} | "
                 f"{n / r['auto_nv_s']:.2f} | {1e3 * r['always_s']:.2f} | {n / r['always_s']:.2f} | "
-                f"{r['always_wire'] / max(1, r['native_wire']):.3f} | {'yes' if exact else 'NO'} |")
+                f"{r['always_wire'] / max(1, r['native_wire']):.3f} | {'yes' if exact else 'NO'} |"
+            )
     for path in sorted(out.glob("train-*.json")):
         found = json.loads(path.read_text())
         runs, conf, hook = found["runs"], found.get("config", ""), found.get("hook", "zipccl")
         base = runs[0]
-        lines += [f"\n### DDP training ({path.stem}, {base['params'] / 1e6:.1f} M params) {conf}\n",
-                  "| run | median step ms | speedup | final loss | max abs loss diff vs native |",
-                  "| --- | --- | --- | --- | --- |"]
+        lines += [
+            f"\n### DDP training ({path.stem}, {base['params'] / 1e6:.1f} M params) {conf}\n",
+            "| run | median step ms | speedup | final loss | max abs loss diff vs native |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         for i, r in enumerate(runs):
             diff = max(abs(x - y) for x, y in zip(r["losses"], base["losses"], strict=True))
             name = "native" if not r["hooked"] else f"{hook} hook #{i}"
-            lines.append(f"| {name} | {1e3 * r['step_s']:.2f} | {base['step_s'] / r['step_s']:.3f}"
-                         f" | {r['losses'][-1]:.4f} | {diff:.3g} |")
+            lines.append(
+                f"| {name} | {1e3 * r['step_s']:.2f} | {base['step_s'] / r['step_s']:.3f}"
+                f" | {r['losses'][-1]:.4f} | {diff:.3g} |"
+            )
         paths = {n: p for r in runs for n, p in r.get("routes", {}).items()}
         if paths:
-            listed = ", ".join(f"{int(n) / MIB:.1f} MiB {p}" for n, p in sorted(
-                paths.items(), key=lambda kv: int(kv[0])))
+            listed = ", ".join(
+                f"{int(n) / MIB:.1f} MiB {p}"
+                for n, p in sorted(paths.items(), key=lambda kv: int(kv[0]))
+            )
             lines.append(f"\nThe hook's buckets: {listed}")
         hooked = [r["losses"] for r in runs if r["hooked"]]
-        lines.append(f"\n{hook} runs identical to each other: {all(h == hooked[0] for h in hooked)}"
-                     f"; identical to native: {hooked[0] == base['losses']}")
+        lines.append(
+            f"\n{hook} runs identical to each other: {all(h == hooked[0] for h in hooked)}"
+            f"; identical to native: {hooked[0] == base['losses']}"
+        )
     return "\n".join(lines)
 
 
@@ -599,10 +673,16 @@ def main() -> None:
     ap.add_argument("what", choices=["sweep", "table", "overhead", "probe"])
     ap.add_argument("--kib", type=int, nargs="+", default=[4, 64, 1024])
     ap.add_argument("--calls", type=int, default=400)
-    ap.add_argument("--native-profile", action="store_true",
-                    help="overhead: a synthetic profile under which auto keeps every call native")
-    ap.add_argument("--stub-codec", action="store_true",
-                    help="overhead: the CPU codec's kernels as no-ops (protocol cost only)")
+    ap.add_argument(
+        "--native-profile",
+        action="store_true",
+        help="overhead: a synthetic profile under which auto keeps every call native",
+    )
+    ap.add_argument(
+        "--stub-codec",
+        action="store_true",
+        help="overhead: the CPU codec's kernels as no-ops (protocol cost only)",
+    )
     ap.add_argument("out", nargs="?", type=Path)
     ap.add_argument("--out", dest="out_dir", type=Path)
     ap.add_argument("--transport", default="nvlink")
@@ -610,13 +690,26 @@ def main() -> None:
     ap.add_argument("--data", nargs="+", default=["normal", "weights"])
     ap.add_argument("--minilm", type=Path, default=Path(".data/minilm.npz"))
     ap.add_argument("--train", action="store_true")
-    ap.add_argument("--trace", type=int, default=0,
-                    help="timeline of one compressed call of each --trace-ops at this many MiB")
+    ap.add_argument(
+        "--trace",
+        type=int,
+        default=0,
+        help="timeline of one compressed call of each --trace-ops at this many MiB",
+    )
     ap.add_argument("--trace-ops", nargs="+", default=["all_gather"], choices=OPS)
-    ap.add_argument("--phases", type=int, nargs="*", default=[],
-                    help="CUDA-event phases of a compressed call of each --phase-ops at these MiB")
-    ap.add_argument("--phase-ops", nargs="+", default=["all_gather", "all_to_all", "broadcast"],
-                    choices=["all_gather", "all_to_all", "broadcast"])
+    ap.add_argument(
+        "--phases",
+        type=int,
+        nargs="*",
+        default=[],
+        help="CUDA-event phases of a compressed call of each --phase-ops at these MiB",
+    )
+    ap.add_argument(
+        "--phase-ops",
+        nargs="+",
+        default=["all_gather", "all_to_all", "broadcast"],
+        choices=["all_gather", "all_to_all", "broadcast"],
+    )
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--layers", type=int, default=6)
@@ -625,9 +718,13 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--train-mode", default="auto", choices=["auto", "always", "never"])
-    ap.add_argument("--hook", default="zipccl", choices=["zipccl", "torch"],
-                    help="the hooked runs' hook: zipccl.ddp_hook, or torch's own Python "
-                         "allreduce_hook (what any Python comm hook costs against DDP's built-in)")
+    ap.add_argument(
+        "--hook",
+        default="zipccl",
+        choices=["zipccl", "torch"],
+        help="the hooked runs' hook: zipccl.ddp_hook, or torch's own Python "
+        "allreduce_hook (what any Python comm hook costs against DDP's built-in)",
+    )
     ap.add_argument("--cpu", action="store_true", help="gloo on CPU: a smoke test of the script")
     args = ap.parse_args()
     if args.what == "table":
@@ -647,16 +744,21 @@ def main() -> None:
     if args.what == "overhead":
         rows = overhead(args, rank, world)
         if rank == 0:
-            (args.out_dir / "overhead-cpu.json").write_text(json.dumps(
-                {"rows": rows, "world": world, "torch": torch.__version__}, indent=1))
+            (args.out_dir / "overhead-cpu.json").write_text(
+                json.dumps({"rows": rows, "world": world, "torch": torch.__version__}, indent=1)
+            )
             print(overhead_table(rows), flush=True)
         dist.destroy_process_group()
         return
     if args.what == "probe":  # the codec's fixed costs at each --kib on this device
         probed = {kib: probe(rank, kib) for kib in args.kib}
         if rank == 0:
-            print(json.dumps({kib: {k: round(1e6 * v, 1) for k, v in p.items()}
-                              for kib, p in probed.items()}), flush=True)
+            print(
+                json.dumps(
+                    {kib: {k: round(1e6 * v, 1) for k, v in p.items()} for kib, p in probed.items()}
+                ),
+                flush=True,
+            )
         dist.destroy_process_group()
         return
     for op in args.trace_ops if args.trace else ():
@@ -668,8 +770,9 @@ def main() -> None:
             raise SystemExit("--phases times CUDA events: it needs the GPUs")
         found = [phases(rank, world, mib, op) for mib in args.phases for op in args.phase_ops]
         if rank == 0:
-            (args.out_dir / f"phases-{args.transport}.json").write_text(json.dumps(
-                {"rows": found, "transport": args.transport}, indent=1))
+            (args.out_dir / f"phases-{args.transport}.json").write_text(
+                json.dumps({"rows": found, "transport": args.transport}, indent=1)
+            )
             print(phases_table(found), flush=True)
     if not args.skip_sweep:
         probed = probe(rank) if DEV.type == "cuda" else {}
@@ -677,16 +780,25 @@ def main() -> None:
         if rank == 0:
             print("probe", json.dumps(probed), flush=True)
             (args.out_dir / f"sweep-{args.transport}.json").write_text(
-                json.dumps({"rows": rows, "world": world, "probe": probed,
-                            "device": str(DEV)}, indent=1))
+                json.dumps(
+                    {"rows": rows, "world": world, "probe": probed, "device": str(DEV)}, indent=1
+                )
+            )
     if args.train:
         os.environ["ZIPCCL_MODE"] = args.train_mode
         runs = [train(args, rank, hooked) for hooked in (False, True, True)]
         if rank == 0:
             (args.out_dir / f"train-{args.transport}.json").write_text(
-                json.dumps({"runs": runs, "hook": args.hook,
-                            "config": f"ZIPCCL_MODE={args.train_mode}, "
-                            f"bucket_cap_mb={args.bucket_mb}, hook={args.hook}"}, indent=1))
+                json.dumps(
+                    {
+                        "runs": runs,
+                        "hook": args.hook,
+                        "config": f"ZIPCCL_MODE={args.train_mode}, "
+                        f"bucket_cap_mb={args.bucket_mb}, hook={args.hook}",
+                    },
+                    indent=1,
+                )
+            )
             for r in runs:
                 print("train", r["hooked"], r["step_s"], r["losses"][-1], flush=True)
     dist.destroy_process_group()

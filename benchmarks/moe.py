@@ -61,8 +61,16 @@ from zipccl.collectives import STATS
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max
-ENV = ("ZIPCCL_MODE", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NVLS_ENABLE",
-       "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "NCCL_ALGO", "NCCL_PROTO")
+ENV = (
+    "ZIPCCL_MODE",
+    "NCCL_P2P_DISABLE",
+    "NCCL_SHM_DISABLE",
+    "NCCL_NVLS_ENABLE",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+)
 TAGS = ("splits", "dispatch", "combine", "combine_grad", "dispatch_grad")
 
 
@@ -82,8 +90,15 @@ class Comm:
     def mark(self) -> object:
         return recorded() if self.cuda else time.perf_counter()
 
-    def a2a(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int] | None,
-            in_splits: list[int] | None, tag: str, fp8: bool = False) -> None:
+    def a2a(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        out_splits: list[int] | None,
+        in_splits: list[int] | None,
+        tag: str,
+        fp8: bool = False,
+    ) -> None:
         """One all-to-all; ``fp8``: uint8 rows that zipccl sees as e4m3 (torch moves bytes)."""
         zipped = self.lib is zipccl
         if zipped and fp8:
@@ -122,8 +137,10 @@ class Comm:
         tokens' own ratio, free of the protocol's slot margins and padding."""
         packed, send = self.dispatched
         pieces = [p for j, p in enumerate(packed.split(send)) if j != self.rank and p.numel()]
-        return (sum(zipccl.compress(p.view(E4M3)).nbytes for p in pieces),
-                sum(p.numel() for p in pieces))
+        return (
+            sum(zipccl.compress(p.view(E4M3)).nbytes for p in pieces),
+            sum(p.numel() for p in pieces),
+        )
 
     def rows(self, x: torch.Tensor, send: list[int], recv: list[int], tag: str) -> torch.Tensor:
         got = x.new_empty(sum(recv), *x.shape[1:])
@@ -135,10 +152,15 @@ class Exchange(torch.autograd.Function):
     """Rows to their ranks (FP8 dispatch or BF16 combine); the gradient returns in BF16."""
 
     @staticmethod
-    def forward(ctx: object, x: torch.Tensor, comm: Comm, send: list[int], recv: list[int],
-                fp8: bool) -> torch.Tensor:
-        ctx.comm, ctx.send, ctx.recv, ctx.tag = comm, send, recv, (
-            "dispatch_grad" if fp8 else "combine_grad")
+    def forward(
+        ctx: object, x: torch.Tensor, comm: Comm, send: list[int], recv: list[int], fp8: bool
+    ) -> torch.Tensor:
+        ctx.comm, ctx.send, ctx.recv, ctx.tag = (
+            comm,
+            send,
+            recv,
+            ("dispatch_grad" if fp8 else "combine_grad"),
+        )
         return comm.dispatch(x, send, recv) if fp8 else comm.rows(x, send, recv, "combine")
 
     @staticmethod
@@ -150,22 +172,30 @@ class MoE(torch.nn.Module):
     """Top-k routed experts, E / W of them on each of W ranks; parameters seeded per expert,
     so a rank's shard does not depend on the world size."""
 
-    def __init__(self, args: argparse.Namespace, rank: int, world: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self, args: argparse.Namespace, rank: int, world: int, device: torch.device
+    ) -> None:
         super().__init__()
         e, h, f = args.experts, args.hidden, args.ffn
         self.k, self.world, self.local = args.topk, world, e // world
         gen = torch.Generator().manual_seed(0)
-        self.router = torch.nn.Parameter((torch.randn(h, e, generator=gen) / math.sqrt(h))
-                                         .to(device))
+        self.router = torch.nn.Parameter(
+            (torch.randn(h, e, generator=gen) / math.sqrt(h)).to(device)
+        )
         hot = torch.randperm(e, generator=gen).float()
         self.register_buffer("bias", (-args.skew * torch.log1p(hot)).to(device))
         mine = range(rank * self.local, (rank + 1) * self.local)
         gens = [torch.Generator().manual_seed(100 + i) for i in mine]
-        self.w1 = torch.nn.Parameter(torch.stack([torch.randn(h, f, generator=g) / math.sqrt(h)
-                                                  for g in gens]).to(device, torch.bfloat16))
-        self.w2 = torch.nn.Parameter(torch.stack([torch.randn(f, h, generator=g) / math.sqrt(f)
-                                                  for g in gens]).to(device, torch.bfloat16))
+        self.w1 = torch.nn.Parameter(
+            torch.stack([torch.randn(h, f, generator=g) / math.sqrt(h) for g in gens]).to(
+                device, torch.bfloat16
+            )
+        )
+        self.w2 = torch.nn.Parameter(
+            torch.stack([torch.randn(f, h, generator=g) / math.sqrt(f) for g in gens]).to(
+                device, torch.bfloat16
+            )
+        )
         self.comm: Comm | None = None
         self.counts, self.received = torch.zeros(e, dtype=torch.int64), 0
 
@@ -200,13 +230,19 @@ class MoE(torch.nn.Module):
             p.grad = None
         out = self(x)
         out.backward(grad_out)
-        return {"output": out.detach(), "input_grad": x.grad,
-                **{f"{n}_grad": p.grad for n, p in self.named_parameters()}}
+        return {
+            "output": out.detach(),
+            "input_grad": x.grad,
+            **{f"{n}_grad": p.grad for n, p in self.named_parameters()},
+        }
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    )
 
 
 def run(args: argparse.Namespace, rank: int, world: int) -> dict:
@@ -227,7 +263,7 @@ def run(args: argparse.Namespace, rank: int, world: int) -> dict:
     mismatches: list[str] = []
     for it in range(args.warmup + args.iters):
         found = {}
-        for name in (comms if it % 2 == 0 else reversed(comms)):  # alternate who goes first
+        for name in comms if it % 2 == 0 else reversed(comms):  # alternate who goes first
             layer.comm = comm = comms[name]
             comm.spans.clear()
             dist.barrier()
@@ -242,22 +278,33 @@ def run(args: argparse.Namespace, rank: int, world: int) -> dict:
             if it >= args.warmup:
                 times[name]["step"].append(step)
                 times[name]["a2a"].append(comm.seconds())
-        mismatches += [f"step {it}: {k}" for k, v in found["native"].items()
-                       if not same_bits(v, found["zipccl"][k])]
+        mismatches += [
+            f"step {it}: {k}"
+            for k, v in found["native"].items()
+            if not same_bits(v, found["zipccl"][k])
+        ]
     bad = torch.tensor([len(mismatches)], device=device)
     dist.all_reduce(bad)
     if bad.item():
-        print(f"rank {rank}: MoE BIT-EXACTNESS FAILED, zipccl != native: "
-              f"{mismatches or 'this rank agrees; a peer does not'}", flush=True)
+        print(
+            f"rank {rank}: MoE BIT-EXACTNESS FAILED, zipccl != native: "
+            f"{mismatches or 'this rank agrees; a peer does not'}",
+            flush=True,
+        )
         raise RuntimeError(f"zipccl's MoE step differs from native on some rank: {mismatches}")
     counts = layer.counts.to(device)
     dist.all_reduce(counts)
     mine = {"rank": rank, "rows_sent": args.tokens * args.topk, "rows_received": layer.received}
     for name, comm in comms.items():
         step, a2a = (statistics.median(times[name][k]) for k in ("step", "a2a"))
-        mine[name] = {"step_ms": 1e3 * step, "a2a_ms": 1e3 * a2a, "a2a_share": a2a / step,
-                      "wire": dict(comm.wire), "raw": dict(comm.raw),
-                      "strategy": dict(comm.strategy)}
+        mine[name] = {
+            "step_ms": 1e3 * step,
+            "a2a_ms": 1e3 * a2a,
+            "a2a_share": a2a / step,
+            "wire": dict(comm.wire),
+            "raw": dict(comm.raw),
+            "strategy": dict(comm.strategy),
+        }
     mine["zipccl"]["codec"], mine["zipccl"]["codec_raw"] = comms["zipccl"].codec_bytes()
     ranks: list[dict] = [{}] * world
     dist.all_gather_object(ranks, mine)
@@ -270,6 +317,7 @@ def run(args: argparse.Namespace, rank: int, world: int) -> dict:
 
 def summary(ranks: list[dict], counts: torch.Tensor) -> dict:
     """The layer's figures: the slowest rank's step, wire bytes summed over ranks."""
+
     def total(name: str, key: str, tags: tuple[str, ...] = TAGS) -> int:
         return sum(r[name][key].get(t, 0) for r in ranks for t in tags)
 
@@ -279,9 +327,11 @@ def summary(ranks: list[dict], counts: torch.Tensor) -> dict:
         out[f"{name}_a2a_share"] = max(r[name]["a2a_share"] for r in ranks)
     out["speedup"] = out["native_step_ms"] / out["zipccl_step_ms"]
     out["dispatch_ratio"] = sum(r["zipccl"]["codec"] for r in ranks) / max(
-        1, sum(r["zipccl"]["codec_raw"] for r in ranks))
+        1, sum(r["zipccl"]["codec_raw"] for r in ranks)
+    )
     out["dispatch_wire_ratio"] = total("zipccl", "wire", ("dispatch",)) / max(
-        1, total("zipccl", "raw", ("dispatch",)))
+        1, total("zipccl", "raw", ("dispatch",))
+    )
     out["wire_ratio"] = total("zipccl", "wire") / max(1, total("zipccl", "raw"))
     out["wire_bytes"] = {t: total("zipccl", "wire", (t,)) for t in TAGS}
     out["raw_bytes"] = {t: total("zipccl", "raw", (t,)) for t in TAGS}
@@ -289,20 +339,30 @@ def summary(ranks: list[dict], counts: torch.Tensor) -> dict:
     return out
 
 
-def write(args: argparse.Namespace, world: int, device: torch.device, result: dict,
-          ranks: list[dict]) -> None:
+def write(
+    args: argparse.Namespace, world: int, device: torch.device, result: dict, ranks: list[dict]
+) -> None:
     p2p, shm = os.environ.get("NCCL_P2P_DISABLE") == "1", os.environ.get("NCCL_SHM_DISABLE") == "1"
     cuda = device.type == "cuda"
-    transport = ("gloo" if not cuda else "socket" if p2p and shm else "shm" if p2p else "nvlink")
+    transport = "gloo" if not cuda else "socket" if p2p and shm else "shm" if p2p else "nvlink"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "moe.json").write_text(json.dumps({
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "torch": torch.__version__, "world": world, "transport": transport,
-        "zipccl_mode": os.environ.get("ZIPCCL_MODE", "auto"),
-        "env": {k: os.environ.get(k) for k in ENV},
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "results": result, "ranks": ranks}, indent=1))
+    (args.out / "moe.json").write_text(
+        json.dumps(
+            {
+                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+                "torch": torch.__version__,
+                "world": world,
+                "transport": transport,
+                "zipccl_mode": os.environ.get("ZIPCCL_MODE", "auto"),
+                "env": {k: os.environ.get(k) for k in ENV},
+                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                "results": result,
+                "ranks": ranks,
+            },
+            indent=1,
+        )
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -316,8 +376,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--skew", type=float, default=1.0, help="router bias -skew * log(1 + r)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--mode", choices=["auto", "always", "never"],
-                    help="sets ZIPCCL_MODE (default: ZIPCCL_MODE, else auto)")
+    ap.add_argument(
+        "--mode",
+        choices=["auto", "always", "never"],
+        help="sets ZIPCCL_MODE (default: ZIPCCL_MODE, else auto)",
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     cuda = args.device == "cuda"

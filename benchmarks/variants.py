@@ -32,9 +32,12 @@ def ptxas(source: Path, arch: str) -> subprocess.Popen:
     """Start a compile of ``source`` that reports registers (they run while others measure)."""
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     gencode = f"-gencode=arch=compute_{arch},code=sm_{arch}"
-    return subprocess.Popen([nvcc, "-O3", "-std=c++17", gencode, "-Xptxas", "-v", "-c",
-                             str(source), "-o", "/dev/null"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [nvcc, "-O3", "-std=c++17", gencode, "-Xptxas", "-v", "-c", str(source), "-o", "/dev/null"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def registers(proc: subprocess.Popen) -> dict[str, int]:
@@ -42,8 +45,9 @@ def registers(proc: subprocess.Popen) -> dict[str, int]:
     log = proc.communicate()[1]
     names = re.findall(r"Compiling entry function '(\w+)'", log)
     regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
-    demangled = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True,
-                               text=True).stdout.split("\n")
+    demangled = subprocess.run(
+        ["c++filt"], input="\n".join(names), capture_output=True, text=True
+    ).stdout.split("\n")
     short = [re.sub(r"\(anonymous namespace\)::|\(.*$", "", d) for d in demangled]
     return dict(zip(short, regs, strict=False))
 
@@ -52,20 +56,26 @@ def measure(x: torch.Tensor, table: object) -> tuple[dict[str, float], torch.Ten
     """GB/s of each column, the compressed buffer and the decoded tensor."""
     fmt = codec._fmt(x.dtype)
     n = x.numel() * x.element_size()
-    out = torch.empty(zipccl.max_compressed_bytes(x.dtype, x.numel()), dtype=torch.uint8,
-                      device="cuda")
+    out = torch.empty(
+        zipccl.max_compressed_bytes(x.dtype, x.numel()), dtype=torch.uint8, device="cuda"
+    )
     c = zipccl.compress_into(x, out, table)
     y = torch.empty_like(x)
     flag = torch.zeros(1, dtype=torch.int32, device="cuda")
     runs = 50
     row = {
-        "compress_gpu_GBps": n / graph_median(
-            lambda: _cuda.launch_encode(x, fmt, table, c.block, out), runs) / 1e9,
-        "decompress_gpu_GBps": n / graph_median(
+        "compress_gpu_GBps": n
+        / graph_median(lambda: _cuda.launch_encode(x, fmt, table, c.block, out), runs)
+        / 1e9,
+        "decompress_gpu_GBps": n
+        / graph_median(
             lambda: _cuda.launch_decode(c.buffer, fmt, table, c.block, c.payload_bytes, y, flag),
-            runs) / 1e9,
+            runs,
+        )
+        / 1e9,
         "decompress_api_GBps": n / event_median(lambda: zipccl.decompress(c, out=y), runs) / 1e9,
-        "compress_api_GBps": n / event_median(lambda: zipccl.compress_into(x, out, table), runs)
+        "compress_api_GBps": n
+        / event_median(lambda: zipccl.compress_into(x, out, table), runs)
         / 1e9,
     }
     zipccl.decompress(zipccl.compress_into(x, out, table), out=y)
@@ -102,8 +112,11 @@ def main() -> None:
         results.append(row)
         print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "variants.json").write_text(json.dumps(
-        {"device": torch.cuda.get_device_name(), "mib": args.mib, "results": results}, indent=1))
+    (args.out / "variants.json").write_text(
+        json.dumps(
+            {"device": torch.cuda.get_device_name(), "mib": args.mib, "results": results}, indent=1
+        )
+    )
 
 
 if __name__ == "__main__":

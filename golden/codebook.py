@@ -345,8 +345,9 @@ def parse_json(text: object, limit: int, what: str) -> object:
     if len(text) > limit:
         raise TableError(f"{what} of {len(text)} characters exceeds {limit}")
     try:
-        return json.loads(text, parse_float=_no_float, parse_constant=_no_float,
-                          object_pairs_hook=_distinct_keys)
+        return json.loads(
+            text, parse_float=_no_float, parse_constant=_no_float, object_pairs_hook=_distinct_keys
+        )
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, digit limits, nesting
         raise TableError(f"{what} is not JSON of a table: {exc}") from None
 

@@ -50,9 +50,14 @@ def dumps(entries: Mapping[str, Entry]) -> str:
     """The table set's JSON text; refuses what :func:`loads` would refuse."""
     if len(entries) > MAX_TABLES:
         raise TableError(f"a table set holds at most {MAX_TABLES} tables, got {len(entries)}")
-    doc = {"format": SET_FORMAT, "version": SET_VERSION, "tables": {
-        check_key(k): {"dtype": e.fmt.name, "table": e.table.to_doc()} for k, e in entries.items()
-    }}
+    doc = {
+        "format": SET_FORMAT,
+        "version": SET_VERSION,
+        "tables": {
+            check_key(k): {"dtype": e.fmt.name, "table": e.table.to_doc()}
+            for k, e in entries.items()
+        },
+    }
     text = json.dumps(doc, indent=1) + "\n"
     if len(text) > MAX_SET_FILE_BYTES:
         raise TableError(f"table set of {len(text)} characters exceeds {MAX_SET_FILE_BYTES}")

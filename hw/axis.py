@@ -38,8 +38,11 @@ def byte_swap(value: Value) -> Value:
 def _axis(prefix: str, flow, data_bits: int, *extra: tuple[str, int]) -> dict:
     """Members of one AXI4-Stream port (``flow`` is the data direction)."""
     back = Out if flow is In else In
-    members = {f"{prefix}_tdata": flow(data_bits), f"{prefix}_tvalid": flow(1),
-               f"{prefix}_tready": back(1)}
+    members = {
+        f"{prefix}_tdata": flow(data_bits),
+        f"{prefix}_tvalid": flow(1),
+        f"{prefix}_tready": back(1),
+    }
     members.update({f"{prefix}_{name}": flow(bits) for name, bits in extra})
     return members
 
@@ -48,8 +51,14 @@ class _AxisTop(wiring.Component):
     """Clock, reset and the table port shared by both tops."""
 
     def __init__(self, members: dict) -> None:
-        super().__init__({"aclk": In(1), "aresetn": In(1), **members,
-                          **_axis("s_axis_table", In, TABLE_TDATA_BITS)})
+        super().__init__(
+            {
+                "aclk": In(1),
+                "aresetn": In(1),
+                **members,
+                **_axis("s_axis_table", In, TABLE_TDATA_BITS),
+            }
+        )
 
     def _clocked(self, core: wiring.Component) -> Module:
         m = Module()
@@ -71,10 +80,12 @@ class AxisEncoder(_AxisTop):
     def __init__(self, lanes: int = 1, book: Codebook | None = None) -> None:
         self.lanes, self.book = lanes, book
         words = words_per_beat(lanes)
-        super().__init__({
-            **_axis("s_axis", In, 8 * lanes, ("tkeep", lanes), ("tlast", 1)),
-            **_axis("m_axis", Out, 32 * words, ("tlast", 1), ("tuser", COUNT_BITS)),
-        })
+        super().__init__(
+            {
+                **_axis("s_axis", In, 8 * lanes, ("tkeep", lanes), ("tlast", 1)),
+                **_axis("m_axis", Out, 32 * words, ("tlast", 1), ("tuser", COUNT_BITS)),
+            }
+        )
 
     def elaborate(self, platform) -> Module:
         core = QLCEncoder(self.book) if self.lanes == 1 else QLCEncoderN(self.lanes, self.book)
@@ -101,12 +112,14 @@ class AxisDecoder(_AxisTop):
     def __init__(self, lanes: int = 1, book: Codebook | None = None) -> None:
         self.lanes, self.book = lanes, book
         words = words_per_beat(lanes)
-        super().__init__({
-            **_axis("s_axis_count", In, COUNT_BITS),
-            **_axis("s_axis", In, 32 * words, ("tlast", 1)),
-            **_axis("m_axis", Out, 8 * lanes, ("tkeep", lanes), ("tlast", 1)),
-            "error": Out(1),
-        })
+        super().__init__(
+            {
+                **_axis("s_axis_count", In, COUNT_BITS),
+                **_axis("s_axis", In, 32 * words, ("tlast", 1)),
+                **_axis("m_axis", Out, 8 * lanes, ("tkeep", lanes), ("tlast", 1)),
+                "error": Out(1),
+            }
+        )
 
     def elaborate(self, platform) -> Module:
         core = QLCDecoder(self.book) if self.lanes == 1 else QLCDecoderN(self.lanes, self.book)

@@ -78,8 +78,14 @@ class QLCEncoder(wiring.Component):
 
         # handshakes: each stage advances when the one after it can take its contents
         pack = add_packer(
-            m, self.o, beat=WORD_BITS, code_bits=MAX_CODE_LENGTH, valid=s2_valid, code=s2_code,
-            length=s2_length, last=s2_last,
+            m,
+            self.o,
+            beat=WORD_BITS,
+            code_bits=MAX_CODE_LENGTH,
+            valid=s2_valid,
+            code=s2_code,
+            length=s2_length,
+            last=s2_last,
         )
         s2_free = ~s2_valid | pack
         s1_free = ~s1_valid | s2_free

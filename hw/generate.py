@@ -72,7 +72,9 @@ def write_verilog(top: str, out: Path, book: Codebook | None = None) -> Path:
 
 
 def generate(
-    out: Path, book: Codebook | None = None, tops: Sequence[str] = tuple(TOPS),
+    out: Path,
+    book: Codebook | None = None,
+    tops: Sequence[str] = tuple(TOPS),
     progress: Callable[[str], None] | None = None,
 ) -> list[Path]:
     """The Verilog of ``tops`` (default: every top) and the table's memory images; returns the
@@ -95,12 +97,21 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m hw.generate", description=__doc__.split("\n\n")[0].replace("\n", " ")
     )
     ap.add_argument("--out", type=Path, default=Path("build"), help="output folder (build/)")
-    ap.add_argument("--table", type=Path,
-                    help="a table JSON file to initialise the memories with (default: the QLC "
-                    "e4m3 preset); the blocks still load any table through their tw port")
-    ap.add_argument("--tops", nargs="+", choices=sorted(TOPS), default=list(TOPS),
-                    metavar="TOP", help=f"the modules to write (default: all {len(TOPS)}; the "
-                    "8-lane decoders take about a minute each)")
+    ap.add_argument(
+        "--table",
+        type=Path,
+        help="a table JSON file to initialise the memories with (default: the QLC "
+        "e4m3 preset); the blocks still load any table through their tw port",
+    )
+    ap.add_argument(
+        "--tops",
+        nargs="+",
+        choices=sorted(TOPS),
+        default=list(TOPS),
+        metavar="TOP",
+        help=f"the modules to write (default: all {len(TOPS)}; the "
+        "8-lane decoders take about a minute each)",
+    )
     args = ap.parse_args(argv)
     book = Codebook.load(args.table) if args.table else None
     generate(args.out, book, args.tops, progress=print)

@@ -96,8 +96,9 @@ class MergeTree:
             depth = len(self.levels)
             merged = [merge_pair(codes[k], codes[k + 1]) for k in range(0, len(codes) - 1, 2)]
             merged += codes[len(codes) - len(codes) % 2 :]
-            free, lvl_valid, lvl_last = (Signal(name=f"merge{depth}_{n}")
-                                         for n in ("free", "valid", "last"))
+            free, lvl_valid, lvl_last = (
+                Signal(name=f"merge{depth}_{n}") for n in ("free", "valid", "last")
+            )
             regs = []
             for k, (bits, length, width) in enumerate(merged):
                 r_bits = Signal(width, name=f"merge{depth}_bits{k}")
@@ -109,7 +110,7 @@ class MergeTree:
                 m.d.sync += [lvl_valid.eq(valid), lvl_last.eq(last)]
             self.levels.append((free, lvl_valid))
             codes, valid, last = regs, lvl_valid, lvl_last
-        (self.block, self.length, self.width), = codes
+        ((self.block, self.length, self.width),) = codes
         self.valid, self.last = valid, last
 
     def connect(self, m: Module, out_free: Value) -> Value:
@@ -153,12 +154,20 @@ class QLCEncoderN(wiring.Component):
 
         # stage 3: the merge tree, one register per level
         tree = MergeTree(
-            m, [(c, ln, MAX_CODE_LENGTH) for c, ln in zip(s2_codes, s2_lens, strict=True)],
-            s2_valid, s2_last,
+            m,
+            [(c, ln, MAX_CODE_LENGTH) for c, ln in zip(s2_codes, s2_lens, strict=True)],
+            s2_valid,
+            s2_last,
         )
         pack = add_packer(
-            m, self.o, beat=beat, code_bits=tree.width, valid=tree.valid, code=tree.block,
-            length=tree.length, last=tree.last,
+            m,
+            self.o,
+            beat=beat,
+            code_bits=tree.width,
+            valid=tree.valid,
+            code=tree.block,
+            length=tree.length,
+            last=tree.last,
         )
         s2_free = tree.connect(m, ~tree.valid | pack)
         s1_free = ~s1_valid | s2_free
@@ -184,8 +193,9 @@ class QLCEncoderN(wiring.Component):
                 m.d.comb += shift.eq(MAX_WIDTH - entry.width)
                 live = j < s1_count
                 m.d.sync += [
-                    s2_codes[j].eq(Mux(live, Cat((entry.payload << shift)[:MAX_WIDTH],
-                                                 entry.prefix), 0)),
+                    s2_codes[j].eq(
+                        Mux(live, Cat((entry.payload << shift)[:MAX_WIDTH], entry.prefix), 0)
+                    ),
                     s2_lens[j].eq(Mux(live, PREFIX_BITS + entry.width, 0)),
                 ]
 
@@ -295,9 +305,7 @@ class QLCDecoderN(wiring.Component):
             m.d.sync += err.eq(1)
         m.d.comb += [
             self.o.valid.eq(s3_valid & ~err & ~(bad_any & (first_bad == 0))),
-            self.o.payload.data.eq(
-                Cat(Mux(s3_lit[j], s3_pay[j], rds[j].data) for j in lane_range)
-            ),
+            self.o.payload.data.eq(Cat(Mux(s3_lit[j], s3_pay[j], rds[j].data) for j in lane_range)),
             self.o.payload.count.eq(Mux(bad_any, first_bad, s3_count)),
             self.o.payload.last.eq(s3_last & ~bad_any),
             self.error.eq(err),

@@ -17,7 +17,14 @@ from hw.tables import COUNT_BITS
 
 
 def add_packer(
-    m: Module, o, *, beat: int, code_bits: int, valid: Value, code: Value, length: Value,
+    m: Module,
+    o,
+    *,
+    beat: int,
+    code_bits: int,
+    valid: Value,
+    code: Value,
+    length: Value,
     last: Value,
 ) -> Value:
     """Add the packer to ``m``, driving the stream ``o`` (payload: data, last, bits).
@@ -41,8 +48,14 @@ def add_packer(
         m.d.sync += o_valid.eq(0)
     with m.If(flush & out_free):
         m.d.sync += [
-            o_valid.eq(1), o_data.eq(acc), o_last.eq(1), o_bits.eq(total),
-            flush.eq(0), acc.eq(0), n.eq(0), total.eq(0),
+            o_valid.eq(1),
+            o_data.eq(acc),
+            o_last.eq(1),
+            o_bits.eq(total),
+            flush.eq(0),
+            acc.eq(0),
+            n.eq(0),
+            total.eq(0),
         ]
     with m.Elif(pack):
         m.d.sync += total.eq(total + length)

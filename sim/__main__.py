@@ -20,7 +20,9 @@ from sim.suite import LEVELS, TOPS, summary_lines
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sim", description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--level", choices=["auto", *LEVELS], default="auto",
+        "--level",
+        choices=["auto", *LEVELS],
+        default="auto",
         help="auto: full, but smoke for the 8-lane decoder and the multi-lane loopbacks",
     )
     ap.add_argument("--seed", type=int, default=1)
@@ -32,9 +34,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     reports, failures = [], []
     start = time.monotonic()
-    print(f"zipccl RTL simulation: {len(args.tops)} blocks, cocotb + Icarus Verilog against "
-          f"golden/, seed {args.seed}; simulator logs in {args.build}/<block>/cocotb.log",
-          flush=True)
+    print(
+        f"zipccl RTL simulation: {len(args.tops)} blocks, cocotb + Icarus Verilog against "
+        f"golden/, seed {args.seed}; simulator logs in {args.build}/<block>/cocotb.log",
+        flush=True,
+    )
     for k, top in enumerate(args.tops, 1):
         level = args.level
         if level == "auto":
@@ -43,14 +47,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{k}/{len(args.tops)}] {top} ({level}) ...", end=" ", flush=True)
         try:
             reports.append(run_cocotb(top, level, args.seed, args.build, quiet=True))
-            print(f"PASS, {reports[-1]['symbols']} symbols, {time.monotonic() - began:.0f} s",
-                  flush=True)
+            print(
+                f"PASS, {reports[-1]['symbols']} symbols, {time.monotonic() - began:.0f} s",
+                flush=True,
+            )
         except SimFailure as exc:
             failures.append(str(exc))
             print("FAIL", flush=True)
     print("\n==== zipccl RTL simulation (cocotb + Icarus Verilog vs golden/) ====")
-    print(f"level {args.level}, seed {args.seed}, {time.monotonic() - start:.0f} s; "
-          "ratio = stream bits / (8 x symbols)")
+    print(
+        f"level {args.level}, seed {args.seed}, {time.monotonic() - start:.0f} s; "
+        "ratio = stream bits / (8 x symbols)"
+    )
     print("\n".join(summary_lines(reports)))
     total = sum(r["symbols"] for r in reports)
     for f in failures:

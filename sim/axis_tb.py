@@ -55,8 +55,11 @@ class Top:
         self.table = AxiStreamSource(bus("s_axis_table"), clk, rst, reset_active_level=False)
         self.source = AxiStreamSource(bus("s_axis"), clk, rst, reset_active_level=False)
         self.sink = AxiStreamSink(bus("m_axis"), clk, rst, reset_active_level=False)
-        self.count = (AxiStreamSource(bus("s_axis_count"), clk, rst, reset_active_level=False)
-                      if self.decoder else None)
+        self.count = (
+            AxiStreamSource(bus("s_axis_count"), clk, rst, reset_active_level=False)
+            if self.decoder
+            else None
+        )
         for port in (self.source, self.sink, self.count):
             if port is not None:
                 port.set_pause_generator(_pauses(rng, 0.6))
@@ -106,8 +109,10 @@ async def axis_against_golden(dut) -> None:
     for book in books:
         await top.load(book)
         packets = [symbol_mix(nrng, real, 48)]
-        packets += [nrng.integers(0, 256, int(nrng.integers(1, top.lanes + 3))).astype(np.uint8)
-                    for _ in range(3)]
+        packets += [
+            nrng.integers(0, 256, int(nrng.integers(1, top.lanes + 3))).astype(np.uint8)
+            for _ in range(3)
+        ]
         for p in packets:
             cocotb.start_soon(top.send(book, p))
         for p in packets:

@@ -149,7 +149,12 @@ class Bench:
 
     @classmethod
     def make(
-        cls, port: Port, inputs: Sequence[str], seed: int, in_rate: float, out_rate: float,
+        cls,
+        port: Port,
+        inputs: Sequence[str],
+        seed: int,
+        in_rate: float,
+        out_rate: float,
         shape: Shape = SINGLE,
     ) -> Bench:
         rng = random.Random(seed)
@@ -321,7 +326,8 @@ def illegal_stream(
     cw = encode_codewords(symbols, book)
     _, base, literal = book.region_table()
     bad_regions = [
-        p for p in range(len(book.widths))
+        p
+        for p in range(len(book.widths))
         if not literal[p] and int(base[p]) + (1 << book.widths[p]) > book.num_ranked
     ]
     if not bad_regions:

@@ -42,10 +42,14 @@ async def decode_stream(bench: Bench, book: Codebook, symbols: np.ndarray, strea
     await bench.drain(first + len(symbols))
     got, want = bench.sink.got[first:], SINGLE.symbol_beats(symbols)
     if got != want:
-        bad = next((k for k, (g, w) in enumerate(zip(got, want, strict=False)) if g != w),
-                   min(len(got), len(want)))
-        raise AssertionError(f"{book.describe()}: beat {bad} of {len(want)} differs (got "
-                             f"{len(got)} beats): {got[bad:bad + 1]} != {want[bad:bad + 1]}")
+        bad = next(
+            (k for k, (g, w) in enumerate(zip(got, want, strict=False)) if g != w),
+            min(len(got), len(want)),
+        )
+        raise AssertionError(
+            f"{book.describe()}: beat {bad} of {len(want)} differs (got "
+            f"{len(got)} beats): {got[bad : bad + 1]} != {want[bad : bad + 1]}"
+        )
 
 
 @cocotb.test()

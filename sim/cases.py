@@ -103,6 +103,4 @@ def illegal_book(rng: np.random.Generator, name: str = "with-illegal") -> Codebo
 def symbol_mix(rng: np.random.Generator, data: np.ndarray, count: int) -> np.ndarray:
     """All 256 symbols once (shuffled), then a random slice of real data."""
     start = int(rng.integers(0, max(1, len(data) - count)))
-    return np.concatenate([rng.permutation(ALPHABET), data[start : start + count]]).astype(
-        np.uint8
-    )
+    return np.concatenate([rng.permutation(ALPHABET), data[start : start + count]]).astype(np.uint8)

@@ -61,7 +61,9 @@ async def suite(dut) -> None:
     await FallingEdge(dut.clk)
     await port.reset()
     report = await run_suite(
-        os.environ["ZIPCCL_TOP"], port, os.environ.get("ZIPCCL_LEVEL", "quick"),
+        os.environ["ZIPCCL_TOP"],
+        port,
+        os.environ.get("ZIPCCL_LEVEL", "quick"),
         int(os.environ.get("ZIPCCL_SEED", "1")),
     )
     Path(os.environ["ZIPCCL_REPORT"]).write_text(json.dumps(report, indent=1))

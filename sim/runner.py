@@ -26,8 +26,9 @@ def have_icarus() -> bool:
     return shutil.which("iverilog") is not None and shutil.which("vvp") is not None
 
 
-def run_module(verilog_top: str, test_module: str, work: Path, env: dict[str, str],
-               quiet: bool = False) -> None:
+def run_module(
+    verilog_top: str, test_module: str, work: Path, env: dict[str, str], quiet: bool = False
+) -> None:
     """Generate ``verilog_top`` (a name in hw.generate.TOPS) into ``work``, compile it with Icarus
     and run the cocotb ``test_module`` on it; raises SimFailure if a test fails. ``quiet`` sends
     the simulator's output to ``work/cocotb.log`` (its tail goes into the SimFailure)."""
@@ -37,18 +38,27 @@ def run_module(verilog_top: str, test_module: str, work: Path, env: dict[str, st
     log = work / "cocotb.log" if quiet else None
     runner = get_runner("icarus")
     runner.build(
-        sources=[source], hdl_toplevel=verilog_top, build_dir=work, timescale=("1ns", "1ps"),
-        always=True, log_file=log,
+        sources=[source],
+        hdl_toplevel=verilog_top,
+        build_dir=work,
+        timescale=("1ns", "1ps"),
+        always=True,
+        log_file=log,
     )
     pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     results = runner.test(
-        test_module=test_module, hdl_toplevel=verilog_top, build_dir=work, test_dir=work,
-        extra_env={**env, "PYTHONPATH": pythonpath}, log_file=log,
+        test_module=test_module,
+        hdl_toplevel=verilog_top,
+        build_dir=work,
+        test_dir=work,
+        extra_env={**env, "PYTHONPATH": pythonpath},
+        log_file=log,
     )
     _, failed = get_results(results)
     if failed:
-        raise SimFailure(f"cocotb {test_module} failed on {verilog_top} (results in {results})"
-                         + _tail(log))
+        raise SimFailure(
+            f"cocotb {test_module} failed on {verilog_top} (results in {results})" + _tail(log)
+        )
 
 
 def _tail(log: Path | None, lines: int = 40) -> str:
@@ -64,8 +74,12 @@ def run_cocotb(top: str, level: str, seed: int, build: Path, quiet: bool = False
     work = (build / top).resolve()
     report = work / "report.json"
     report.unlink(missing_ok=True)
-    env = {"ZIPCCL_TOP": top, "ZIPCCL_LEVEL": level, "ZIPCCL_SEED": str(seed),
-           "ZIPCCL_REPORT": str(report)}
+    env = {
+        "ZIPCCL_TOP": top,
+        "ZIPCCL_LEVEL": level,
+        "ZIPCCL_SEED": str(seed),
+        "ZIPCCL_REPORT": str(report),
+    }
     run_module(name, "sim.cocotb_suite", work, env, quiet)
     if not report.exists():
         raise SimFailure(f"cocotb suite wrote no report on {name}" + _tail(work / "cocotb.log"))

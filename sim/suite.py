@@ -144,7 +144,11 @@ async def run_suite(top: str, port: Port, level: str = "quick", seed: int = 1) -
     sets = builder_sets(data)
     total = Stats()
     report: dict = {
-        "top": top, "lanes": shape.lanes, "level": level, "seed": seed, "lengths": {},
+        "top": top,
+        "lanes": shape.lanes,
+        "level": level,
+        "seed": seed,
+        "lengths": {},
         "datasets": {},
     }
 
@@ -218,15 +222,19 @@ def summary_lines(reports: Sequence[dict]) -> list[str]:
             rates = {k: 1 / v for k, v in r["lengths"].items()}
             per_len = " ".join(f"{k}:{v:.3f}" for k, v in rates.items())
             worst = min(rates.values())
-            lines.append(f"{r['top']} [{r['level']}]: {r['symbols']} symbols checked; "
-                         f"symbols/clock by code length {per_len} (worst {worst:.3f})")
+            lines.append(
+                f"{r['top']} [{r['level']}]: {r['symbols']} symbols checked; "
+                f"symbols/clock by code length {per_len} (worst {worst:.3f})"
+            )
             if r["top"].startswith("loopback"):
                 lines.append("  (loopback figures include the encoder's word buffering latency)")
             continue
         worst = max(r["lengths"].values())
         per_len = " ".join(f"{k}:{v:.4f}" for k, v in r["lengths"].items())
-        lines.append(f"{r['top']} [{r['level']}]: {r['symbols']} symbols checked; cycles/symbol "
-                     f"by code length {per_len} (worst {worst:.4f})")
+        lines.append(
+            f"{r['top']} [{r['level']}]: {r['symbols']} symbols checked; cycles/symbol "
+            f"by code length {per_len} (worst {worst:.4f})"
+        )
         if r["top"].startswith("loopback"):
             lines.append("  (loopback cycles include the encoder's word buffering latency)")
         for name, d in r["datasets"].items():

@@ -30,8 +30,13 @@ def _worker(rank: int, world: int, store_path: str, inbox: mp.Queue, outbox: mp.
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank,
-                            world_size=world, timeout=timedelta(seconds=GLOO_TIMEOUT_S))
+    dist.init_process_group(
+        "gloo",
+        store=dist.FileStore(store_path, world),
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=GLOO_TIMEOUT_S),
+    )
     while True:
         job = inbox.get()
         if job is None:
@@ -68,8 +73,9 @@ class Cluster:
         self._inboxes = [ctx.Queue() for _ in range(world)]
         self._outbox = ctx.Queue()
         self._procs = [
-            ctx.Process(target=_worker, args=(r, world, store, self._inboxes[r], self._outbox),
-                        daemon=True)
+            ctx.Process(
+                target=_worker, args=(r, world, store, self._inboxes[r], self._outbox), daemon=True
+            )
             for r in range(world)
         ]
         for p in self._procs:
@@ -89,8 +95,9 @@ class Cluster:
         except queue.Empty:
             self.close()
             missing = sorted(set(range(self.world)) - set(results))
-            raise TimeoutError(f"{fn.__name__}: ranks {missing} did not answer within "
-                               f"{RESULT_TIMEOUT_S} s (hang)") from None
+            raise TimeoutError(
+                f"{fn.__name__}: ranks {missing} did not answer within {RESULT_TIMEOUT_S} s (hang)"
+            ) from None
         errors = [f"rank {r}:\n{v}" for r, (s, v) in sorted(results.items()) if s == "error"]
         if errors:
             raise AssertionError("\n".join(errors))
@@ -109,8 +116,9 @@ class Cluster:
         self._procs = []
 
 
-def sc_short_timeout_world(rank: int, world: int, backend: str, store_path: str,
-                           timeout_s: float) -> str:
+def sc_short_timeout_world(
+    rank: int, world: int, backend: str, store_path: str, timeout_s: float
+) -> str:
     """Re-create the worker's default group with a ``timeout_s`` timeout (``backend``: gloo or
     zipccl): a rank left waiting then fails its test soon instead of blocking CI."""
     import torch.distributed as dist
@@ -118,13 +126,19 @@ def sc_short_timeout_world(rank: int, world: int, backend: str, store_path: str,
 
     if dist.is_initialized():
         dist.destroy_process_group()
-    dist.init_process_group(backend, store=dist.FileStore(store_path, world), rank=rank,
-                            world_size=world, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend,
+        store=dist.FileStore(store_path, world),
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+    )
     return dist.get_backend()
 
 
-def short_timeout_cluster(world: int, backend: str, store_dir: str, timeout_s: float
-                          ) -> Iterator[Cluster]:
+def short_timeout_cluster(
+    world: int, backend: str, store_dir: str, timeout_s: float
+) -> Iterator[Cluster]:
     """A module fixture's body: W workers whose group times out after ``timeout_s``."""
     ranks = Cluster(world)
     store = os.path.join(store_dir, "store")

@@ -20,10 +20,21 @@ from golden.formats import FORMATS, FloatFormat
 TARGET = GPUTarget("cuda", 90, 32)
 BITS = {8: "*u8", 16: "*i16", 32: "*i32"}
 NON_CONSTEXPR = {
-    "out_ptr": "*u8", "buf_ptr": "*u8", "sec_ptr": "*i64", "table_ptr": "*i32",
-    "bits_ptr": "*i64", "scratch_ptr": "*i32", "stray_ptr": "*i32", "offsets_ptr": "*i64",
-    "nbytes_ptr": "*i64", "flags_ptr": "*i32", "n": "i64", "plane_len": "i64",
-    "payload_at": "i64", "payload_bytes": "i64", "num_ranked": "i32",
+    "out_ptr": "*u8",
+    "buf_ptr": "*u8",
+    "sec_ptr": "*i64",
+    "table_ptr": "*i32",
+    "bits_ptr": "*i64",
+    "scratch_ptr": "*i32",
+    "stray_ptr": "*i32",
+    "offsets_ptr": "*i64",
+    "nbytes_ptr": "*i64",
+    "flags_ptr": "*i32",
+    "n": "i64",
+    "plane_len": "i64",
+    "payload_at": "i64",
+    "payload_bytes": "i64",
+    "num_ranked": "i32",
 }
 
 
@@ -34,15 +45,19 @@ def compile_all(fmt: FloatFormat, block: int) -> None:
     launches = [
         (_triton._encode_blocks, data, args),
         (_triton._compact, {}, {"BLOCK": block}),
-        (_triton._decode_counts, {}, {"FIRST": args["RAW_BYTES"] + args["RAW_PLANES"],
-                                      "BLOCK": block}),
+        (
+            _triton._decode_counts,
+            {},
+            {"FIRST": args["RAW_BYTES"] + args["RAW_PLANES"], "BLOCK": block},
+        ),
         (_triton._decode_blocks, {"out_ptr": BITS[fmt.bits]}, args),
     ]
     for kernel, types, constants in launches:
         kinds = {**NON_CONSTEXPR, **types}
         signature = {a: kinds.get(a, "constexpr") for a in kernel.arg_names}
-        source = ASTSource(kernel, signature, {k: constants[k] for k in signature
-                                               if signature[k] == "constexpr"})
+        source = ASTSource(
+            kernel, signature, {k: constants[k] for k in signature if signature[k] == "constexpr"}
+        )
         triton.compile(source, target=TARGET, options={"num_warps": _triton._warps(block)})
 
 

@@ -9,7 +9,6 @@ the same training on plain gloo (two ranks) or with every gradient reduced by th
 fp32 reference (three ranks); ranks whose ZIPCCL_* settings differ must all raise at once.
 """
 
-
 import hashlib
 import os
 import time
@@ -35,8 +34,13 @@ def sc_zipccl_world(rank: int, world: int, store_path: str) -> str:
     if dist.is_initialized():
         dist.destroy_process_group()
     _PLAIN.clear()
-    dist.init_process_group("zipccl", store=dist.FileStore(store_path, world), rank=rank,
-                            world_size=world, timeout=timedelta(seconds=GLOO_TIMEOUT_S))
+    dist.init_process_group(
+        "zipccl",
+        store=dist.FileStore(store_path, world),
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=GLOO_TIMEOUT_S),
+    )
     return dist.get_backend()
 
 
@@ -78,8 +82,11 @@ def data(seed: int, numel: int) -> torch.Tensor:
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(torch.int16),
-                                                                      b.view(torch.int16))
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(a.view(torch.int16), b.view(torch.int16))
+    )
 
 
 # --------------------------------------------------------------------------- the ops
@@ -127,8 +134,12 @@ def op_cases(rank: int, world: int) -> dict[str, tuple[Callable, list[torch.Tens
     def all_to_all_single(g: object, a: bool) -> list[torch.Tensor]:
         ins, outs = rows[rank * world : (rank + 1) * world], rows[rank::world]
         uneven, even = torch.empty(sum(outs), 40, dtype=x.dtype), torch.empty_like(x)
-        finish(dist.all_to_all_single(uneven, x[: sum(ins) * 40].view(-1, 40), outs, ins,
-                                      group=g, async_op=a), [uneven])
+        finish(
+            dist.all_to_all_single(
+                uneven, x[: sum(ins) * 40].view(-1, 40), outs, ins, group=g, async_op=a
+            ),
+            [uneven],
+        )
         finish(dist.all_to_all_single(even, x, group=g, async_op=a), [even])
         return [uneven, even]
 
@@ -148,17 +159,22 @@ def op_cases(rank: int, world: int) -> dict[str, tuple[Callable, list[torch.Tens
         start = sum(counts[:rank]) * unit
         return xs[i][start : start + counts[rank] * unit]
 
-    a2a_uneven = torch.cat([piece(i, rows[i * world : (i + 1) * world], 40)
-                            for i in range(world)]).view(-1, 40)
+    a2a_uneven = torch.cat(
+        [piece(i, rows[i * world : (i + 1) * world], 40) for i in range(world)]
+    ).view(-1, 40)
     a2a_even = torch.cat([piece(i, [N // world] * world, 1) for i in range(world)])
     return {
         "all_gather_into_tensor": (all_gather_into_tensor, [torch.cat(xs)]),
         "all_gather": (all_gather, xs),
-        "all_gather_coalesced": (all_gather_coalesced, [torch.cat(xs),
-                                                        torch.cat([t[: N // 3] for t in xs])]),
+        "all_gather_coalesced": (
+            all_gather_coalesced,
+            [torch.cat(xs), torch.cat([t[: N // 3] for t in xs])],
+        ),
         "all_to_all_single": (all_to_all_single, [a2a_uneven, a2a_even]),
-        "all_to_all": (all_to_all, [piece(i, [_sizes(i, j) for j in range(world)], 1)
-                                    for i in range(world)]),
+        "all_to_all": (
+            all_to_all,
+            [piece(i, [_sizes(i, j) for j in range(world)], 1) for i in range(world)],
+        ),
         "broadcast": (broadcast, [xs[-1]]),
     }
 
@@ -190,8 +206,9 @@ def reduction_cases(rank: int, world: int) -> dict[str, tuple[Callable, torch.Te
 
     def reduce_scatter_tensor(g: object, a: bool) -> torch.Tensor:
         out = torch.empty(N, dtype=mine.dtype)
-        finish(dist.reduce_scatter_tensor(out, mine, op=dist.ReduceOp.AVG, group=g,
-                                          async_op=a), [out])
+        finish(
+            dist.reduce_scatter_tensor(out, mine, op=dist.ReduceOp.AVG, group=g, async_op=a), [out]
+        )
         return out
 
     def reduce_scatter(g: object, a: bool) -> torch.Tensor:
@@ -214,13 +231,16 @@ def reduction_cases(rank: int, world: int) -> dict[str, tuple[Callable, torch.Te
         finish(zipccl.all_reduce(t, group=g, async_op=a), [t])
         return t
 
-    cases["reduce_scatter_tensor"] = (reduce_scatter_tensor,
-                                      zipccl.reference_reduce(rows, dist.ReduceOp.AVG))
+    cases["reduce_scatter_tensor"] = (
+        reduce_scatter_tensor,
+        zipccl.reference_reduce(rows, dist.ReduceOp.AVG),
+    )
     cases["reduce_scatter"] = (reduce_scatter, zipccl.reference_reduce(rows))
     third = [x[: N // 3 * world].view(world, -1)[rank] for x in inputs]
-    cases["reduce_scatter_coalesced"] = (reduce_scatter_coalesced,
-                                         torch.cat([cases["reduce_scatter"][1],
-                                                    zipccl.reference_reduce(third)]))
+    cases["reduce_scatter_coalesced"] = (
+        reduce_scatter_coalesced,
+        torch.cat([cases["reduce_scatter"][1], zipccl.reference_reduce(third)]),
+    )
     cases["zipccl_all_reduce"] = (zipccl_all_reduce, zipccl.reference_reduce(inputs))
     return cases
 
@@ -257,15 +277,20 @@ def sc_passed_through(rank: int, world: int) -> dict[str, object]:
         dist.recv(got, prev)
         dist.send(torch.full((3,), float(rank)), peer)
     batch = torch.zeros(2)
-    for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((2,), rank + 0.5), peer),
-                                        dist.P2POp(dist.irecv, batch, prev)]):
+    for work in dist.batch_isend_irecv(
+        [
+            dist.P2POp(dist.isend, torch.full((2,), rank + 0.5), peer),
+            dist.P2POp(dist.irecv, batch, prev),
+        ]
+    ):
         work.wait()
     dist.barrier()
     gathered = [torch.zeros(2) for _ in range(world)] if rank == 0 else None
     dist.gather(torch.full((2,), float(rank)), gathered, dst=0)
     scattered = torch.zeros(2)
-    dist.scatter(scattered, [torch.full((2,), 10.0 + r) for r in range(world)] if rank == 0
-                 else None, src=0)
+    dist.scatter(
+        scattered, [torch.full((2,), 10.0 + r) for r in range(world)] if rank == 0 else None, src=0
+    )
     reduced = torch.ones(2)
     dist.reduce(reduced, dst=0)
     objects: list[object] = [None] * world
@@ -304,8 +329,13 @@ def sc_subgroup(rank: int, world: int) -> object:
     b = inputs[rank // 2].clone()
     work = dist.broadcast(b, src=2, group=sub, async_op=True)
     work.wait()
-    return (dist.get_backend(sub), dist.get_rank(sub), STATS.sent > 0,
-            same_bits(t, zipccl.reference_reduce(inputs)), same_bits(b, inputs[1]))
+    return (
+        dist.get_backend(sub),
+        dist.get_rank(sub),
+        STATS.sent > 0,
+        same_bits(t, zipccl.reference_reduce(inputs)),
+        same_bits(b, inputs[1]),
+    )
 
 
 def sc_dtensor(rank: int, world: int) -> dict[str, str]:
@@ -331,10 +361,16 @@ def sc_dtensor(rank: int, world: int) -> dict[str, str]:
     gathered = distribute_tensor(whole, mesh, [Shard(0)]).redistribute(mesh, [Replicate()])
     check("all_gather", gathered.to_local(), whole)
     partial = DTensor.from_local(parts[rank], mesh, [Partial()])
-    check("reduce_scatter", partial.redistribute(mesh, [Shard(0)]).to_local(),
-          zipccl.reference_reduce([p.view(world, N)[rank] for p in parts]))
-    check("all_reduce", partial.redistribute(mesh, [Replicate()]).to_local(),
-          zipccl.reference_reduce(parts))
+    check(
+        "reduce_scatter",
+        partial.redistribute(mesh, [Shard(0)]).to_local(),
+        zipccl.reference_reduce([p.view(world, N)[rank] for p in parts]),
+    )
+    check(
+        "all_reduce",
+        partial.redistribute(mesh, [Replicate()]).to_local(),
+        zipccl.reference_reduce(parts),
+    )
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
     x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
@@ -352,9 +388,12 @@ VOCAB = 48
 
 def transformer() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Embedding(VOCAB, 32),
-                         nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True),
-                         nn.LayerNorm(32), nn.Linear(32, VOCAB))
+    return nn.Sequential(
+        nn.Embedding(VOCAB, 32),
+        nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True),
+        nn.LayerNorm(32),
+        nn.Linear(32, VOCAB),
+    )
 
 
 def train(model: nn.Module, rank: int, steps: int = 3) -> None:
@@ -369,12 +408,15 @@ def train(model: nn.Module, rank: int, steps: int = 3) -> None:
 
 
 def digests(tensors: Iterator[torch.Tensor]) -> list[str]:
-    return [hashlib.sha256(t.detach().contiguous().view(torch.uint8).numpy()).hexdigest()[:16]
-            for t in tensors]
+    return [
+        hashlib.sha256(t.detach().contiguous().view(torch.uint8).numpy()).hexdigest()[:16]
+        for t in tensors
+    ]
 
 
-def reference_hook(group: dist.ProcessGroup,
-                   bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def reference_hook(
+    group: dist.ProcessGroup, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
     """DDP's own reduction -- each gradient times 1 / W as it enters the bucket, then a sum --
     with the sum in rank order in fp32. (Real annotations, no ``from __future__`` in this
     module: DDP checks them.)"""
@@ -406,12 +448,18 @@ def sc_ddp(rank: int, world: int, on: str) -> tuple[list[str], int]:
 class ReferenceReduceScatter:
     """FSDP2's reduce-scatter on plain gloo, reduced by the reference in rank order."""
 
-    def allocate(self, size: tuple[int, ...], *, dtype: torch.dtype,
-                 device: torch.device) -> torch.Tensor:
+    def allocate(
+        self, size: tuple[int, ...], *, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                 group: dist.ProcessGroup, op: object) -> None:
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: object,
+    ) -> None:
         rows = torch.empty_like(input_tensor)
         dist.all_to_all_single(rows, input_tensor, group=group)
         output_tensor.copy_(zipccl.reference_reduce(list(rows.view(group.size(), -1)), op))
@@ -468,8 +516,9 @@ def sc_init_mismatch(rank: int, world: int, bad_store: str, good_store: str) -> 
     _PLAIN.clear()
     os.environ["ZIPCCL_MODE"] = "never" if rank == 1 else "always"
     try:
-        dist.init_process_group("zipccl", store=dist.FileStore(bad_store, world), rank=rank,
-                                world_size=world)
+        dist.init_process_group(
+            "zipccl", store=dist.FileStore(bad_store, world), rank=rank, world_size=world
+        )
         found = "no error"
     except zipccl.CollectiveMismatchError as exc:
         found = str(exc)
@@ -501,8 +550,11 @@ def test_dtensor_and_tensor_parallel(pair):
 
 
 def test_subgroup(trio):
-    assert trio.run(sc_subgroup, env=ALWAYS) == [("zipccl", 0, True, True, True), True,
-                                                 ("zipccl", 1, True, True, True)]
+    assert trio.run(sc_subgroup, env=ALWAYS) == [
+        ("zipccl", 0, True, True, True),
+        True,
+        ("zipccl", 1, True, True, True),
+    ]
 
 
 @pytest.mark.parametrize("scenario", [sc_ddp, sc_fsdp2], ids=["ddp", "fsdp2"])
@@ -522,19 +574,23 @@ def test_training_three_four_ranks_is_the_rank_order_reduction(request, ranks, s
     native = ranks.run(scenario, "gloo", env=ALWAYS)
     assert [params for params, _ in zipped] == [params for params, _ in reference]
     assert all(sent for _, sent in zipped)
-    assert [params for params, _ in zipped] != [params for params, _ in native], \
+    assert [params for params, _ in zipped] != [params for params, _ in native], (
         "gloo's own summation order gave the reference's bits: the check cannot tell them apart"
+    )
 
 
 @pytest.mark.parametrize("how", ["backend", "functions"])
-@pytest.mark.parametrize(("key", "odd", "shown"), [
-    ("ZIPCCL_MODE", "never", "ZIPCCL_MODE (rank 0: always, rank 1: never)"),
-    ("ZIPCCL_MODE", "auto", "ZIPCCL_MODE (rank 0: always, rank 1: auto)"),
-    ("ZIPCCL_CHUNK_BYTES", "4096", "ZIPCCL_CHUNK_BYTES (rank 0: None, rank 1: 4096)"),
-    ("ZIPCCL_VERIFY", "1", "ZIPCCL_VERIFY (rank 0: auto, rank 1: 1)"),
-    ("ZIPCCL_NATIVE_REDUCE", "1", "ZIPCCL_NATIVE_REDUCE (rank 0: False, rank 1: True)"),
-    ("ZIPCCL_MODE", "Sometimes", "rank 1: invalid 'sometimes'"),
-])
+@pytest.mark.parametrize(
+    ("key", "odd", "shown"),
+    [
+        ("ZIPCCL_MODE", "never", "ZIPCCL_MODE (rank 0: always, rank 1: never)"),
+        ("ZIPCCL_MODE", "auto", "ZIPCCL_MODE (rank 0: always, rank 1: auto)"),
+        ("ZIPCCL_CHUNK_BYTES", "4096", "ZIPCCL_CHUNK_BYTES (rank 0: None, rank 1: 4096)"),
+        ("ZIPCCL_VERIFY", "1", "ZIPCCL_VERIFY (rank 0: auto, rank 1: 1)"),
+        ("ZIPCCL_NATIVE_REDUCE", "1", "ZIPCCL_NATIVE_REDUCE (rank 0: False, rank 1: True)"),
+        ("ZIPCCL_MODE", "Sometimes", "rank 1: invalid 'sometimes'"),
+    ],
+)
 def test_mismatched_settings_raise_on_every_rank(pair, how, key, odd, shown):
     """Issue 18's cases (one rank's chunk size aborted gloo, never/always aborted, auto/always
     and the verify policies hung): a zipccl group's creation, or the first zipccl call on a

@@ -32,8 +32,9 @@ def minilm() -> dict[str, torch.Tensor]:
     return {
         "layer2.ffn1.input": torch.from_numpy(d["fp8_ffn1"]).view(torch.float8_e4m3fn),
         "layer2.ffn2.input": torch.from_numpy(d["fp8_ffn2"]).view(torch.float8_e4m3fn),
-        "layer2.ffn1.weight.grad": torch.from_numpy(d["bf16_grad"].view(np.int16))
-        .view(torch.bfloat16),
+        "layer2.ffn1.weight.grad": torch.from_numpy(d["bf16_grad"].view(np.int16)).view(
+            torch.bfloat16
+        ),
     }
 
 
@@ -49,7 +50,7 @@ def calibrated() -> zipccl.Calibrator:
     cal = zipccl.Calibrator(steps=STEPS)
     for step in range(STEPS + 2):  # the last two observations are no-ops
         for key, x in minilm().items():
-            cal.observe(key, x[step * CHUNK % x.numel():][:CHUNK])
+            cal.observe(key, x[step * CHUNK % x.numel() :][:CHUNK])
     return cal
 
 
@@ -57,7 +58,7 @@ def calibrated() -> zipccl.Calibrator:
 def test_tables_are_best_table_of_the_first_observations(calibrated) -> None:
     assert list(calibrated.tables()) == list(minilm())
     for key, x in minilm().items():
-        first = torch.cat([x[s * CHUNK % x.numel():][:CHUNK] for s in range(STEPS)])
+        first = torch.cat([x[s * CHUNK % x.numel() :][:CHUNK] for s in range(STEPS)])
         hist = np.bincount(symbols(first), minlength=256)
         assert calibrated.table(key) == builders.best_table(hist)
         assert calibrated.table(key).name == key
@@ -69,7 +70,7 @@ def test_compress_takes_the_key_table_once_calibrated() -> None:
     cal.observe("a", x[:CHUNK])
     assert not cal.calibrated("a")
     assert cal.compress("a", x).table == zipccl.default_table(x)
-    cal.observe("a", x[CHUNK:2 * CHUNK])
+    cal.observe("a", x[CHUNK : 2 * CHUNK])
     c = cal.compress("a", x)
     assert cal.calibrated("a") and c.table == cal.table("a")
     assert torch.equal(zipccl.decompress(c.buffer).view(torch.uint8), x.view(torch.uint8))
@@ -108,20 +109,23 @@ def test_an_empty_key_still_gets_a_table() -> None:
     assert cal.table("empty").expected_bits(np.eye(256)[0]) == 3.0  # symbol 0 ranked first
 
 
-@pytest.mark.parametrize(("call", "error", "match"), [
-    (lambda c: zipccl.Calibrator(steps=0), ValueError, "at least 1"),
-    (lambda c: zipccl.Calibrator(steps=2.0), TypeError, "steps must be an int"),
-    (lambda c: zipccl.Calibrator(steps=True), TypeError, "steps must be an int"),
-    (lambda c: c.observe("k", np.zeros(3)), TypeError, "torch.Tensor"),
-    (lambda c: c.observe("k", torch.zeros(3, dtype=torch.int32)), TypeError, "unsupported"),
-    (lambda c: c.observe(3, torch.zeros(3)), TypeError, "string"),
-    (lambda c: c.observe("", torch.zeros(3)), ValueError, "1..256 characters"),
-    (lambda c: c.observe("k" * 257, torch.zeros(3)), ValueError, "1..256 characters"),
-    (lambda c: c.observe("bf16", torch.zeros(3)), TypeError, "holds bfloat16 tensors"),
-    (lambda c: c.compress("bf16", torch.zeros(3)), TypeError, "holds bfloat16 tensors"),
-    (lambda c: c.table("nobody"), ValueError, "0 of 5 observations"),
-    (lambda c: c.table(None), TypeError, "string"),
-])
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda c: zipccl.Calibrator(steps=0), ValueError, "at least 1"),
+        (lambda c: zipccl.Calibrator(steps=2.0), TypeError, "steps must be an int"),
+        (lambda c: zipccl.Calibrator(steps=True), TypeError, "steps must be an int"),
+        (lambda c: c.observe("k", np.zeros(3)), TypeError, "torch.Tensor"),
+        (lambda c: c.observe("k", torch.zeros(3, dtype=torch.int32)), TypeError, "unsupported"),
+        (lambda c: c.observe(3, torch.zeros(3)), TypeError, "string"),
+        (lambda c: c.observe("", torch.zeros(3)), ValueError, "1..256 characters"),
+        (lambda c: c.observe("k" * 257, torch.zeros(3)), ValueError, "1..256 characters"),
+        (lambda c: c.observe("bf16", torch.zeros(3)), TypeError, "holds bfloat16 tensors"),
+        (lambda c: c.compress("bf16", torch.zeros(3)), TypeError, "holds bfloat16 tensors"),
+        (lambda c: c.table("nobody"), ValueError, "0 of 5 observations"),
+        (lambda c: c.table(None), TypeError, "string"),
+    ],
+)
 def test_bad_input_is_named(call, error: type, match: str) -> None:
     cal = zipccl.Calibrator(steps=5)
     cal.observe("bf16", torch.zeros(3, dtype=torch.bfloat16))
@@ -164,9 +168,22 @@ def _broken(doc: dict, case: str) -> str:
     return json.dumps(doc)
 
 
-@pytest.mark.parametrize("case", ["format", "version", "extra key", "missing key",
-                                  "tables not an object", "entry keys", "dtype", "rank changed",
-                                  "empty key", "float", "duplicate key"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "format",
+        "version",
+        "extra key",
+        "missing key",
+        "tables not an object",
+        "entry keys",
+        "dtype",
+        "rank changed",
+        "empty key",
+        "float",
+        "duplicate key",
+    ],
+)
 def test_malformed_table_sets_are_refused(calibrated, case: str) -> None:
     with pytest.raises(TableError):
         tablefile.loads(_broken(_doc(calibrated), case))
@@ -194,12 +211,19 @@ def test_hw_generate_writes_each_tables_memory_images(calibrated, tmp_path: Path
     for key, book in zipccl.Calibrator.load(path).tables().items():
         single, out = tmp_path / f"{key}.json", tmp_path / key
         book.save(single)
-        assert generate_main(["--out", str(out), "--table", str(single),
-                              "--tops", "qlc_decoder"]) == 0
-        images = {kind: [int(w, 16) for w in (out / f"{key}_{kind}.hex").read_text().split()]
-                  for kind in ("enc", "region", "rank", "count")}
-        assert images == {"enc": book.encoder_words(), "region": book.region_words(),
-                          "rank": book.rank_words(), "count": [book.num_ranked]}
+        assert (
+            generate_main(["--out", str(out), "--table", str(single), "--tops", "qlc_decoder"]) == 0
+        )
+        images = {
+            kind: [int(w, 16) for w in (out / f"{key}_{kind}.hex").read_text().split()]
+            for kind in ("enc", "region", "rank", "count")
+        }
+        assert images == {
+            "enc": book.encoder_words(),
+            "region": book.region_words(),
+            "rank": book.rank_words(),
+            "count": [book.num_ranked],
+        }
 
 
 @pytest.mark.rtl
@@ -213,8 +237,7 @@ def test_rtl_decoder_replays_the_calibrated_tables(calibrated, tmp_path: Path) -
     for key, x in minilm().items():
         sym = symbols(x[-CHUNK:])
         arrays[f"symbols:{key}"] = sym
-        arrays[f"stream:{key}"] = np.frombuffer(encode_serial(sym, calibrated.table(key)),
-                                                np.uint8)
+        arrays[f"stream:{key}"] = np.frombuffer(encode_serial(sym, calibrated.table(key)), np.uint8)
     np.savez(streams, **arrays)
     done = tmp_path / "done.json"
     env = {"ZIPCCL_TABLES": str(tables), "ZIPCCL_STREAMS": str(streams), "ZIPCCL_DONE": str(done)}

@@ -102,8 +102,18 @@ def test_exhaustive_bit_patterns_split(dtype: torch.dtype) -> None:
 
 def test_fp32_specials_split() -> None:
     specials = torch.tensor(
-        [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00001, 0xFFBFFFFF, 0x00000001,
-         0x807FFFFF, 0x00800000, 0x7F7FFFFF],
+        [
+            0x00000000,
+            0x80000000,
+            0x7F800000,
+            0xFF800000,
+            0x7FC00001,
+            0xFFBFFFFF,
+            0x00000001,
+            0x807FFFFF,
+            0x00800000,
+            0x7F7FFFFF,
+        ],
         dtype=torch.int64,
     )
     specials = torch.where(specials >= 1 << 31, specials - (1 << 32), specials).to(torch.int32)
@@ -145,8 +155,11 @@ def test_hypothesis_round_trip(
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(book=codebooks(), seed=st.integers(0, 2**31 - 1),
-       dtype=st.sampled_from([torch.bfloat16, torch.float8_e4m3fn]))
+@given(
+    book=codebooks(),
+    seed=st.integers(0, 2**31 - 1),
+    dtype=st.sampled_from([torch.bfloat16, torch.float8_e4m3fn]),
+)
 def test_any_table(book: Codebook, seed: int, dtype: torch.dtype) -> None:
     """Any complete table, including ones with mixed payload widths, gives golden's bytes."""
     check(gaussian(3000, dtype, seed, scale=0.5), table=book, block=256)
@@ -259,8 +272,11 @@ def test_random_corruption_agrees_with_golden(seed: int, flips: int) -> None:
 
 
 @settings(max_examples=30, deadline=None)
-@given(payload=st.integers(0, 2**48), dtype=st.sampled_from(DTYPES),
-       shape=st.lists(st.integers(1, 9), min_size=0, max_size=8))
+@given(
+    payload=st.integers(0, 2**48),
+    dtype=st.sampled_from(DTYPES),
+    shape=st.lists(st.integers(1, 9), min_size=0, max_size=8),
+)
 def test_fast_header_equals_golden(payload: int, dtype: torch.dtype, shape: list[int]) -> None:
     """The hot-path header packer (template + patched payload size and CRC) == Header.pack()."""
     fmt = get_format(str(dtype).removeprefix("torch."))

@@ -86,8 +86,9 @@ def test_gpu_unaligned_views() -> None:
     zipccl.decompress(c, out=y)
     assert torch.equal(y.view(torch.int16), x.view(torch.int16))
     nc = gaussian(300 * 40, torch.float16, seed=13).view(300, 40).to(CUDA).t()
-    assert torch.equal(zipccl.decompress(zipccl.compress(nc)).view(torch.int16),
-                       nc.contiguous().view(torch.int16))
+    assert torch.equal(
+        zipccl.decompress(zipccl.compress(nc)).view(torch.int16), nc.contiguous().view(torch.int16)
+    )
 
 
 def test_gpu_rejects_corrupt_buffers() -> None:
@@ -277,12 +278,14 @@ def fp8_cases(fmt: str) -> dict[str, torch.Tensor]:
             cases[f"absmax N(0,1) n={n} zeros={zeros}"] = absmax_scaled(x, fmt)
     cases["one symbol"] = torch.full((100_000,), 0x38, dtype=torch.uint8)
     cases["four tied symbols"] = torch.tensor([9, 4, 250, 17], dtype=torch.uint8)[
-        torch.arange(70_000) % 4]
+        torch.arange(70_000) % 4
+    ]
     for k in range(12):
         weights = torch.rand(256, generator=gen) ** (1 + 4 * k)
         weights[torch.rand(256, generator=gen) < 0.3] = 0.0
         cases[f"random weights {k}"] = torch.multinomial(
-            weights, 150_001, replacement=True, generator=gen).to(torch.uint8)
+            weights, 150_001, replacement=True, generator=gen
+        ).to(torch.uint8)
     cases["random bytes"] = torch.randint(0, 256, (500_000,), generator=gen, dtype=torch.uint8)
     return {name: x.view(dtype) if x.dtype == torch.uint8 else x for name, x in cases.items()}
 
@@ -316,7 +319,10 @@ def test_gpu_sizes_stay_on_the_device(dtype: torch.dtype) -> None:
         assert torch.equal(y.cpu().view(torch.uint8), x.view(torch.uint8))
         parsed = zipccl.Compressed.from_buffer(c.buffer.clone())
         assert (parsed.nbytes, parsed.layout, parsed.payload_bytes) == (
-            c.nbytes, c.layout, c.payload_bytes)
+            c.nbytes,
+            c.layout,
+            c.payload_bytes,
+        )
         cpu = zipccl.compress(x, c.table)
         assert torch.equal(c.buffer.cpu(), cpu.buffer)
 
@@ -327,8 +333,9 @@ def test_gpu_tiny_tensors_are_raw() -> None:
         c = zipccl.compress(x)
         assert c.layout == "raw"
         assert torch.equal(c.buffer.cpu(), zipccl.compress(x.cpu()).buffer)
-        assert torch.equal(zipccl.decompress(c, sync=False).cpu().view(torch.int16),
-                           x.cpu().view(torch.int16))
+        assert torch.equal(
+            zipccl.decompress(c, sync=False).cpu().view(torch.int16), x.cpu().view(torch.int16)
+        )
 
 
 def offsets_damaged(c: zipccl.Compressed) -> None:
@@ -386,9 +393,10 @@ def test_gpu_calls_in_any_order_share_one_scratch() -> None:
     """The table kernels leave their control zero (compress with no table has no memset): calls
     of every format, size and table kind, in turn on one stream, each give the CPU's bytes."""
     calls = []
-    for i, dtype in enumerate([torch.bfloat16, torch.float8_e4m3fn, torch.float16,
-                               torch.float8_e5m2, torch.float32] * 2):
-        x = gaussian([300_001, 5_000, 2_000_003][i % 3], dtype, seed=80 + i, scale=1.5 ** i)
+    for i, dtype in enumerate(
+        [torch.bfloat16, torch.float8_e4m3fn, torch.float16, torch.float8_e5m2, torch.float32] * 2
+    ):
+        x = gaussian([300_001, 5_000, 2_000_003][i % 3], dtype, seed=80 + i, scale=1.5**i)
         table = zipccl.histogram_table(x) if i % 4 == 3 else None
         calls.append((x, table))
     for x, table in calls + calls[::-1]:
@@ -400,8 +408,7 @@ def test_gpu_threads_do_not_share_scratch() -> None:
     """Two host threads compressing on the default stream each get their own scratch."""
     import threading
 
-    xs = [gaussian(400_001, torch.bfloat16, seed=70 + i, scale=10.0 ** i).to(CUDA)
-          for i in range(2)]
+    xs = [gaussian(400_001, torch.bfloat16, seed=70 + i, scale=10.0**i).to(CUDA) for i in range(2)]
     results: dict[int, list[torch.Tensor]] = {0: [], 1: []}
 
     def work(i: int) -> None:

@@ -187,8 +187,9 @@ def corrupt_cases(
         bad[at] ^= int(rng.integers(1, 256))
         yield bytes(bad)
     head = container.Header.unpack(buf[: container.HEADER_BYTES])
-    longer = container.Header(head.layout, fmt, head.shape, block, head.payload_bytes + 1,
-                              head.table)
+    longer = container.Header(
+        head.layout, fmt, head.shape, block, head.payload_bytes + 1, head.table
+    )
     yield longer.pack() + buf[container.HEADER_BYTES :] + b"\0"
 
 
@@ -207,8 +208,12 @@ def test_corruption_matches_torch() -> None:
 
 
 @settings(max_examples=20, deadline=None)
-@given(table=codebooks(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31 - 1),
-       flips=st.integers(1, 3))
+@given(
+    table=codebooks(),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**31 - 1),
+    flips=st.integers(1, 3),
+)
 def test_random_corruption_matches_torch(
     table: Codebook, dtype: torch.dtype, seed: int, flips: int
 ) -> None:
@@ -223,8 +228,9 @@ def test_random_corruption_matches_torch(
 @pytest.mark.parametrize("backend", [_torch, _triton], ids=["torch", "triton"])
 def test_empty_tensor_with_a_payload_is_corrupt(backend: ModuleType) -> None:
     fmt = fmt_of(torch.bfloat16)
-    buf = torch.zeros(container.Sections.of(fmt, 0, 64).payload + 1, dtype=torch.uint8,
-                      device=DEVICE)
+    buf = torch.zeros(
+        container.Sections.of(fmt, 0, 64).payload + 1, dtype=torch.uint8, device=DEVICE
+    )
     empty = torch.empty(0, dtype=torch.bfloat16, device=DEVICE)
     with pytest.raises(ValueError, match=r"^payload block offsets disagree"):
         backend.decode_into(buf, fmt, ZIPCCL, 64, 1, empty)
@@ -239,7 +245,12 @@ def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     done = subprocess.run(
         [sys.executable, "-m", "tests._triton_compile", str(container.DEFAULT_BLOCK)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("compiled") == len(FORMATS)

@@ -55,16 +55,29 @@ def data(seed: int, numel: int, dtype: torch.dtype, huge: bool = True) -> torch.
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(numel, generator=gen)
     if numel >= 16:
-        x[:8] = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40,
-                              -3e38 if huge else -300.0, 1e-8])
+        x[:8] = torch.tensor(
+            [
+                0.0,
+                -0.0,
+                float("inf"),
+                -float("inf"),
+                float("nan"),
+                1e-40,
+                -3e38 if huge else -300.0,
+                1e-8,
+            ]
+        )
     if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         x = x.clamp(-448, 448)
     return x.to(dtype)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    )
 
 
 def same_reduction(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -81,8 +94,7 @@ def wire(t: torch.Tensor) -> torch.Tensor:
 # Each runs on every rank as fn(rank, world, *args) and returns something small to compare.
 
 
-def sc_all_gather(rank: int, world: int, dtype: torch.dtype, numel: int,
-                  huge: bool = True) -> bool:
+def sc_all_gather(rank: int, world: int, dtype: torch.dtype, numel: int, huge: bool = True) -> bool:
     x = data(100 + rank, numel, dtype, huge)
     got = torch.empty(world * numel, dtype=dtype)
     zipccl.all_gather_into_tensor(got, x)
@@ -94,8 +106,7 @@ def sc_all_gather(rank: int, world: int, dtype: torch.dtype, numel: int,
     return same_bits(got, want) and same_bits(torch.cat(listed), want)
 
 
-def sc_all_to_all(rank: int, world: int, dtype: torch.dtype, row: int,
-                  huge: bool = True) -> bool:
+def sc_all_to_all(rank: int, world: int, dtype: torch.dtype, row: int, huge: bool = True) -> bool:
     # rank i sends (i + j) % 3 rows to rank j (some zero), each row of ``row`` elements
     ins = [(rank + j) % 3 for j in range(world)]
     outs = [(i + rank) % 3 for i in range(world)]
@@ -134,8 +145,7 @@ def sc_all_to_all_random(rank: int, world: int, seed: int) -> bool:
     return same_bits(got, want)
 
 
-def sc_broadcast(rank: int, world: int, dtype: torch.dtype, numel: int,
-                 huge: bool = True) -> bool:
+def sc_broadcast(rank: int, world: int, dtype: torch.dtype, numel: int, huge: bool = True) -> bool:
     src = world - 1
     x = data(400 + rank, numel, dtype, huge).view(-1, 1) if numel else torch.empty(0, dtype=dtype)
     want = x.clone()
@@ -153,8 +163,9 @@ def sc_reduce_scatter(rank: int, world: int, dtype: torch.dtype, numel: int, op:
     return same_reduction(got, zipccl.reference_reduce(parts, red))
 
 
-def sc_all_reduce(rank: int, world: int, dtype: torch.dtype, numel: int, op: str,
-                  huge: bool = True) -> bool:
+def sc_all_reduce(
+    rank: int, world: int, dtype: torch.dtype, numel: int, op: str, huge: bool = True
+) -> bool:
     red = getattr(dist.ReduceOp, op)
     inputs = [data(600 + r, numel, dtype, huge).view(-1, 1) for r in range(world)]
     t = inputs[rank].clone()
@@ -168,8 +179,9 @@ def sc_native_fallbacks(rank: int, world: int) -> bool:
     zipccl.all_reduce(x)
     g = torch.empty(world * 3, dtype=torch.float64)
     zipccl.all_gather_into_tensor(g, torch.full((3,), float(rank), dtype=torch.float64))
-    return torch.equal(x, torch.arange(10, dtype=torch.int32) * sum(range(1, world + 1))) and \
-        torch.equal(g, torch.arange(world, dtype=torch.float64).repeat_interleave(3))
+    return torch.equal(
+        x, torch.arange(10, dtype=torch.int32) * sum(range(1, world + 1))
+    ) and torch.equal(g, torch.arange(world, dtype=torch.float64).repeat_interleave(3))
 
 
 def sc_explicit_table(rank: int, world: int, same: bool) -> str:
@@ -191,15 +203,27 @@ def sc_explicit_table(rank: int, world: int, same: bool) -> str:
 def native_profile() -> switch.Profile:
     """A switch profile under which auto keeps every call native (instant links, slow codec)."""
     fast, slow = switch.Line(1e-6, 1e15), switch.Line(1e-3, 1e9)
-    return switch.Profile({op: fast for op in switch.OPS}, slow, slow, slow, slow,
-                          {str(d).removeprefix("torch."): 0.7 for d in DTYPES})
+    return switch.Profile(
+        {op: fast for op in switch.OPS},
+        slow,
+        slow,
+        slow,
+        slow,
+        {str(d).removeprefix("torch."): 0.7 for d in DTYPES},
+    )
 
 
 def slow_link_profile() -> switch.Profile:
     """A profile under which large enough calls compress (1 MB/s links, instant codec)."""
     link, codec = switch.Line(1e-6, 1e6), switch.Line(1e-6, 1e15)
-    return switch.Profile({op: link for op in switch.OPS}, codec, codec, codec, codec,
-                          {str(d).removeprefix("torch."): 0.7 for d in DTYPES})
+    return switch.Profile(
+        {op: link for op in switch.OPS},
+        codec,
+        codec,
+        codec,
+        codec,
+        {str(d).removeprefix("torch."): 0.7 for d in DTYPES},
+    )
 
 
 PROFILES = {"native": native_profile, "slow_link": slow_link_profile}
@@ -260,12 +284,23 @@ def _mismatch(rank: int, world: int, case: str) -> str:
     return "no error"
 
 
-TORCH_OPS = ("all_gather_into_tensor", "all_gather", "all_to_all_single", "reduce_scatter_tensor",
-             "all_reduce", "broadcast")
-CASES = {"all_gather_into_tensor": "all_gather_into_tensor", "all_gather": "all_gather",
-         "all_to_all": "all_to_all_single", "all_to_all_uneven": "all_to_all_single",
-         "reduce_scatter": "reduce_scatter_tensor", "all_reduce": "all_reduce",
-         "broadcast": "broadcast"}  # case -> the torch.distributed op it must call
+TORCH_OPS = (
+    "all_gather_into_tensor",
+    "all_gather",
+    "all_to_all_single",
+    "reduce_scatter_tensor",
+    "all_reduce",
+    "broadcast",
+)
+CASES = {
+    "all_gather_into_tensor": "all_gather_into_tensor",
+    "all_gather": "all_gather",
+    "all_to_all": "all_to_all_single",
+    "all_to_all_uneven": "all_to_all_single",
+    "reduce_scatter": "reduce_scatter_tensor",
+    "all_reduce": "all_reduce",
+    "broadcast": "broadcast",
+}  # case -> the torch.distributed op it must call
 
 
 @contextlib.contextmanager
@@ -281,6 +316,7 @@ def counted() -> Iterator[list[tuple]]:
             result = fn(*args, **kwargs)
             log.append((name, args, kwargs, result))
             return result
+
         return call
 
     for name, fn in saved.items():
@@ -294,9 +330,9 @@ def counted() -> Iterator[list[tuple]]:
         collectives.exchange = saved_exchange
 
 
-def op_case(case: str, rank: int, world: int, lib: object, async_op: bool,
-            verify: bool | None = None
-            ) -> tuple[Callable[[], object], list[torch.Tensor], list[torch.Tensor]]:
+def op_case(
+    case: str, rank: int, world: int, lib: object, async_op: bool, verify: bool | None = None
+) -> tuple[Callable[[], object], list[torch.Tensor], list[torch.Tensor]]:
     """One call through ``lib`` (zipccl, with ``verify``, or torch.distributed) on fresh seeded
     BF16 tensors: (run, the caller's tensors in torch's argument order, the results)."""
     kw = {"verify": verify} if lib is zipccl else {}
@@ -315,12 +351,14 @@ def op_case(case: str, rank: int, world: int, lib: object, async_op: bool,
         outs = [(i + rank) % 3 + 1 for i in range(world)]
         x = x[: sum(ins) * 5].view(sum(ins), 5)
         out = torch.empty(sum(outs), 5, dtype=x.dtype)
-        return (lambda: lib.all_to_all_single(out, x, outs, ins, async_op=async_op, **kw),
-                [out, x], [out])
+        return (
+            lambda: lib.all_to_all_single(out, x, outs, ins, async_op=async_op, **kw),
+            [out, x],
+            [out],
+        )
     if case == "reduce_scatter":
         out = torch.empty(600, dtype=x.dtype)
-        return (lambda: lib.reduce_scatter_tensor(out, x, async_op=async_op, **kw), [out, x],
-                [out])
+        return (lambda: lib.reduce_scatter_tensor(out, x, async_op=async_op, **kw), [out, x], [out])
     t = x.clone()
     if case == "all_reduce":
         return lambda: lib.all_reduce(t, async_op=async_op, **kw), [t], [t]
@@ -332,8 +370,14 @@ def _tensors(args: tuple) -> list[torch.Tensor]:
     return [a for a in flat if isinstance(a, torch.Tensor)]
 
 
-def sc_calls(rank: int, world: int, case: str, async_op: bool, profile: str | None = None,
-             verify: bool | None = None) -> dict:
+def sc_calls(
+    rank: int,
+    world: int,
+    case: str,
+    async_op: bool,
+    profile: str | None = None,
+    verify: bool | None = None,
+) -> dict:
     """One zipccl call under the job's env with every torch.distributed call logged.
 
     Returns the logged call names, whether the only call got the caller's own tensors and
@@ -361,7 +405,8 @@ def sc_calls(rank: int, world: int, case: str, async_op: bool, profile: str | No
     return {
         "calls": [entry[0] for entry in log],
         "caller_args": [id(t) for t in passed] == [id(t) for t in mine]
-        and args[-1] is async_op and not kwargs,
+        and args[-1] is async_op
+        and not kwargs,
         "torch_result": returned is result,
         "same_as_torch": all(same(a, b) for a, b in zip(results, want, strict=True)),
         "same_as_reference": all(same_reduction(a, b) for a, b in zip(results, ref, strict=True)),
@@ -373,8 +418,9 @@ def sc_ddp(rank: int, world: int, hooked: bool) -> list[float]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
-                                torch.nn.Linear(256, 64)).to(torch.bfloat16)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)
+    ).to(torch.bfloat16)
     ddp = DDP(model, bucket_cap_mb=0.05)
     if hooked:
         ddp.register_comm_hook(None, zipccl.ddp_hook)
@@ -411,8 +457,9 @@ def sc_fsdp2(rank: int, world: int, hooked: bool) -> list[float]:
 
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
-                                torch.nn.Linear(128, 64)).to(torch.bfloat16)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)
+    ).to(torch.bfloat16)
     for layer in (model[0], model[2], model):
         fully_shard(layer, mesh=mesh)
         if hooked:
@@ -562,13 +609,16 @@ def sc_overflow(rank: int, world: int, numel: int) -> tuple[bool, int]:
             nonlocal resends
             resends += 1
             return fn(*args)
+
         return run
 
     collectives._resend, collectives._resend_pairs = map(counted, real)
     try:
         x = lopsided(700 + rank, numel)
-        got, want = torch.empty(world * numel, dtype=x.dtype), torch.empty(world * numel,
-                                                                           dtype=x.dtype)
+        got, want = (
+            torch.empty(world * numel, dtype=x.dtype),
+            torch.empty(world * numel, dtype=x.dtype),
+        )
         zipccl.all_gather_into_tensor(got, x)
         dist.all_gather_into_tensor(want, x)
         a2a, a2a_want = torch.empty_like(x), torch.empty_like(x)
@@ -608,8 +658,9 @@ def sc_host_reads(rank: int, world: int, numel: int) -> list[int]:
     try:
         for fn in (sc_all_gather, sc_all_to_all, sc_broadcast):
             reads.append(0)
-            assert fn(rank, world, torch.bfloat16, numel // 2 if fn is sc_all_to_all else numel,
-                      False)
+            assert fn(
+                rank, world, torch.bfloat16, numel // 2 if fn is sc_all_to_all else numel, False
+            )
     finally:
         collectives._read = real
     return reads
@@ -639,8 +690,11 @@ def test_exchange_rows_are_each_calls_own(pair):
     """The exchange keeps its rows between calls; what it returns is a copy, and a wider row's
     tail holds what ``fill`` wrote there on each rank."""
     got = pair.run(sc_exchange_reuse)
-    want = [[[7, 0, 10], [7, 0, 11]], [[7, 0, 20], [7, 0, 21]],
-            [[7, 0, 30, -5, -5], [7, 0, 31, -4, -4]]]
+    want = [
+        [[7, 0, 10], [7, 0, 11]],
+        [[7, 0, 20], [7, 0, 21]],
+        [[7, 0, 30, -5, -5], [7, 0, 31, -4, -4]],
+    ]
     assert got == [want, want]
 
 
@@ -654,15 +708,21 @@ def test_packed_piece_is_codec_bytes(dtype, numel, huge):
     values' bytes."""
     x = data(numel, numel, dtype, huge)
     table = codec.default_table(x)
-    want = codec.compress_into(x, torch.empty(codec.max_compressed_bytes(dtype, numel),
-                                              dtype=torch.uint8), table)
+    want = codec.compress_into(
+        x, torch.empty(codec.max_compressed_bytes(dtype, numel), dtype=torch.uint8), table
+    )
     fixed = codec.fixed_part_bytes(dtype, numel)
     if want.layout == "split":
         store = torch.empty(want.nbytes, dtype=torch.uint8)
         collectives._pack(x, collectives._Seg(numel, fixed, want.nbytes), table, store)
         assert store.equal(want.buffer)
-    payload = _torch.encode_into(x, codec._fmt(dtype), table, DEFAULT_BLOCK,
-                                 torch.empty(fixed + numel * 8, dtype=torch.uint8))
+    payload = _torch.encode_into(
+        x,
+        codec._fmt(dtype),
+        table,
+        DEFAULT_BLOCK,
+        torch.empty(fixed + numel * 8, dtype=torch.uint8),
+    )
     short = torch.empty(fixed, dtype=torch.uint8)
     collectives._pack(x, collectives._Seg(numel, fixed, fixed), table, short)
     assert collectives._payload_size(short[:HEADER_BYTES].numpy().tobytes()) == payload
@@ -681,16 +741,19 @@ def test_explicit_table(pair):
     assert all("disagree on the table" in m for m in msgs), msgs
 
 
-@pytest.mark.parametrize(("case", "needle"), [
-    ("dtype", "disagree on the dtype (rank 0: bfloat16, rank 1: float16)"),
-    ("numel", "disagree on the input numel"),
-    ("output", "rank 1: output tensor has the wrong number of elements"),
-    ("splits", "rank 0 sends 2 rows to rank 1, which expects 3"),
-    ("src", "disagree on src"),
-    ("op", "ranks called different collectives"),
-    ("reduce_op", "disagree on the reduce op"),
-    ("mode", "disagree on ZIPCCL_MODE"),
-])
+@pytest.mark.parametrize(
+    ("case", "needle"),
+    [
+        ("dtype", "disagree on the dtype (rank 0: bfloat16, rank 1: float16)"),
+        ("numel", "disagree on the input numel"),
+        ("output", "rank 1: output tensor has the wrong number of elements"),
+        ("splits", "rank 0 sends 2 rows to rank 1, which expects 3"),
+        ("src", "disagree on src"),
+        ("op", "ranks called different collectives"),
+        ("reduce_op", "disagree on the reduce op"),
+        ("mode", "disagree on ZIPCCL_MODE"),
+    ],
+)
 def test_mismatch_raises_on_every_rank(pair, case, needle):
     """Debug mode (ZIPCCL_VERIFY=1) catches every mismatch, on native and compressed paths; the
     default policy still verifies every compressed call (the mode case aside: there one rank's
@@ -792,8 +855,9 @@ def test_fsdp2_training_matches_default_comms(pair):
 
 
 def test_auto_profile_cached_and_agreed(pair, tmp_path):
-    profiles = pair.run(sc_auto_profile, env={"ZIPCCL_MODE": "auto",
-                                              "ZIPCCL_CACHE_DIR": str(tmp_path)})
+    profiles = pair.run(
+        sc_auto_profile, env={"ZIPCCL_MODE": "auto", "ZIPCCL_CACHE_DIR": str(tmp_path)}
+    )
     assert profiles[0] == profiles[1]
     assert len(list(tmp_path.glob("profile-*.json"))) == 1
 
@@ -826,8 +890,7 @@ def test_unpack_checks_every_header_against_the_agreed_piece():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
-       st.integers(0, 2**32 - 1))
+@given(st.sampled_from([torch.bfloat16, torch.float16, torch.float32]), st.integers(0, 2**32 - 1))
 def test_two_part_sum_is_the_reference_reduction(dtype, seed):
     """collectives._reduce_into's one add equals reference_reduce bit for bit (specials too)."""
     a, b = (data(seed % 1000 + k, 3000, dtype, huge=bool(seed & 1)) for k in (0, 1))

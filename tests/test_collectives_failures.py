@@ -32,10 +32,12 @@ ALWAYS = {"ZIPCCL_MODE": "always"}
 N = 6000  # BF16 values per rank: every piece takes the split layout (header, payload)
 
 
-def _cluster(world: int, backend: str, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[Cluster]:
-    yield from short_timeout_cluster(world, backend, str(tmp_path_factory.mktemp(backend)),
-                                     GROUP_TIMEOUT_S)
+def _cluster(
+    world: int, backend: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    yield from short_timeout_cluster(
+        world, backend, str(tmp_path_factory.mktemp(backend)), GROUP_TIMEOUT_S
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +61,7 @@ def zipccl_pair(tmp_path_factory):
 def _raising(exc: Exception) -> Callable[..., object]:
     def fail(*args: object, **kwargs: object) -> object:
         raise exc
+
     return fail
 
 
@@ -69,20 +72,37 @@ def _corrupting_unpack() -> Callable[..., object]:
     def unpack(self: object, key: object, got: torch.Tensor, seg: object, *args: object) -> None:
         got[CRC_AT] ^= 1
         return real(self, key, got, seg, *args)
+
     return unpack
 
 
 #  fault -> (module or class, attribute, replacement, (what the failing rank raises, what its
 #  peers' PeerError says it reported))
 FAULTS = {
-    "corrupt_header": (collectives._Unpack, "__call__", _corrupting_unpack,
-                       ("ValueError", "corrupt compressed header", "ValueError: received a")),
-    "decode": (_torch, "decode_into", lambda: _raising(ValueError("injected: payload rejected")),
-               ("ValueError", "injected: payload rejected", "ValueError: injected")),
-    "encode": (_torch, "encode_into", lambda: _raising(RuntimeError("injected encode failure")),
-               ("RuntimeError", "injected encode failure", "RuntimeError: injected")),
-    "summary": (codec, "sample_summary", lambda: _raising(RuntimeError("injected summary")),
-                ("RuntimeError", "injected summary", "its sample summary raised")),
+    "corrupt_header": (
+        collectives._Unpack,
+        "__call__",
+        _corrupting_unpack,
+        ("ValueError", "corrupt compressed header", "ValueError: received a"),
+    ),
+    "decode": (
+        _torch,
+        "decode_into",
+        lambda: _raising(ValueError("injected: payload rejected")),
+        ("ValueError", "injected: payload rejected", "ValueError: injected"),
+    ),
+    "encode": (
+        _torch,
+        "encode_into",
+        lambda: _raising(RuntimeError("injected encode failure")),
+        ("RuntimeError", "injected encode failure", "RuntimeError: injected"),
+    ),
+    "summary": (
+        codec,
+        "sample_summary",
+        lambda: _raising(RuntimeError("injected summary")),
+        ("RuntimeError", "injected summary", "its sample summary raised"),
+    ),
 }
 SENDING = {"encode", "summary"}  # faults of the side that sends (a broadcast's source)
 
@@ -124,8 +144,9 @@ def _call(lib: object, op: str, rank: int, world: int, src: int) -> None:
         raise ValueError(op)
 
 
-def sc_fault(rank: int, world: int, op: str, fault: str, culprit: int, backend: bool,
-             cached: bool = False) -> dict[str, object]:
+def sc_fault(
+    rank: int, world: int, op: str, fault: str, culprit: int, backend: bool, cached: bool = False
+) -> dict[str, object]:
     """``op`` with ``fault`` on rank ``culprit`` -- in the call's first call, or with ``cached``
     in its second, which runs on the plan the first left (zipccl._plans) -- : what each rank
     raised and after how long, then whether a normal all-gather on the same group still gives
@@ -145,8 +166,9 @@ def sc_fault(rank: int, world: int, op: str, fault: str, culprit: int, backend: 
     seconds = time.monotonic() - start
     out = torch.empty(world * N, dtype=torch.bfloat16)
     lib.all_gather_into_tensor(out, data(rank))
-    after = torch.equal(out.view(torch.int16),
-                        torch.cat([data(r) for r in range(world)]).view(torch.int16))
+    after = torch.equal(
+        out.view(torch.int16), torch.cat([data(r) for r in range(world)]).view(torch.int16)
+    )
     return {"raised": raised, "message": message, "seconds": seconds, "after": after}
 
 

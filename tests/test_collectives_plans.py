@@ -37,8 +37,9 @@ ROW = 8192  # all-to-all: rank i sends (i + j) % 3 + 1 rows of ROW values to ran
 
 
 def _cluster(world: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    yield from short_timeout_cluster(world, "gloo", str(tmp_path_factory.mktemp("plans")),
-                                     GROUP_TIMEOUT_S)
+    yield from short_timeout_cluster(
+        world, "gloo", str(tmp_path_factory.mktemp("plans")), GROUP_TIMEOUT_S
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +71,9 @@ def _splits(rank: int, world: int) -> list[int]:
     return [(rank + j) % 3 + 1 for j in range(world)]
 
 
-def call(op: str, rank: int, world: int, dtype: torch.dtype, kind: str, lib: object = zipccl
-         ) -> tuple[torch.Tensor, torch.Tensor]:
+def call(
+    op: str, rank: int, world: int, dtype: torch.dtype, kind: str, lib: object = zipccl
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One call of ``op`` through ``lib`` on ``kind`` data: (its result, the expected one,
     computed from every rank's data)."""
     n = world * PER_RANK
@@ -103,8 +105,9 @@ def call(op: str, rank: int, world: int, dtype: torch.dtype, kind: str, lib: obj
     outs = [rows[i][rank] for i in range(world)]
     got = torch.empty(sum(outs), ROW, dtype=dtype)
     lib.all_to_all_single(got, a2a_data(rank), outs, rows[rank])
-    want = torch.cat([a2a_data(i)[sum(rows[i][:rank]) : sum(rows[i][: rank + 1])]
-                      for i in range(world)])
+    want = torch.cat(
+        [a2a_data(i)[sum(rows[i][:rank]) : sum(rows[i][: rank + 1])] for i in range(world)]
+    )
     return got, want
 
 
@@ -120,13 +123,17 @@ COUNTED = {  # what a call's counts count: the functions it calls
 def counting() -> Iterator[dict[str, int]]:
     """How often each COUNTED entry's functions are called inside the block."""
     counts = dict.fromkeys(COUNTED, 0)
-    saved = [(name, owner, attr, getattr(owner, attr))
-             for name, targets in COUNTED.items() for owner, attr in targets]
+    saved = [
+        (name, owner, attr, getattr(owner, attr))
+        for name, targets in COUNTED.items()
+        for owner, attr in targets
+    ]
 
     def counted(name: str, fn: Callable) -> Callable:
         def run(*args: object, **kwargs: object) -> object:
             counts[name] += 1
             return fn(*args, **kwargs)
+
         return run
 
     for name, owner, attr, fn in saved:
@@ -138,8 +145,9 @@ def counting() -> Iterator[dict[str, int]]:
             setattr(owner, attr, fn)
 
 
-def sc_calls(rank: int, world: int, op: str, dtype: torch.dtype, kinds: list[str]
-             ) -> list[dict[str, object]]:
+def sc_calls(
+    rank: int, world: int, op: str, dtype: torch.dtype, kinds: list[str]
+) -> list[dict[str, object]]:
     """Calls of one key from no plans, the c-th on ``kinds[c]`` data: per call whether it is
     exact, a digest of its result, what it counted, its strategy and the bytes it sent."""
     _plans.forget()
@@ -149,9 +157,17 @@ def sc_calls(rank: int, world: int, op: str, dtype: torch.dtype, kinds: list[str
         with counting() as counts:
             got, want = call(op, rank, world, dtype, kind)
         same = same_reduction if op in ("reduce_scatter", "all_reduce") else same_bits
-        out.append({"exact": same(got, want), "digest": hashlib.sha1(
-            got.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest(), **counts,
-            "strategy": STATS.strategy, "sent": STATS.sent})
+        out.append(
+            {
+                "exact": same(got, want),
+                "digest": hashlib.sha1(
+                    got.contiguous().view(torch.uint8).numpy().tobytes()
+                ).hexdigest(),
+                **counts,
+                "strategy": STATS.strategy,
+                "sent": STATS.sent,
+            }
+        )
     return out
 
 
@@ -210,8 +226,9 @@ def test_overflow_after_a_plan_is_resent_raw(pair, op, dtype):
 
 
 def test_three_ranks_overflow(trio):
-    for calls in trio.run(sc_calls, "all_to_all", torch.bfloat16, ["zeros", "bits", "a"],
-                          env=ALWAYS):
+    for calls in trio.run(
+        sc_calls, "all_to_all", torch.bfloat16, ["zeros", "bits", "a"], env=ALWAYS
+    ):
         assert all(c["exact"] for c in calls) and calls[1]["resends"] == 1, calls
 
 
@@ -222,14 +239,26 @@ def test_three_ranks_overflow(trio):
 #  planned everywhere (rank 1's "numel" call alone is new)
 MISMATCHES = {
     "dtype": (("all_gather", torch.bfloat16), ("all_gather", torch.float16), "the dtype"),
-    "op": (("all_gather", torch.bfloat16), ("all_reduce", torch.bfloat16),
-           "ranks called different collectives"),
-    "numel": (("all_gather", torch.bfloat16), ("all_gather_long", torch.bfloat16),
-              "the input numel"),
-    "splits": (("all_to_all", torch.bfloat16), ("all_to_all_shifted", torch.bfloat16),
-               "mismatched pairs"),
-    "reduce_op": (("all_reduce", torch.bfloat16), ("all_reduce_max", torch.bfloat16),
-                  "the reduce op"),
+    "op": (
+        ("all_gather", torch.bfloat16),
+        ("all_reduce", torch.bfloat16),
+        "ranks called different collectives",
+    ),
+    "numel": (
+        ("all_gather", torch.bfloat16),
+        ("all_gather_long", torch.bfloat16),
+        "the input numel",
+    ),
+    "splits": (
+        ("all_to_all", torch.bfloat16),
+        ("all_to_all_shifted", torch.bfloat16),
+        "mismatched pairs",
+    ),
+    "reduce_op": (
+        ("all_reduce", torch.bfloat16),
+        ("all_reduce_max", torch.bfloat16),
+        "the reduce op",
+    ),
 }
 
 
@@ -237,8 +266,9 @@ def _odd_call(name: str, rank: int, world: int, dtype: torch.dtype) -> None:
     """The calls MISMATCHES names beyond :func:`call`'s ops."""
     x = values("a", rank, world * PER_RANK, dtype)
     if name == "all_gather_long":
-        zipccl.all_gather_into_tensor(torch.empty(world * (x.numel() + 8), dtype=dtype),
-                                      torch.cat([x, x[:8]]))
+        zipccl.all_gather_into_tensor(
+            torch.empty(world * (x.numel() + 8), dtype=dtype), torch.cat([x, x[:8]])
+        )
     elif name == "all_reduce_max":
         zipccl.all_reduce(x, op=dist.ReduceOp.MAX)
     elif name == "all_to_all_shifted":  # every rank sends one row more to rank 0, one less to 1
@@ -275,8 +305,12 @@ def sc_mismatch(rank: int, world: int, case: str) -> dict[str, object]:
     with counting() as counts:
         got, want = call(op, rank, world, dtype, "b")
     same = same_reduction if op == "all_reduce" else same_bits
-    return {"raised": raised, "message": message, "seconds": seconds,
-            "after": same(got, want) and counts["summaries"] == 0}
+    return {
+        "raised": raised,
+        "message": message,
+        "seconds": seconds,
+        "after": same(got, want) and counts["summaries"] == 0,
+    }
 
 
 @pytest.mark.parametrize("case", list(MISMATCHES))
@@ -318,8 +352,9 @@ def test_a_rank_without_the_plan_makes_every_rank_exchange_afresh(pair, trio):
 # --------------------------------------------------------------------------- the setting
 
 
-@pytest.mark.parametrize(("calls", "summaries"), [("0", [1, 1, 1, 1]), ("2", [1, 0, 1, 0]),
-                                                  ("", [1, 0, 0, 0])])
+@pytest.mark.parametrize(
+    ("calls", "summaries"), [("0", [1, 1, 1, 1]), ("2", [1, 0, 1, 0]), ("", [1, 0, 0, 0])]
+)
 def test_plan_calls_setting(pair, calls, summaries):
     """ZIPCCL_PLAN_CALLS: how many calls a plan serves before its key is agreed afresh (a fresh
     sample, new tables); 0 turns plans off."""

@@ -75,8 +75,9 @@ def sc_empty_fp8_reductions(rank: int, world: int) -> list[str]:
 
 @pytest.mark.parametrize("mode", ["auto", "always"])
 def test_empty_fp8_reductions_on_gloo(pair, mode: str) -> None:
-    assert pair.run(sc_empty_fp8_reductions, env={"ZIPCCL_MODE": mode}) == [
-        [str(d) for d in FP8]] * 2
+    assert (
+        pair.run(sc_empty_fp8_reductions, env={"ZIPCCL_MODE": mode}) == [[str(d) for d in FP8]] * 2
+    )
 
 
 def sc_corrupt_summary_from_rank_1(rank: int, world: int) -> str:

@@ -25,8 +25,13 @@ def profile(link_gbps: float, codec_gbps: float = 300.0, alpha: float = 20e-6) -
         decompress=Line(30e-6, codec_gbps * GB),
         reduce=Line(10e-6, 1000 * GB),
         table=Line(300e-6, 1e18),
-        ratio={"bfloat16": 0.7, "float16": 0.8, "float32": 0.88, "float8_e4m3fn": 0.85,
-               "float8_e5m2": 0.77},
+        ratio={
+            "bfloat16": 0.7,
+            "float16": 0.8,
+            "float32": 0.88,
+            "float8_e4m3fn": 0.85,
+            "float8_e5m2": 0.77,
+        },
     )
 
 
@@ -43,15 +48,17 @@ def test_line_fit_flat_times_gives_pure_latency():
     assert fit.alpha == pytest.approx(5.0) and fit.beta > 1e12
 
 
-@pytest.mark.parametrize("op", ["all_gather", "all_to_all", "broadcast", "reduce_scatter",
-                                "all_reduce"])
+@pytest.mark.parametrize(
+    "op", ["all_gather", "all_to_all", "broadcast", "reduce_scatter", "all_reduce"]
+)
 def test_small_messages_stay_native(op):
     call = Call(op, 64 << 10, torch.bfloat16, 2)
     assert switch.choose(profile(3.3), call) != COMPRESSED
 
 
-@pytest.mark.parametrize("op", ["all_gather", "all_to_all", "broadcast", "reduce_scatter",
-                                "all_reduce"])
+@pytest.mark.parametrize(
+    "op", ["all_gather", "all_to_all", "broadcast", "reduce_scatter", "all_reduce"]
+)
 def test_large_messages_on_slow_links_compress(op):
     call = Call(op, 256 << 20, torch.bfloat16, 2, chunks=8)
     assert switch.choose(profile(3.3), call) == COMPRESSED
@@ -104,8 +111,13 @@ def test_mode_env(monkeypatch):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.floats(0.01, 3000), st.floats(1, 3000), st.floats(1e-6, 1e-3),
-       st.sampled_from(["all_to_all", "all_gather", "broadcast"]), st.integers(2, 8))
+@given(
+    st.floats(0.01, 3000),
+    st.floats(1, 3000),
+    st.floats(1e-6, 1e-3),
+    st.sampled_from(["all_to_all", "all_gather", "broadcast"]),
+    st.integers(2, 8),
+)
 def test_can_compress_is_sound(link_gbps, codec_gbps, alpha, op, world):
     """Where can_compress says no, no size or chunk count makes choose() compress."""
     p = profile(link_gbps, codec_gbps, alpha)
@@ -117,8 +129,9 @@ def test_can_compress_is_sound(link_gbps, codec_gbps, alpha, op, world):
 
 
 def test_can_compress_examples():
-    assert not switch.can_compress(profile(1000.0, codec_gbps=300.0), "all_to_all",
-                                   torch.bfloat16, 2)
+    assert not switch.can_compress(
+        profile(1000.0, codec_gbps=300.0), "all_to_all", torch.bfloat16, 2
+    )
     assert switch.can_compress(profile(3.3), "all_to_all", torch.bfloat16, 2)
     p = profile(3.3)
     p.ratio["float32"] = 0.99
@@ -142,15 +155,22 @@ def test_best_chunks_follows_the_latencies():
     assert switch.choose(sockets, call) == NATIVE
     assert switch.choose(sockets, replace(call, chunks=1)) == COMPRESSED
     assert switch.best_chunks(profile(25.0, codec_gbps=30.0, alpha=5e-6), call) > 1
-    assert switch.best_chunks(profile(25.0, codec_gbps=30.0, alpha=5e-6),
-                              replace(call, nbytes=6 << 20)) == 1
+    assert (
+        switch.best_chunks(
+            profile(25.0, codec_gbps=30.0, alpha=5e-6), replace(call, nbytes=6 << 20)
+        )
+        == 1
+    )
     flat = replace(profile(25.0), decompress=Line(0.0, 1e18), compress=Line(0.0, 1e18))
-    assert switch.best_chunks(replace(flat, native={o: Line(0.0, 25 * GB) for o in switch.OPS}),
-                              call) == 1
+    assert (
+        switch.best_chunks(replace(flat, native={o: Line(0.0, 25 * GB) for o in switch.OPS}), call)
+        == 1
+    )
 
 
-@pytest.mark.parametrize("op", ["all_gather", "all_to_all", "broadcast", "reduce_scatter",
-                                "all_reduce"])
+@pytest.mark.parametrize(
+    "op", ["all_gather", "all_to_all", "broadcast", "reduce_scatter", "all_reduce"]
+)
 def test_measured_overhead_is_charged_to_every_compressed_call(op):
     """The profile's overhead (measured minus modelled compressed calls) adds to every compressed
     protocol once (all-reduce: to each half it compresses), to nothing else, and can turn a
@@ -235,8 +255,9 @@ def test_group_key_follows_the_default_group(tmp_path):
     import torch.distributed as dist
 
     def init(name: str) -> None:
-        dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / name), 1), rank=0,
-                                world_size=1)
+        dist.init_process_group(
+            "gloo", store=dist.FileStore(str(tmp_path / name), 1), rank=0, world_size=1
+        )
 
     init("first")
     first = switch.group_key(None)

@@ -21,9 +21,14 @@ from golden.codebook import Codebook
 DEFINITION = re.compile(r"constexpr\s+(?:int|long long|unsigned|uint8_t)\s+([^;(]+);")
 LITERAL_SUFFIX = re.compile(r"\b(0x[0-9a-fA-F]+|\d+)(?:ull|ll|u)?\b")
 OPERATORS = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.FloorDiv: operator.floordiv, ast.Div: operator.floordiv, ast.LShift: operator.lshift,
-    ast.RShift: operator.rshift, ast.BitOr: operator.or_,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Div: operator.floordiv,
+    ast.LShift: operator.lshift,
+    ast.RShift: operator.rshift,
+    ast.BitOr: operator.or_,
 }
 
 
@@ -59,28 +64,31 @@ def _define(found: dict[str, int], name: str, expr: str) -> None:
 CUDA = _constants()
 
 
-@pytest.mark.parametrize(("name", "want"), [
-    ("kTableBytes", codebook.TABLE_BYTES),
-    ("kLiteralFlag", codebook._LITERAL_FLAG),
-    ("kWidthMask", codebook._WIDTH_MASK),
-    ("kTableAt", container._TABLE_AT),
-    ("kHashAt", container._TABLE_AT - 8),
-    ("kLayoutAt", struct.calcsize("<4sB")),
-    ("kLayoutRaw", container.LAYOUT_RAW),
-    ("kTop", theory.ZIPCCL_TOP),
-    ("kPrefixBits", codebook.PREFIX_BITS),
-    ("kSampleSize", theory.SAMPLE_SIZE),
-    ("kMaxHeader", _cuda.MAX_HEADER),
-    ("kGaps", _cuda.GAPS),
-    ("kTableWords", _cuda.TABLE_WORDS),
-    ("kScratchWorkAt", _cuda.SCRATCH_WORK_AT),
-    ("kErrOffsets", _cuda.DecodeError.OFFSETS),
-    ("kErrSize", _cuda.DecodeError.SIZE),
-    ("kErrRank", _cuda.DecodeError.RANK),
-    ("kErrPadding", _cuda.DecodeError.PADDING),
-    ("kErrPlanePad", _cuda.DecodeError.PLANE_PADDING),
-    ("kErrRoom", _cuda.DecodeError.ROOM),
-])
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [
+        ("kTableBytes", codebook.TABLE_BYTES),
+        ("kLiteralFlag", codebook._LITERAL_FLAG),
+        ("kWidthMask", codebook._WIDTH_MASK),
+        ("kTableAt", container._TABLE_AT),
+        ("kHashAt", container._TABLE_AT - 8),
+        ("kLayoutAt", struct.calcsize("<4sB")),
+        ("kLayoutRaw", container.LAYOUT_RAW),
+        ("kTop", theory.ZIPCCL_TOP),
+        ("kPrefixBits", codebook.PREFIX_BITS),
+        ("kSampleSize", theory.SAMPLE_SIZE),
+        ("kMaxHeader", _cuda.MAX_HEADER),
+        ("kGaps", _cuda.GAPS),
+        ("kTableWords", _cuda.TABLE_WORDS),
+        ("kScratchWorkAt", _cuda.SCRATCH_WORK_AT),
+        ("kErrOffsets", _cuda.DecodeError.OFFSETS),
+        ("kErrSize", _cuda.DecodeError.SIZE),
+        ("kErrRank", _cuda.DecodeError.RANK),
+        ("kErrPadding", _cuda.DecodeError.PADDING),
+        ("kErrPlanePad", _cuda.DecodeError.PLANE_PADDING),
+        ("kErrRoom", _cuda.DecodeError.ROOM),
+    ],
+)
 def test_cuda_constant_matches(name: str, want: int) -> None:
     assert CUDA[name] == want, f"csrc/ {name} = {CUDA[name]}, golden/_cuda say {want}"
 

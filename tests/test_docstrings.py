@@ -36,9 +36,12 @@ def _public_callables() -> list[str]:
 
 def _members(cls: type) -> list[tuple[str, object]]:
     """Public methods and properties the class defines itself (and ``__call__``)."""
-    return [(n, v) for n, v in vars(cls).items()
-            if (not n.startswith("_") or n == "__call__")
-            and (inspect.isfunction(v) or isinstance(v, property | classmethod | staticmethod))]
+    return [
+        (n, v)
+        for n, v in vars(cls).items()
+        if (not n.startswith("_") or n == "__call__")
+        and (inspect.isfunction(v) or isinstance(v, property | classmethod | staticmethod))
+    ]
 
 
 def test_every_public_callable_is_listed() -> None:
@@ -57,7 +60,8 @@ def test_documented(name: str) -> None:
         own_init = "__init__" in vars(obj)
         if own_init and _params(obj.__init__):
             assert any(s in doc for s in (*SECTIONS, "Attributes:")), (
-                f"zipccl.{name}'s docstring lacks an Args/Attributes section")
+                f"zipccl.{name}'s docstring lacks an Args/Attributes section"
+            )
         assert "Example::" in doc, f"zipccl.{name} has no example"
         return
     if _params(obj):
@@ -73,8 +77,7 @@ def test_methods_documented(cls_name: str) -> None:
         doc = inspect.getdoc(fn) or ""
         assert doc.strip(), f"zipccl.{cls_name}.{name} has no docstring"
         if not isinstance(member, property) and _params(fn):
-            assert any(s in doc for s in SECTIONS), (
-                f"zipccl.{cls_name}.{name} lacks Args:/Returns:")
+            assert any(s in doc for s in SECTIONS), f"zipccl.{cls_name}.{name} lacks Args:/Returns:"
 
 
 def test_backend_methods_documented() -> None:
@@ -82,8 +85,11 @@ def test_backend_methods_documented() -> None:
         assert (inspect.getdoc(member) or "").strip(), f"ProcessGroupZipccl.{name}: no docstring"
 
 
-EXAMPLES = [*(getattr(codec, n) for n in codec.__all__), calibration.Calibrator,
-            collectives.reference_reduce]
+EXAMPLES = [
+    *(getattr(codec, n) for n in codec.__all__),
+    calibration.Calibrator,
+    collectives.reference_reduce,
+]
 
 
 @pytest.mark.parametrize("obj", EXAMPLES, ids=lambda o: o.__qualname__)
@@ -95,8 +101,9 @@ def test_examples_run(obj: object, tmp_path, monkeypatch) -> None:
     rng = torch.random.get_rng_state()
     attempted = 0
     try:
-        for test in finder.find(obj, obj.__qualname__,
-                                globs={"torch": torch, "zipccl": zipccl, "dist": dist}):
+        for test in finder.find(
+            obj, obj.__qualname__, globs={"torch": torch, "zipccl": zipccl, "dist": dist}
+        ):
             result = runner.run(test)
             assert not result.failed, f"{test.name}: {result.failed} example(s) failed"
             attempted += result.attempted

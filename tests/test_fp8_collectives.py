@@ -28,8 +28,9 @@ def pair():
     c.close()
 
 
-def absmax_scaled(seed: int, shape: tuple[int, ...], dtype: torch.dtype,
-                  std: float) -> torch.Tensor:
+def absmax_scaled(
+    seed: int, shape: tuple[int, ...], dtype: torch.dtype, std: float
+) -> torch.Tensor:
     """N(0, std^2) scaled so that max|x| is the format's largest finite value (FP8 recipe)."""
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * std
     return (x * (torch.finfo(dtype).max / x.abs().max())).to(dtype)
@@ -39,8 +40,9 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-def sc_all_gather_weights(rank: int, world: int, dtype: torch.dtype,
-                          numel: int) -> tuple[bool, str, float]:
+def sc_all_gather_weights(
+    rank: int, world: int, dtype: torch.dtype, numel: int
+) -> tuple[bool, str, float]:
     """(bit-identical, strategy, bytes this rank sent / its raw bytes)."""
     x = absmax_scaled(10 + rank, (numel,), dtype, std=0.02)
     got = torch.empty(world * numel, dtype=dtype)
@@ -67,19 +69,26 @@ def sc_all_to_all_tokens(rank: int, world: int, dtype: torch.dtype) -> tuple[boo
 
 
 def _check(results: list[tuple[bool, str, float]], what: str, bound: float) -> None:
-    print(f"\n{what}: wire bytes / raw bytes per rank " +
-          ", ".join(f"{r:.4f}" for _, _, r in results))
+    print(
+        f"\n{what}: wire bytes / raw bytes per rank " + ", ".join(f"{r:.4f}" for _, _, r in results)
+    )
     for exact, strategy, ratio in results:
         assert exact and strategy == switch.COMPRESSED and ratio <= bound, results
 
 
 @pytest.mark.parametrize(("dtype", "bound"), [(FP8[0], 0.92), (FP8[1], 0.8)], ids=str)
 def test_all_gather_of_fp8_weights(pair, dtype: torch.dtype, bound: float) -> None:
-    _check(pair.run(sc_all_gather_weights, dtype, 1 << 17, env=ALWAYS),
-           f"all_gather_into_tensor {dtype}", bound)
+    _check(
+        pair.run(sc_all_gather_weights, dtype, 1 << 17, env=ALWAYS),
+        f"all_gather_into_tensor {dtype}",
+        bound,
+    )
 
 
 @pytest.mark.parametrize(("dtype", "bound"), [(FP8[0], 0.92), (FP8[1], 0.8)], ids=str)
 def test_all_to_all_of_fp8_tokens_uneven(pair, dtype: torch.dtype, bound: float) -> None:
-    _check(pair.run(sc_all_to_all_tokens, dtype, env=ALWAYS),
-           f"all_to_all_single {dtype} splits {ROWS}", bound)
+    _check(
+        pair.run(sc_all_to_all_tokens, dtype, env=ALWAYS),
+        f"all_to_all_single {dtype} splits {ROWS}",
+        bound,
+    )

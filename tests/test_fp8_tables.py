@@ -39,8 +39,11 @@ def gaussian(seed: int, zeros: float = 0.0) -> torch.Tensor:
 
 def ratios(x: torch.Tensor, fmt: str) -> dict[str, float]:
     """compress ratios (container bytes / raw bytes) under the default, best and preset tables."""
-    return {"default": zipccl.compress(x).ratio, "best": zipccl.compress(x, "histogram").ratio,
-            "preset": zipccl.compress(x, PRESET[fmt]()).ratio}
+    return {
+        "default": zipccl.compress(x).ratio,
+        "best": zipccl.compress(x, "histogram").ratio,
+        "preset": zipccl.compress(x, PRESET[fmt]()).ratio,
+    }
 
 
 # --------------------------------------------------------------------------- the family
@@ -55,24 +58,31 @@ def test_the_family_is_fixed_and_complete() -> None:
         assert r[-1] == r[-2] or head + (1 << (r[-1] - 1)) < ALPHABET
         rises = itertools.pairwise(r[:-1])  # by 0 or 1, by any amount out of w=0
         assert r[0] <= 5 and all(0 <= b - a <= 1 or a == 0 for a, b in rises)
-    for layout in [(5,) * 8, (0, 3, 3, 3, 3, 4, 5, 8), (0, 0, 3, 3, 4, 4, 5, 8),
-                   (2, 2, 2, 2, 3, 3, 4, 8)]:
+    for layout in [
+        (5,) * 8,
+        (0, 3, 3, 3, 3, 4, 5, 8),
+        (0, 0, 3, 3, 4, 4, 5, 8),
+        (2, 2, 2, 2, 3, 3, 4, 8),
+    ]:
         assert layout in as_tuples
 
 
 def _first_best_by_codebooks(hist: np.ndarray) -> tuple[int, ...]:
     """The first row of least expected length, each row built as a Codebook (slow, exact)."""
     order = builders.ranks_by_frequency(hist)
-    bits = [Codebook(tuple(map(int, r)), None, tuple(order)).expected_bits(hist)
-            for r in builders.staircase_layouts()]
+    bits = [
+        Codebook(tuple(map(int, r)), None, tuple(order)).expected_bits(hist)
+        for r in builders.staircase_layouts()
+    ]
     return tuple(map(int, builders.staircase_layouts()[int(np.argmin(bits))]))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_vectorised_score_picks_the_first_best_row(seed: int) -> None:
     rng = np.random.default_rng(seed)
-    hist = np.bincount(np.clip(rng.laplace(128, 6 + 10 * seed, 20000), 0, 255).astype(int),
-                       minlength=ALPHABET)
+    hist = np.bincount(
+        np.clip(rng.laplace(128, 6 + 10 * seed, 20000), 0, 255).astype(int), minlength=ALPHABET
+    )
     book = builders.staircase_table(hist)
     assert book.widths == _first_best_by_codebooks(hist) and book.literal is None
     assert book.ranks == tuple(builders.ranks_by_frequency(hist))
@@ -97,17 +107,23 @@ def test_never_longer_than_raw_nor_shorter_than_the_search(hist: np.ndarray) -> 
 
 
 # --------------------------------------------------------------------------- the ratios
-@pytest.mark.parametrize(("case", "fmt", "zeros", "target"), [
-    ("absmax N(0,1)", "e4m3", 0.0, 0.84),
-    ("absmax N(0,1)", "e5m2", 0.0, 0.73),
-    ("absmax N(0,1), 60% zeros", "e4m3", 0.6, 0.60),
-])
-def test_default_ratio_on_absmax_scaled_tensors(case: str, fmt: str, zeros: float,
-                                                target: float) -> None:
+@pytest.mark.parametrize(
+    ("case", "fmt", "zeros", "target"),
+    [
+        ("absmax N(0,1)", "e4m3", 0.0, 0.84),
+        ("absmax N(0,1)", "e5m2", 0.0, 0.73),
+        ("absmax N(0,1), 60% zeros", "e4m3", 0.6, 0.60),
+    ],
+)
+def test_default_ratio_on_absmax_scaled_tensors(
+    case: str, fmt: str, zeros: float, target: float
+) -> None:
     x = absmax_scaled(gaussian(17, zeros), fmt)
     got = ratios(x, fmt)
-    print(f"\n{fmt} {case}, {NUMEL} elements: default {got['default']:.4f} (target <= {target}), "
-          f"best_table {got['best']:.4f}, preset {got['preset']:.4f}")
+    print(
+        f"\n{fmt} {case}, {NUMEL} elements: default {got['default']:.4f} (target <= {target}), "
+        f"best_table {got['best']:.4f}, preset {got['preset']:.4f}"
+    )
     assert got["default"] <= target
     assert got["default"] <= got["best"] + 0.002
 
@@ -122,11 +138,15 @@ def test_minilm_activations_within_a_hundredth_of_the_search(fmt: str) -> None:
         got = ratios(x, fmt)
         gaps[name] = (got["default"] - got["best"], got["default"], got["best"], got["preset"])
     worst = max(gaps, key=lambda n: gaps[n][0])
-    mean = {k: np.mean([g[i] for g in gaps.values()]) for i, k in enumerate(
-        ("gap", "default", "best", "preset"))}
-    print(f"\nMiniLM {fmt}, {len(gaps)} tensors: mean default {mean['default']:.4f}, best_table "
-          f"{mean['best']:.4f}, preset {mean['preset']:.4f}; worst gap {gaps[worst][0]:.4f} "
-          f"({worst}: {gaps[worst][1]:.4f} vs {gaps[worst][2]:.4f})")
+    mean = {
+        k: np.mean([g[i] for g in gaps.values()])
+        for i, k in enumerate(("gap", "default", "best", "preset"))
+    }
+    print(
+        f"\nMiniLM {fmt}, {len(gaps)} tensors: mean default {mean['default']:.4f}, best_table "
+        f"{mean['best']:.4f}, preset {mean['preset']:.4f}; worst gap {gaps[worst][0]:.4f} "
+        f"({worst}: {gaps[worst][1]:.4f} vs {gaps[worst][2]:.4f})"
+    )
     assert gaps[worst][0] <= 0.01
 
 
@@ -146,5 +166,4 @@ def test_decompress_reads_the_fitted_table_from_the_header(fmt: str) -> None:
     c = zipccl.compress(x)
     parsed = zipccl.Compressed.from_buffer(c.buffer.clone())
     assert c.layout == "split" and parsed.table == zipccl.default_table(x) != PRESET[fmt]()
-    assert torch.equal(zipccl.decompress(c.buffer.clone()).view(torch.uint8),
-                       x.view(torch.uint8))
+    assert torch.equal(zipccl.decompress(c.buffer.clone()).view(torch.uint8), x.view(torch.uint8))

@@ -38,10 +38,45 @@ RSS_GROWTH_LIMIT = 512 << 20  # bytes: no mutation may make a decoder touch this
 ODD = Codebook((8, 1, 2, 3, 0, 0, 2, 1), 0, tuple(range(11)))  # payload widths 1/2/3: padding
 _TABLE_AT, _HASH_AT = 104, 96
 # (offset, size) of every header field a mutation may set, then fix the CRC of
-_FIELDS = [(5, 1), (6, 1), (7, 1), (8, 4), (12, 4), (16, 8), (24, 8), (32, 8), (40, 8), (88, 8),
-           (_HASH_AT, 8)]
-_BOUNDARY = [0, 1, 2, 7, 8, 63, 64, 65, 127, 128, 255, 256, 4095, 4096, 2**20, 2**20 + 1,
-             2**31, 2**32 - 1, 2**32, 2**48, 2**48 + 1, 2**61 + 50, 2**63, 2**64 - 1]
+_FIELDS = [
+    (5, 1),
+    (6, 1),
+    (7, 1),
+    (8, 4),
+    (12, 4),
+    (16, 8),
+    (24, 8),
+    (32, 8),
+    (40, 8),
+    (88, 8),
+    (_HASH_AT, 8),
+]
+_BOUNDARY = [
+    0,
+    1,
+    2,
+    7,
+    8,
+    63,
+    64,
+    65,
+    127,
+    128,
+    255,
+    256,
+    4095,
+    4096,
+    2**20,
+    2**20 + 1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**48,
+    2**48 + 1,
+    2**61 + 50,
+    2**63,
+    2**64 - 1,
+]
 
 
 def _corpus() -> dict[str, bytes]:
@@ -59,14 +94,16 @@ def _corpus() -> dict[str, bytes]:
     half = np.float16(rng.standard_normal(2000)).view(np.uint16)
     out = {
         "bf16": container.encode(normal(BF16, 2000), BF16, theory(BF16), 256),
-        "bf16-shaped": container.encode(normal(BF16, 2100).reshape(3, 100, 7), BF16,
-                                        theory(BF16), 64),
+        "bf16-shaped": container.encode(
+            normal(BF16, 2100).reshape(3, 100, 7), BF16, theory(BF16), 64
+        ),
         "fp16": container.encode(half, FP16, theory(FP16), 256),
         "fp32": container.encode(normal(FP32, 1000), FP32, theory(FP32), 128),
         "e4m3": container.encode(fp8, E4M3, QLC, 1024),
         "e5m2-odd-widths": container.encode(fp8, E5M2, ODD, 64),
-        "raw": container.encode(rng.integers(0, 1 << 16, 100, dtype=np.uint16), BF16,
-                                theory(BF16), 128),
+        "raw": container.encode(
+            rng.integers(0, 1 << 16, 100, dtype=np.uint16), BF16, theory(BF16), 128
+        ),
         "empty": container.encode(np.zeros(0, np.uint16), BF16, theory(BF16), 4096),
     }
     for name, buf in out.items():  # the corpus covers both layouts
@@ -131,7 +168,13 @@ def _insert_or_delete(buf: bytearray, rng: np.random.Generator) -> None:
 
 
 MUTATORS: list[Callable[[bytearray, np.random.Generator], None]] = [
-    _set_field, _set_table_byte, _flip_bit, _flip_bit, _write_body_byte, _truncate, _extend,
+    _set_field,
+    _set_table_byte,
+    _flip_bit,
+    _flip_bit,
+    _write_body_byte,
+    _truncate,
+    _extend,
     _insert_or_delete,
 ]
 
@@ -168,8 +211,7 @@ def torch_decode(buf: bytes) -> np.ndarray | None:
         out = zipccl.decompress(data)
         head = Header.unpack(buf)
         if head.table is not None:
-            _torch.check_canonical(data, head.fmt, head.table, head.block,
-                                   head.payload_bytes, out)
+            _torch.check_canonical(data, head.fmt, head.table, head.block, head.payload_bytes, out)
     except ValueError:
         return None
     bits = _torch.bits_of(out.contiguous(), head.fmt).numpy().astype(head.fmt.uint)
@@ -253,9 +295,14 @@ def gap_set() -> bytes:
     return bytes(buf)
 
 
-@pytest.mark.parametrize(("make", "message"), [(gap_set, "gap"),
-                                               (_escaped_ranked_symbol, "ranks it"),
-                                               (_fp16_symbol_past_its_exponent, "past float16")])
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (gap_set, "gap"),
+        (_escaped_ranked_symbol, "ranks it"),
+        (_fp16_symbol_past_its_exponent, "past float16"),
+    ],
+)
 def test_non_canonical_buffers_are_rejected(make: Callable[[], bytes], message: str) -> None:
     """Both decode to valid values (before the fix golden accepted them) but no encoder writes
     them."""
@@ -265,15 +312,15 @@ def test_non_canonical_buffers_are_rejected(make: Callable[[], bytes], message: 
     assert torch_decode(buf) is None
 
 
-@pytest.mark.parametrize("make", [gap_set, _escaped_ranked_symbol,
-                                  _fp16_symbol_past_its_exponent])
+@pytest.mark.parametrize("make", [gap_set, _escaped_ranked_symbol, _fp16_symbol_past_its_exponent])
 def test_codec_rejects_non_canonical_buffers(make: Callable[[], bytes]) -> None:
     with pytest.raises(ValueError):
         zipccl.decompress(torch.tensor(list(make()), dtype=torch.uint8))
 
 
-@pytest.mark.parametrize(("shape", "numel"), [((40, 2**61 + 50), 2000), ((0, 2**63), 0),
-                                              ((2**49,), 2**49)])
+@pytest.mark.parametrize(
+    ("shape", "numel"), [((40, 2**61 + 50), 2000), ((0, 2**63), 0), ((2**49,), 2**49)]
+)
 def test_torch_decoder_checks_shapes_with_exact_integers(shape, numel) -> None:
     """Before: (40, 2**61 + 50) passed as 2000 elements (int64 product), into a 2000-element
     output, and (0, 2**63) reached torch.empty."""

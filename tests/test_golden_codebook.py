@@ -139,8 +139,22 @@ def _with_token(token: str) -> str:
 
 @pytest.mark.parametrize(
     "token",
-    ["Infinity", "-Infinity", "NaN", "1e400", "126.0", "126.9", '"126"', '"a"', "true", "null",
-     "[126]", '{"126": 1}', "1" * 5000, "[" * 20000 + "]" * 20000],
+    [
+        "Infinity",
+        "-Infinity",
+        "NaN",
+        "1e400",
+        "126.0",
+        "126.9",
+        '"126"',
+        '"a"',
+        "true",
+        "null",
+        "[126]",
+        '{"126": 1}',
+        "1" * 5000,
+        "[" * 20000 + "]" * 20000,
+    ],
     ids=lambda t: t[:12],
 )
 def test_malformed_rank_entries_raise_table_error(token: str) -> None:

@@ -56,10 +56,20 @@ def test_verilog_is_byte_identical_from_any_checkout(tmp_path) -> None:
     top = "qlc_decoder_axis"
     env = {**os.environ, "PYTHONPATH": str(copy)}
     run = subprocess.run(
-        [sys.executable, "-c", "import hw.generate as g, sys; "
-         "assert g.ROOT == __import__('pathlib').Path(sys.argv[1]), g.ROOT; "
-         "sys.stdout.write(g.verilog_text(sys.argv[2]))", str(copy), top],
-        cwd=copy, env=env, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "-c",
+            "import hw.generate as g, sys; "
+            "assert g.ROOT == __import__('pathlib').Path(sys.argv[1]), g.ROOT; "
+            "sys.stdout.write(g.verilog_text(sys.argv[2]))",
+            str(copy),
+            top,
+        ],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     here = verilog_text(top)
     assert run.stdout == here

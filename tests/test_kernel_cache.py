@@ -79,10 +79,21 @@ def test_a_tampered_library_is_rebuilt_not_loaded(cache: Path, monkeypatch) -> N
     assert cc.calls == 1 and again.read_bytes() == b"lib:v2"
 
 
-@pytest.mark.parametrize("record", [b"", b"{", b"[]", b'{"sha256": 5}', b'{"sha256": "../x"}',
-                                    b'{"sha256": "' + b"0" * 64 + b'"}', b" " * 5000])
-def test_a_malformed_or_planted_record_means_a_rebuild(cache: Path, monkeypatch,
-                                                       record: bytes) -> None:
+@pytest.mark.parametrize(
+    "record",
+    [
+        b"",
+        b"{",
+        b"[]",
+        b'{"sha256": 5}',
+        b'{"sha256": "../x"}',
+        b'{"sha256": "' + b"0" * 64 + b'"}',
+        b" " * 5000,
+    ],
+)
+def test_a_malformed_or_planted_record_means_a_rebuild(
+    cache: Path, monkeypatch, record: bytes
+) -> None:
     """Whatever the record says, only a library whose bytes hash to it is ever returned."""
     kc.cached_build("codec", b"k", FakeCompiler())
     path = _record(cache)
@@ -183,7 +194,11 @@ GLOO_PAIR = _comm.Group(None, 0, 2, torch.device("cpu"), "gloo")
 def _profile(scale: float = 1.0) -> switch.Profile:
     line = switch.Line(1e-5 * scale, 1e9)
     return switch.Profile(
-        dict.fromkeys(switch.OPS, line), line, line, line, line,
+        dict.fromkeys(switch.OPS, line),
+        line,
+        line,
+        line,
+        line,
         ratio={switch._name(d): 0.7 for d in switch._PRIOR_DTYPES},
     )
 

@@ -13,8 +13,22 @@ import pytest
 from tests._collectives_cluster import Cluster
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-ARGS = ["--device", "cpu", "--tokens", "256", "--hidden", "64", "--experts", "8", "--topk", "2",
-        "--iters", "2", "--warmup", "1"]
+ARGS = [
+    "--device",
+    "cpu",
+    "--tokens",
+    "256",
+    "--hidden",
+    "64",
+    "--experts",
+    "8",
+    "--topk",
+    "2",
+    "--iters",
+    "2",
+    "--warmup",
+    "1",
+]
 
 
 def sc_moe(rank: int, world: int, out: str) -> dict:
@@ -44,8 +58,17 @@ def test_moe_benchmark_smoke(tmp_path: Path) -> None:
     assert found["args"]["tokens"] == 256 and found["args"]["hidden"] == 64
     res = found["results"]
     assert res["exact"] is True and res["dispatch_ratio"] < 1
-    for key in ("native_step_ms", "zipccl_step_ms", "speedup", "native_a2a_share",
-                "zipccl_a2a_share", "dispatch_wire_ratio", "wire_bytes", "raw_bytes", "load"):
+    for key in (
+        "native_step_ms",
+        "zipccl_step_ms",
+        "speedup",
+        "native_a2a_share",
+        "zipccl_a2a_share",
+        "dispatch_wire_ratio",
+        "wire_bytes",
+        "raw_bytes",
+        "load",
+    ):
         assert key in res, key
     assert res["native_step_ms"] > 0 and res["zipccl_step_ms"] > 0
     assert abs(sum(res["load"]) - 1) < 1e-6 and len(res["load"]) == 8

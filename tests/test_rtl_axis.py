@@ -12,8 +12,9 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize(("kind", "lanes"), [("encoder", 1), ("decoder", 1), ("encoder", 4),
-                                             ("decoder", 4)])
+@pytest.mark.parametrize(
+    ("kind", "lanes"), [("encoder", 1), ("decoder", 1), ("encoder", 4), ("decoder", 4)]
+)
 def test_axis_top_against_golden(kind: str, lanes: int, tmp_path) -> None:
     top = f"qlc_{kind}_axis" + (f"_x{lanes}" if lanes > 1 else "")
     env = {"ZIPCCL_KIND": kind, "ZIPCCL_LANES": str(lanes), "ZIPCCL_SEED": "3"}

@@ -30,8 +30,10 @@ def specials(numel: int, dtype: torch.dtype) -> torch.Tensor:
     gen = torch.Generator().manual_seed(numel)
     x = torch.randn(numel, generator=gen).to(dtype)
     tiny, big = torch.finfo(dtype).smallest_normal, torch.finfo(dtype).max
-    odd = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), tiny / 4,
-                        -tiny / 2, big, -big], dtype=dtype)
+    odd = torch.tensor(
+        [0.0, -0.0, float("inf"), -float("inf"), float("nan"), tiny / 4, -tiny / 2, big, -big],
+        dtype=dtype,
+    )
     at = torch.randint(0, numel, (numel // 10 + 1,), generator=gen)
     x[at] = odd[torch.arange(at.numel()) % odd.numel()]
     x[::3] = 0
@@ -42,8 +44,9 @@ CASES = {
     "empty": lambda d: torch.empty(0, dtype=d),
     "one": lambda d: torch.ones(1, dtype=d),
     "zeros": lambda d: torch.zeros(5000, dtype=d),
-    "non_finite_only": lambda d: torch.tensor([float("nan"), float("inf"), -float("inf")] * 7,
-                                              dtype=d),
+    "non_finite_only": lambda d: torch.tensor(
+        [float("nan"), float("inf"), -float("inf")] * 7, dtype=d
+    ),
     "subnormals": lambda d: torch.full((300,), torch.finfo(d).smallest_normal / 8, dtype=d),
     "specials": lambda d: specials(9001, d),
     "strided_sample": lambda d: specials(300001, d),  # > SAMPLE_SIZE: every 4th value
@@ -56,8 +59,7 @@ def device_stats(x: torch.Tensor) -> theory.TensorStats:
 
 
 def same_up_to_summation_order(got: theory.TensorStats, want: theory.TensorStats) -> bool:
-    return got.zero_fraction == want.zero_fraction and got.rms == pytest.approx(want.rms,
-                                                                                rel=1e-13)
+    return got.zero_fraction == want.zero_fraction and got.rms == pytest.approx(want.rms, rel=1e-13)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -73,8 +75,9 @@ def test_sample_stats_equal_golden(case: str, dtype: torch.dtype) -> None:
 def test_special_cases_have_the_expected_statistics(stats) -> None:
     """Guards the golden side too: zeros count, non-finite values are ignored."""
     assert stats(torch.zeros(10)) == theory.TensorStats(0.0, 1.0)
-    assert stats(torch.tensor([float("nan"), 2.0, 0.0, float("inf")])) == \
-        theory.TensorStats(2.0, 0.25)
+    assert stats(torch.tensor([float("nan"), 2.0, 0.0, float("inf")])) == theory.TensorStats(
+        2.0, 0.25
+    )
     assert stats(torch.tensor([float("nan"), -float("inf")])) == theory.TensorStats(0.0, 0.0)
     assert stats(torch.empty(0, dtype=torch.bfloat16)) == theory.TensorStats(0, 0)
 
@@ -83,8 +86,9 @@ def test_special_cases_have_the_expected_statistics(stats) -> None:
 @given(st.integers(0, 2**32 - 1), st.integers(1, 70000), st.sampled_from(DTYPES))
 def test_random_bit_patterns(seed: int, numel: int, dtype: torch.dtype) -> None:
     """Any bits at all (NaN payloads, subnormals, every exponent), any length."""
-    bits = np.random.default_rng(seed).integers(0, 256, numel * torch.finfo(dtype).bits // 8,
-                                                dtype=np.uint8)
+    bits = np.random.default_rng(seed).integers(
+        0, 256, numel * torch.finfo(dtype).bits // 8, dtype=np.uint8
+    )
     x = torch.from_numpy(bits).view(dtype)
     want = golden_stats(x)
     assert codec.sample_stats(x) == want
@@ -101,8 +105,11 @@ FORMATS = [get_format(name) for name in ("bfloat16", "float16", "float32")]
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.floats(-46, 39), st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0, 1)),
-       st.sampled_from(FORMATS))
+@given(
+    st.floats(-46, 39),
+    st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0, 1)),
+    st.sampled_from(FORMATS),
+)
 def test_theory_table_equals_golden(log_sigma: float, zeros: float, fmt) -> None:
     """The windowed table computation gives golden's table for any statistics (or defers)."""
     stats = theory.TensorStats(10.0**log_sigma, zeros)
@@ -131,8 +138,9 @@ def summary_parts(summary: torch.Tensor) -> tuple[list[float], np.ndarray]:
 def golden_symbols(x: torch.Tensor) -> np.ndarray:
     """The symbol of every sampled value (golden's sample and golden's symbols)."""
     fmt = get_format(str(x.dtype).removeprefix("torch."))
-    bits = x.reshape(-1).contiguous().view({8: torch.uint8, 16: torch.int16, 32: torch.int32}[
-        fmt.bits]).numpy().astype(np.int64) & ((1 << fmt.bits) - 1)
+    bits = x.reshape(-1).contiguous().view(
+        {8: torch.uint8, 16: torch.int16, 32: torch.int32}[fmt.bits]
+    ).numpy().astype(np.int64) & ((1 << fmt.bits) - 1)
     picked = bits[theory.sample_indices(bits.size)]
     return picked if fmt.byte_coded else (picked >> fmt.mant_bits) & ((1 << fmt.exp_bits) - 1)
 
@@ -167,8 +175,19 @@ def test_cuda_sample_summary_equals_the_torch_one(case: str, dtype) -> None:
     assert got_sums[1:] == want_sums[1:] and got_sums[0] == pytest.approx(want_sums[0], rel=1e-13)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, (
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"))])])
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                (pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")),
+            ],
+        ),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn], ids=str)
 @pytest.mark.parametrize("case", ["strided_sample", "empty"])
 def test_sample_summary_into_a_dirty_row_writes_every_word(case: str, dtype, device: str) -> None:
@@ -182,10 +201,15 @@ def test_sample_summary_into_a_dirty_row_writes_every_word(case: str, dtype, dev
     assert row[:2].tolist() == [-7, -7] and row[-2:].tolist() == [-7, -7]
 
 
-@pytest.mark.parametrize("out", [torch.zeros(codec.SUMMARY_WORDS - 1, dtype=torch.int64),
-                                 torch.zeros(codec.SUMMARY_WORDS, dtype=torch.int32),
-                                 torch.zeros(2 * codec.SUMMARY_WORDS, dtype=torch.int64)[::2]],
-                         ids=["short", "int32", "strided"])
+@pytest.mark.parametrize(
+    "out",
+    [
+        torch.zeros(codec.SUMMARY_WORDS - 1, dtype=torch.int64),
+        torch.zeros(codec.SUMMARY_WORDS, dtype=torch.int32),
+        torch.zeros(2 * codec.SUMMARY_WORDS, dtype=torch.int64)[::2],
+    ],
+    ids=["short", "int32", "strided"],
+)
 def test_sample_summary_rejects_a_bad_out(out: torch.Tensor) -> None:
     with pytest.raises(ValueError, match="contiguous int64"):
         codec.sample_summary(torch.ones(8, dtype=torch.bfloat16), out)

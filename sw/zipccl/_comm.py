@@ -105,8 +105,10 @@ def resolve(group: dist.ProcessGroup | None, like: torch.Tensor | None = None) -
         raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
     backend = str(dist.get_backend(group)).lower()
     if "nccl" in backend:
-        device = like.device if like is not None and like.is_cuda else torch.device(
-            "cuda", torch.cuda.current_device()
+        device = (
+            like.device
+            if like is not None and like.is_cuda
+            else torch.device("cuda", torch.cuda.current_device())
         )
     else:
         device = torch.device("cpu")
@@ -126,8 +128,13 @@ def to_i64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def exchange(g: Group, fields: Sequence[int], op_name: str, extra_words: int = 0,
-             fill: Callable[[torch.Tensor], object] | None = None) -> np.ndarray:
+def exchange(
+    g: Group,
+    fields: Sequence[int],
+    op_name: str,
+    extra_words: int = 0,
+    fill: Callable[[torch.Tensor], object] | None = None,
+) -> np.ndarray:
     """All-gather one descriptor row per rank; raise on every rank if any rank reported an error.
 
     Returns an int64 array of shape (world, len(fields) + extra_words) (numpy: the checks that
@@ -146,9 +153,16 @@ def exchange(g: Group, fields: Sequence[int], op_name: str, extra_words: int = 0
             f"zipccl.{op_name}: ranks called different collectives (op codes by rank: {ops})"
         )
     codes = table[:, 1].tolist()
-    _raise_reported(op_name, failed, SENDING, {r: (SENDING, "its sample summary raised")
-                                               for r, code in enumerate(codes)
-                                               if code == SUMMARY_FAILED})
+    _raise_reported(
+        op_name,
+        failed,
+        SENDING,
+        {
+            r: (SENDING, "its sample summary raised")
+            for r, code in enumerate(codes)
+            if code == SUMMARY_FAILED
+        },
+    )
     bad = [(r, int(code)) for r, code in enumerate(codes) if code]
     if bad:
         what = "; ".join(f"rank {r}: {ERRORS.get(code, f'error {code}')}" for r, code in bad)
@@ -156,9 +170,12 @@ def exchange(g: Group, fields: Sequence[int], op_name: str, extra_words: int = 0
     return table
 
 
-def _gather(g: Group, fields: Sequence[int], extra_words: int = 0,
-            fill: Callable[[torch.Tensor], object] | None = None
-            ) -> tuple[np.ndarray, Exception | None]:
+def _gather(
+    g: Group,
+    fields: Sequence[int],
+    extra_words: int = 0,
+    fill: Callable[[torch.Tensor], object] | None = None,
+) -> tuple[np.ndarray, Exception | None]:
     """Every rank's row (``fields``, then ``fill``'s words) and what ``fill`` raised here.
 
     The row and the gathered table live in buffers kept per thread, device and width (every
@@ -223,8 +240,12 @@ class Outcome:
         """Raise on every rank if any rank failed; else whether any rank passed ``flag``."""
         text = _words(self.error) if self.error is not None else [0] * TEXT_WORDS
         table, _ = _gather(self.g, [self.phase, int(flag), *text])
-        _raise_reported(self.name, self.error, self.phase,
-                        {r: (int(row[0]), _text(row[2:])) for r, row in enumerate(table) if row[0]})
+        _raise_reported(
+            self.name,
+            self.error,
+            self.phase,
+            {r: (int(row[0]), _text(row[2:])) for r, row in enumerate(table) if row[0]},
+        )
         return bool(table[:, 1].any())
 
 
@@ -237,8 +258,9 @@ def _text(words: np.ndarray) -> str:
     return words.astype(np.int64).tobytes().rstrip(b"\0").decode(errors="replace")
 
 
-def _raise_reported(op_name: str, own: Exception | None, phase: int,
-                    reports: dict[int, tuple[int, str]]) -> None:
+def _raise_reported(
+    op_name: str, own: Exception | None, phase: int, reports: dict[int, tuple[int, str]]
+) -> None:
     """Raise on every rank when any rank reported a failure.
 
     ``reports``: group rank -> (phase, what it reported), the same on every rank; ``own`` and
@@ -251,7 +273,8 @@ def _raise_reported(op_name: str, own: Exception | None, phase: int,
     first = min(p for p, _ in reports.values())
     listed = sorted(reports.items(), key=lambda item: (item[1][0], item[0]))  # causes first
     message = f"zipccl.{op_name}: " + "; ".join(
-        f"rank {r} failed {_PHASES[p]}: {text}" for r, (p, text) in listed)
+        f"rank {r} failed {_PHASES[p]}: {text}" for r, (p, text) in listed
+    )
     if own is not None and phase == first:
         own.add_note(message)
         raise own
@@ -292,13 +315,16 @@ def _new_rows(g: Group, width: int) -> _Rows:
         table = torch.empty(g.world * width, dtype=torch.int64)
         return _Rows(row, row, table, table, None)
     table = torch.empty(g.world * width, dtype=torch.int64, device=g.device)
-    return _Rows(torch.zeros(width, dtype=torch.int64).pin_memory(),
-                 torch.zeros(width, dtype=torch.int64, device=g.device), table,
-                 torch.empty_like(table, device="cpu").pin_memory(), torch.cuda.Event())
+    return _Rows(
+        torch.zeros(width, dtype=torch.int64).pin_memory(),
+        torch.zeros(width, dtype=torch.int64, device=g.device),
+        table,
+        torch.empty_like(table, device="cpu").pin_memory(),
+        torch.cuda.Event(),
+    )
 
 
-def require_same(table: np.ndarray, column: int, what: str, op_name: str,
-                 show=str) -> int:
+def require_same(table: np.ndarray, column: int, what: str, op_name: str, show=str) -> int:
     """The value every rank put in ``column``; a clear error naming each rank's value otherwise."""
     values = table[:, column].tolist()
     if len(set(values)) != 1:
@@ -356,14 +382,20 @@ class Streams:
         so this calls torch's own setter directly where it exists."""
         if stream is None:
             yield
-        elif (_SET_STREAM is None or _GET_STREAM is None
-              or torch.cuda.current_device() != stream.device_index):
+        elif (
+            _SET_STREAM is None
+            or _GET_STREAM is None
+            or torch.cuda.current_device() != stream.device_index
+        ):
             with torch.cuda.stream(stream):
                 yield
         else:
             before = _GET_STREAM(stream.device_index)
-            _SET_STREAM(stream_id=stream.stream_id, device_index=stream.device_index,
-                        device_type=stream.device_type)
+            _SET_STREAM(
+                stream_id=stream.stream_id,
+                device_index=stream.device_index,
+                device_type=stream.device_type,
+            )
             try:
                 yield
             finally:
@@ -381,9 +413,7 @@ def streams_for(g: Group) -> Streams:
     if not g.cuda:
         return Streams(None, None)
     if g.device not in _STREAMS:
-        _STREAMS[g.device] = Streams(
-            torch.cuda.Stream(g.device), torch.cuda.Stream(g.device)
-        )
+        _STREAMS[g.device] = Streams(torch.cuda.Stream(g.device), torch.cuda.Stream(g.device))
     return _STREAMS[g.device]
 
 

@@ -80,10 +80,7 @@ class Layout(ctypes.Structure):
 
     _fields_: ClassVar[
         list[tuple[str, type[ctypes.c_longlong] | type[ctypes.Array[ctypes.c_longlong]]]]
-    ] = [
-        (name, ctypes.c_longlong)
-        for name in ("n", "nb", "block", "ngaps")
-    ] + [
+    ] = [(name, ctypes.c_longlong) for name in ("n", "nb", "block", "ngaps")] + [
         ("raw_byte_at", ctypes.c_longlong * 3),
         ("raw_bit_at", ctypes.c_longlong * 3),
         ("prefix_at", ctypes.c_longlong * 3),
@@ -116,8 +113,17 @@ def build(arch: str) -> Path:
 
     def compile_to(out: Path) -> None:
         cmd = [
-            nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo",
-            f"-gencode=arch=compute_{arch},code=sm_{arch}", "-o", str(out), str(SOURCE),
+            nvcc,
+            "-O3",
+            "-std=c++17",
+            "-shared",
+            "-Xcompiler",
+            "-fPIC",
+            "-lineinfo",
+            f"-gencode=arch=compute_{arch},code=sm_{arch}",
+            "-o",
+            str(out),
+            str(SOURCE),
         ]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
 
@@ -144,8 +150,23 @@ def _lib() -> ctypes.CDLL | None:
     lib.zipccl_encode.argtypes = [*dev_kind, ptr, ptr, layout, ptr, ptr, ptr, ptr]
     lib.zipccl_decode.argtypes = [*dev_kind, ptr, ptr, ptr, layout, ptr, ptr, ctypes.c_int, ptr]
     lib.zipccl_encode.restype = lib.zipccl_decode.restype = ctypes.c_int
-    lib.zipccl_compress.argtypes = [*dev_kind, ptr, ptr, layout, ptr, ptr, ptr, ptr, ptr, ptr,
-                                    ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ptr, ptr]
+    lib.zipccl_compress.argtypes = [
+        *dev_kind,
+        ptr,
+        ptr,
+        layout,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ctypes.c_int,
+        ctypes.c_longlong,
+        ctypes.c_longlong,
+        ptr,
+        ptr,
+    ]
     lib.zipccl_compress.restype = ctypes.c_int
     lib.zipccl_summary.argtypes = [*dev_kind, ptr, ctypes.c_longlong, ctypes.c_longlong, ptr, ptr]
     lib.zipccl_summary.restype = ctypes.c_int
@@ -186,8 +207,10 @@ def _fast_words(table: Codebook) -> list[int]:
             sym[p] = table.ranks[base]
         else:
             bad[p] = 0xFF
-    return [int(literal), *(int.from_bytes(bytes(v[i : i + 4]), "little")
-                                  for v in (sym, bad) for i in (0, 4))]
+    return [
+        int(literal),
+        *(int.from_bytes(bytes(v[i : i + 4]), "little") for v in (sym, bad) for i in (0, 4)),
+    ]
 
 
 @functools.lru_cache(maxsize=64)
@@ -220,8 +243,9 @@ _HEADERS: collections.OrderedDict[tuple[bytes, torch.device], tuple[object, torc
 )
 
 
-def _uploaded(cache: collections.OrderedDict, key: tuple, owner: object,
-              make: Callable[[], torch.Tensor]) -> torch.Tensor:
+def _uploaded(
+    cache: collections.OrderedDict, key: tuple, owner: object, make: Callable[[], torch.Tensor]
+) -> torch.Tensor:
     """The device tensor ``make()`` cached under ``key``, remade when the entry belongs to
     another ``owner`` object; only the newest ``_KEPT`` entries stay."""
     hit = cache.get(key)
@@ -242,16 +266,22 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 def _table_tensor(table: Codebook, device: torch.device) -> torch.Tensor:
     """Device copy of the table image, per table object and device (an entry keeps its table
     alive, so the id cannot be reused while cached)."""
-    return _uploaded(_TABLES, (id(table), device), table,
-                     lambda: _to_device(torch.tensor(_table_words(table), dtype=torch.int32),
-                                        device))
+    return _uploaded(
+        _TABLES,
+        (id(table), device),
+        table,
+        lambda: _to_device(torch.tensor(_table_words(table), dtype=torch.int32), device),
+    )
 
 
 def _header_tensor(header: bytes, device: torch.device) -> torch.Tensor:
     """Device copy of a header template: one upload per tensor shape and table."""
-    return _uploaded(_HEADERS, (header, device), None,
-                     lambda: _to_device(torch.frombuffer(bytearray(header), dtype=torch.uint8),
-                                        device))
+    return _uploaded(
+        _HEADERS,
+        (header, device),
+        None,
+        lambda: _to_device(torch.frombuffer(bytearray(header), dtype=torch.uint8), device),
+    )
 
 
 _STAIRCASES: dict[torch.device, torch.Tensor] = {}
@@ -280,8 +310,15 @@ def _payload_at(fmt: FloatFormat, n: int, block: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _layout(fmt: FloatFormat, n: int, block: int, capacity: int, payload_bytes: int,
-            payload_cap: int, raw: int = 0) -> Layout:
+def _layout(
+    fmt: FloatFormat,
+    n: int,
+    block: int,
+    capacity: int,
+    payload_bytes: int,
+    payload_cap: int,
+    raw: int = 0,
+) -> Layout:
     """codec.cu's Layout; ``raw``: the raw layout's size where the buffer may hold it."""
     sec = Sections.of(fmt, n, block)
     nb = num_blocks(n, block)
@@ -294,7 +331,9 @@ def _layout(fmt: FloatFormat, n: int, block: int, capacity: int, payload_bytes: 
     for i, (lo, hi) in enumerate(gaps):
         lay.gap_lo[i], lay.gap_hi[i] = lo, hi
     for name, starts in (
-        ("raw_byte_at", sec.raw_bytes), ("raw_bit_at", sec.raw_bits), ("prefix_at", sec.prefix)
+        ("raw_byte_at", sec.raw_bytes),
+        ("raw_bit_at", sec.raw_bits),
+        ("prefix_at", sec.prefix),
     ):
         for i, at in enumerate(starts):
             getattr(lay, name)[i] = at
@@ -339,10 +378,19 @@ def launch_encode(
     words = -(-lib.zipccl_work_bytes(lay.nb, block) // 8)
     work = torch.empty(words, dtype=torch.int64, device=x.device)
     head = _header_tensor(header, x.device).data_ptr() if header is not None else None
-    _check(lib.zipccl_encode(
-        x.device.index, _kind(fmt, table, block), x.data_ptr(), out.data_ptr(), ctypes.byref(lay),
-        _table_tensor(table, x.device).data_ptr(), work.data_ptr(), head, _stream(x.device),
-    ))
+    _check(
+        lib.zipccl_encode(
+            x.device.index,
+            _kind(fmt, table, block),
+            x.data_ptr(),
+            out.data_ptr(),
+            ctypes.byref(lay),
+            _table_tensor(table, x.device).data_ptr(),
+            work.data_ptr(),
+            head,
+            _stream(x.device),
+        )
+    )
     return work[:1]
 
 
@@ -394,26 +442,44 @@ def launch_decode(
             f"compressed buffer too short: {buf.numel()} fixed-part bytes (need {fixed}) and "
             f"{max(room, 0)} payload bytes (need {payload_bytes})"
         )
-    lay = _layout(fmt, n, block, buf.numel(), -1 if payload_bytes is None else payload_bytes,
-                  room)
+    lay = _layout(fmt, n, block, buf.numel(), -1 if payload_bytes is None else payload_bytes, room)
     lib = _lib()
     assert lib is not None
-    _check(lib.zipccl_decode(
-        buf.device.index, _kind(fmt, table, block), buf.data_ptr(), at, out.data_ptr(),
-        ctypes.byref(lay), _table_tensor(table, buf.device).data_ptr(), flag.data_ptr(),
-        int(clear), _stream(buf.device),
-    ))
+    _check(
+        lib.zipccl_decode(
+            buf.device.index,
+            _kind(fmt, table, block),
+            buf.data_ptr(),
+            at,
+            out.data_ptr(),
+            ctypes.byref(lay),
+            _table_tensor(table, buf.device).data_ptr(),
+            flag.data_ptr(),
+            int(clear),
+            _stream(buf.device),
+        )
+    )
 
 
-def launch_summary(x: torch.Tensor, fmt: FloatFormat, stride: int, count: int,
-                   out: torch.Tensor) -> None:
+def launch_summary(
+    x: torch.Tensor, fmt: FloatFormat, stride: int, count: int, out: torch.Tensor
+) -> None:
     """Queue codec.sample_summary of the contiguous ``x`` (``count`` values ``stride`` apart)
     into the int64 ``out``: one kernel, no host sync (torch's bincount would sync twice)."""
     _check_dense(x, out)
     lib = _lib()
     assert lib is not None
-    _check(lib.zipccl_summary(x.device.index, KIND[fmt.name], x.data_ptr(), stride, count,
-                              out.data_ptr(), _stream(x.device)))
+    _check(
+        lib.zipccl_summary(
+            x.device.index,
+            KIND[fmt.name],
+            x.data_ptr(),
+            stride,
+            count,
+            out.data_ptr(),
+            _stream(x.device),
+        )
+    )
 
 
 def raise_on_flag(code: int) -> None:
@@ -480,12 +546,19 @@ def plan(fmt: FloatFormat, shape: tuple[int, ...], block: int, device: torch.dev
     split = Header(LAYOUT_SPLIT, fmt, tuple(shape), block, 0, None).pack()
     raw = Header(LAYOUT_RAW, fmt, tuple(shape), block, 0, None).pack()
     return Plan(
-        fmt, n, block, cap, fixed, meta_at=-(-cap // 16) * 16, stride=stride,
+        fmt,
+        n,
+        block,
+        cap,
+        fixed,
+        meta_at=-(-cap // 16) * 16,
+        stride=stride,
         count=min(theory.SAMPLE_SIZE, -(-n // stride)),
         encode=_layout(fmt, n, block, cap, 0, 0, cap),
         decode=_layout(fmt, n, block, cap, -1, max(cap - fixed, 0), cap),
         work_bytes=align(lib.zipccl_work_bytes(num_blocks(n, block), block)),
-        split_head=_header_tensor(split, device), raw_head=_header_tensor(raw, device),
+        split_head=_header_tensor(split, device),
+        raw_head=_header_tensor(raw, device),
         staircases=_staircases(device),
     )
 
@@ -515,8 +588,14 @@ def _scratch(device: torch.device, stream: int, p: Plan) -> torch.Tensor:
     return scratch
 
 
-def compress(x: torch.Tensor, p: Plan, table: Codebook | None, header: bytes | None,
-             out: torch.Tensor, meta: int) -> None:
+def compress(
+    x: torch.Tensor,
+    p: Plan,
+    table: Codebook | None,
+    header: bytes | None,
+    out: torch.Tensor,
+    meta: int,
+) -> None:
     """Queue codec.compress of the contiguous ``x`` into ``out`` (>= p.cap bytes): one call that
     launches every kernel, no host sync. ``meta``: the device address of a META_BYTES record that
     gets [buffer bytes, payload bytes] and, for ``table`` None, the default table's words (built
@@ -532,16 +611,37 @@ def compress(x: torch.Tensor, p: Plan, table: Codebook | None, header: bytes | N
         head = _header_tensor(header, device).data_ptr()
     rows = p.staircases
     assert _LIB is not None  # loaded: the plan p was made with it
-    _check(_LIB.zipccl_compress(
-        device.index, _kind(p.fmt, table, p.block), x.data_ptr(), out.data_ptr(),
-        ctypes.byref(p.encode), tab, meta + 16, _scratch(device, stream, p).data_ptr(), head,
-        p.raw_head.data_ptr(), rows.data_ptr(), rows.numel() // NUM_REGIONS, p.stride, p.count,
-        meta, stream,
-    ))
+    _check(
+        _LIB.zipccl_compress(
+            device.index,
+            _kind(p.fmt, table, p.block),
+            x.data_ptr(),
+            out.data_ptr(),
+            ctypes.byref(p.encode),
+            tab,
+            meta + 16,
+            _scratch(device, stream, p).data_ptr(),
+            head,
+            p.raw_head.data_ptr(),
+            rows.data_ptr(),
+            rows.numel() // NUM_REGIONS,
+            p.stride,
+            p.count,
+            meta,
+            stream,
+        )
+    )
 
 
-def decompress(buf: torch.Tensor, p: Plan, table: Codebook | None, meta: int,
-               out: torch.Tensor, flag: torch.Tensor, clear: bool) -> None:
+def decompress(
+    buf: torch.Tensor,
+    p: Plan,
+    table: Codebook | None,
+    meta: int,
+    out: torch.Tensor,
+    flag: torch.Tensor,
+    clear: bool,
+) -> None:
     """Queue the decode of a buffer that :func:`compress` wrote (layout and payload size read
     from its header on the device); ``table`` None: the default table whose words are in the
     record at ``meta``. Problems are OR-ed into ``flag`` (zeroed first when ``clear``)."""
@@ -549,7 +649,17 @@ def decompress(buf: torch.Tensor, p: Plan, table: Codebook | None, meta: int,
     at = buf.data_ptr()
     tab = meta + 16 if table is None else _table_tensor(table, device).data_ptr()
     assert _LIB is not None  # loaded: the plan p was made with it
-    _check(_LIB.zipccl_decode(
-        device.index, _kind(p.fmt, table, p.block), at, at + p.fixed, out.data_ptr(),
-        ctypes.byref(p.decode), tab, flag.data_ptr(), int(clear), _stream(device),
-    ))
+    _check(
+        _LIB.zipccl_decode(
+            device.index,
+            _kind(p.fmt, table, p.block),
+            at,
+            at + p.fixed,
+            out.data_ptr(),
+            ctypes.byref(p.decode),
+            tab,
+            flag.data_ptr(),
+            int(clear),
+            _stream(device),
+        )
+    )

@@ -63,7 +63,7 @@ def from_planes(planes: list[torch.Tensor], count: int, what: str) -> torch.Tens
     """Inverse of :func:`to_planes`; bits past ``count`` must be zero (golden checks the same)."""
     out = None
     for k, plane in enumerate(planes):
-        bits = ((plane.to(torch.int64)[:, None] >> torch.arange(8, device=plane.device)) & 1)
+        bits = (plane.to(torch.int64)[:, None] >> torch.arange(8, device=plane.device)) & 1
         bits = bits.reshape(-1)
         if bits[count:].any():
             raise ValueError(f"{what} plane {k} padding bits are not zero")
@@ -146,8 +146,14 @@ def encode_into(
     return payload.numel()
 
 
-def check_canonical(buf: torch.Tensor, fmt: FloatFormat, table: Codebook, block: int,
-                    payload_bytes: int, out: torch.Tensor) -> None:
+def check_canonical(
+    buf: torch.Tensor,
+    fmt: FloatFormat,
+    table: Codebook,
+    block: int,
+    payload_bytes: int,
+    out: torch.Tensor,
+) -> None:
     """After any backend's decode of the split-layout ``buf`` into ``out``: ``buf`` must be the
     bytes the encoder writes for ``out`` (zero alignment gaps, no escape of a ranked symbol, no
     symbol past the format's exponent field -- what decoding alone does not check), by encoding

@@ -91,8 +91,16 @@ def _join(sym, raw, MANT: tl.constexpr, BITS: tl.constexpr, BYTE_CODED: tl.const
 
 
 @triton.jit
-def _store_planes(out_ptr, sec_ptr, FIRST: tl.constexpr, COUNT: tl.constexpr, values, pid,
-                  plane_len, BLOCK: tl.constexpr):
+def _store_planes(
+    out_ptr,
+    sec_ptr,
+    FIRST: tl.constexpr,
+    COUNT: tl.constexpr,
+    values,
+    pid,
+    plane_len,
+    BLOCK: tl.constexpr,
+):
     """Bit k of ``values`` into plane ``FIRST + k`` of ``sec``, LSB-first, 8 elements a byte."""
     byte = pid * (BLOCK // 8) + tl.arange(0, BLOCK // 8)
     weight = 1 << tl.arange(0, 8)
@@ -122,9 +130,22 @@ def _load_planes(buf_ptr, sec_ptr, FIRST: tl.constexpr, COUNT: tl.constexpr, idx
 
 # ---------------------------------------------------------------------- encode kernels
 @triton.jit
-def _encode_blocks(x_ptr, out_ptr, sec_ptr, table_ptr, bits_ptr, scratch_ptr, n, plane_len,
-                   MANT: tl.constexpr, BITS: tl.constexpr, BYTE_CODED: tl.constexpr,
-                   RAW_BYTES: tl.constexpr, RAW_PLANES: tl.constexpr, BLOCK: tl.constexpr):
+def _encode_blocks(
+    x_ptr,
+    out_ptr,
+    sec_ptr,
+    table_ptr,
+    bits_ptr,
+    scratch_ptr,
+    n,
+    plane_len,
+    MANT: tl.constexpr,
+    BITS: tl.constexpr,
+    BYTE_CODED: tl.constexpr,
+    RAW_BYTES: tl.constexpr,
+    RAW_PLANES: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Raw and prefix planes of one block; its payload bits into its scratch slot."""
     pid = tl.program_id(0).to(tl.int64)
     idx = pid * BLOCK + tl.arange(0, BLOCK)
@@ -134,12 +155,14 @@ def _encode_blocks(x_ptr, out_ptr, sec_ptr, table_ptr, bits_ptr, scratch_ptr, n,
     for b in tl.static_range(RAW_BYTES):
         at = tl.load(sec_ptr + b)
         tl.store(out_ptr + at + idx, ((raw >> (8 * b)) & 0xFF).to(tl.uint8), mask=valid)
-    _store_planes(out_ptr, sec_ptr, RAW_BYTES, RAW_PLANES, raw >> (8 * RAW_BYTES), pid,
-                  plane_len, BLOCK)
+    _store_planes(
+        out_ptr, sec_ptr, RAW_BYTES, RAW_PLANES, raw >> (8 * RAW_BYTES), pid, plane_len, BLOCK
+    )
     word = tl.load(table_ptr + sym)
     prefix = tl.where(valid, (word >> _ENC_PREFIX_SHIFT) & _PREFIX_MASK, 0)
-    _store_planes(out_ptr, sec_ptr, RAW_BYTES + RAW_PLANES, _PREFIX_BITS, prefix, pid,
-                  plane_len, BLOCK)
+    _store_planes(
+        out_ptr, sec_ptr, RAW_BYTES + RAW_PLANES, _PREFIX_BITS, prefix, pid, plane_len, BLOCK
+    )
     width = tl.where(valid, word >> _ENC_WIDTH_SHIFT, 0)
     within = tl.cumsum(width, axis=0) - width
     tl.store(bits_ptr + pid, tl.sum(width, axis=0))
@@ -149,8 +172,7 @@ def _encode_blocks(x_ptr, out_ptr, sec_ptr, table_ptr, bits_ptr, scratch_ptr, n,
     window = (word & _PAYLOAD_MASK).to(tl.int64) << (40 - r - width)
     slot = scratch_ptr + pid * (BLOCK // 4) + (within >> 5)
     tl.atomic_or(slot, (window >> 8).to(tl.int32), mask=width > 0, sem="relaxed")
-    tl.atomic_or(slot + 1, ((window & 0xFF) << 24).to(tl.int32), mask=r + width > 32,
-                 sem="relaxed")
+    tl.atomic_or(slot + 1, ((window & 0xFF) << 24).to(tl.int32), mask=r + width > 32, sem="relaxed")
 
 
 @triton.jit
@@ -176,8 +198,17 @@ def _block_widths(buf_ptr, sec_ptr, table_ptr, idx, n, plane_len, FIRST: tl.cons
 
 
 @triton.jit
-def _decode_counts(buf_ptr, sec_ptr, table_ptr, bits_ptr, stray_ptr, n, plane_len,
-                   FIRST: tl.constexpr, BLOCK: tl.constexpr):
+def _decode_counts(
+    buf_ptr,
+    sec_ptr,
+    table_ptr,
+    bits_ptr,
+    stray_ptr,
+    n,
+    plane_len,
+    FIRST: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Each block's payload bit count from its prefixes, and its prefix padding mask."""
     pid = tl.program_id(0).to(tl.int64)
     idx = pid * BLOCK + tl.arange(0, BLOCK)
@@ -187,17 +218,34 @@ def _decode_counts(buf_ptr, sec_ptr, table_ptr, bits_ptr, stray_ptr, n, plane_le
 
 
 @triton.jit
-def _decode_blocks(buf_ptr, out_ptr, sec_ptr, table_ptr, bits_ptr, offsets_ptr, flags_ptr, n,
-                   plane_len, payload_at, payload_bytes, num_ranked,
-                   MANT: tl.constexpr, BITS: tl.constexpr, BYTE_CODED: tl.constexpr,
-                   RAW_BYTES: tl.constexpr, RAW_PLANES: tl.constexpr, BLOCK: tl.constexpr):
+def _decode_blocks(
+    buf_ptr,
+    out_ptr,
+    sec_ptr,
+    table_ptr,
+    bits_ptr,
+    offsets_ptr,
+    flags_ptr,
+    n,
+    plane_len,
+    payload_at,
+    payload_bytes,
+    num_ranked,
+    MANT: tl.constexpr,
+    BITS: tl.constexpr,
+    BYTE_CODED: tl.constexpr,
+    RAW_BYTES: tl.constexpr,
+    RAW_PLANES: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Decode one block at the offset its prefixes imply; every read stays inside the payload,
     so a corrupt buffer only sets flags: payload padding, illegal rank, raw plane padding."""
     pid = tl.program_id(0).to(tl.int64)
     idx = pid * BLOCK + tl.arange(0, BLOCK)
     valid = idx < n
-    width, region, _ = _block_widths(buf_ptr, sec_ptr, table_ptr, idx, n, plane_len,
-                                     RAW_BYTES + RAW_PLANES)
+    width, region, _ = _block_widths(
+        buf_ptr, sec_ptr, table_ptr, idx, n, plane_len, RAW_BYTES + RAW_PLANES
+    )
     start = tl.load(offsets_ptr + pid)
     pos = start * 8 + tl.cumsum(width, axis=0) - width
     byte = pos >> 3
@@ -240,8 +288,7 @@ def _table_tensor(table: Codebook, device: torch.device) -> torch.Tensor:
 def _sections(fmt: FloatFormat, n: int, block: int, device: torch.device) -> torch.Tensor:
     """The plane offsets the kernels index: raw byte planes, raw bit planes, prefix planes."""
     sec = Sections.of(fmt, n, block)
-    return torch.tensor(sec.raw_bytes + sec.raw_bits + sec.prefix, dtype=torch.int64,
-                        device=device)
+    return torch.tensor(sec.raw_bytes + sec.raw_bits + sec.prefix, dtype=torch.int64, device=device)
 
 
 def _format_args(fmt: FloatFormat) -> dict[str, int | bool]:
@@ -283,8 +330,9 @@ def _check(block: int, *tensors: torch.Tensor) -> None:
     if any(t.device != device for t in tensors):
         raise ValueError("the Triton codec needs all tensors on one device")
     if device.type != "cuda" and not isinstance(_encode_blocks, InterpretedFunction):
-        raise ValueError(f"the Triton codec runs on CUDA tensors (or TRITON_INTERPRET=1), "
-                         f"got {device}")
+        raise ValueError(
+            f"the Triton codec runs on CUDA tensors (or TRITON_INTERPRET=1), got {device}"
+        )
 
 
 def encode_into(
@@ -304,17 +352,26 @@ def encode_into(
     bits = torch.empty(nb, dtype=torch.int64, device=x.device)
     scratch = torch.zeros(nb * block // 4, dtype=torch.int32, device=x.device)
     _encode_blocks[(nb,)](
-        x.reshape(-1).view(_VIEW[fmt.bits]), out, _sections(fmt, n, block, x.device),
-        _table_tensor(table, x.device), bits, scratch, n, (n + 7) // 8,
-        **_format_args(fmt), BLOCK=block, num_warps=_warps(block),
+        x.reshape(-1).view(_VIEW[fmt.bits]),
+        out,
+        _sections(fmt, n, block, x.device),
+        _table_tensor(table, x.device),
+        bits,
+        scratch,
+        n,
+        (n + 7) // 8,
+        **_format_args(fmt),
+        BLOCK=block,
+        num_warps=_warps(block),
     )
     nbytes = (bits + 7) // 8
     offsets = nbytes.cumsum(0) - nbytes
     out[sec.offsets : sec.offsets + 8 * nb] = offsets.view(torch.uint8)
     total = int(nbytes.sum())
     if sec.payload + total <= out.numel():
-        _compact[(nb,)](scratch, nbytes, offsets, out, sec.payload, BLOCK=block,
-                        num_warps=_warps(block))
+        _compact[(nb,)](
+            scratch, nbytes, offsets, out, sec.payload, BLOCK=block, num_warps=_warps(block)
+        )
     return total
 
 
@@ -342,22 +399,49 @@ def decode_into(
     bits = torch.empty(nb, dtype=torch.int64, device=buf.device)
     stray = torch.empty(nb, dtype=torch.int32, device=buf.device)
     first = len(sec.raw_bytes) + len(sec.raw_bits)
-    _decode_counts[(nb,)](buf, planes, words, bits, stray, n, plane_len, FIRST=first,
-                          BLOCK=block, num_warps=_warps(block))
+    _decode_counts[(nb,)](
+        buf,
+        planes,
+        words,
+        bits,
+        stray,
+        n,
+        plane_len,
+        FIRST=first,
+        BLOCK=block,
+        num_warps=_warps(block),
+    )
     nbytes = (bits + 7) // 8
     expect = nbytes.cumsum(0) - nbytes
     stored = buf[sec.offsets : sec.offsets + 8 * nb].clone().view(torch.int64)
     flags = torch.empty(nb, 3, dtype=torch.int32, device=buf.device)
     _decode_blocks[(nb,)](
-        buf, out.view(-1).view(_VIEW[fmt.bits]), planes, words, bits, expect, flags, n,
-        plane_len, sec.payload, payload_bytes, table.num_ranked,
-        **_format_args(fmt), BLOCK=block, num_warps=_warps(block),
+        buf,
+        out.view(-1).view(_VIEW[fmt.bits]),
+        planes,
+        words,
+        bits,
+        expect,
+        flags,
+        n,
+        plane_len,
+        sec.payload,
+        payload_bytes,
+        table.num_ranked,
+        **_format_args(fmt),
+        BLOCK=block,
+        num_warps=_warps(block),
     )
     mismatch = (stored != expect).any() | (nbytes.sum() != payload_bytes)
-    found = torch.stack([
-        *_plane_bits(stray, PREFIX_BITS), mismatch, flags[:, 0].any(), flags[:, 1].any(),
-        *_plane_bits(flags[:, 2], len(sec.raw_bits)),
-    ]).tolist()
+    found = torch.stack(
+        [
+            *_plane_bits(stray, PREFIX_BITS),
+            mismatch,
+            flags[:, 0].any(),
+            flags[:, 1].any(),
+            *_plane_bits(flags[:, 2], len(sec.raw_bits)),
+        ]
+    ).tolist()
     for bad, why in zip(found, _problems(fmt, table), strict=True):
         if bad:
             raise ValueError(why)

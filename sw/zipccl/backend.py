@@ -39,8 +39,10 @@ from zipccl._comm import DoneWork, Forwarding
 from zipccl.collectives import ReduceOpArg
 
 NAME = "zipccl"
-_INNER = {"cpu": ("gloo", dist.ProcessGroup.BackendType.GLOO),
-          "cuda": ("nccl", dist.ProcessGroup.BackendType.NCCL)}
+_INNER = {
+    "cpu": ("gloo", dist.ProcessGroup.BackendType.GLOO),
+    "cuda": ("nccl", dist.ProcessGroup.BackendType.NCCL),
+}
 
 
 # The overrides below take the arguments torch's C++ dispatcher passes a Python backend (tensors,
@@ -83,8 +85,15 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         >>> nccl = dist.group.WORLD.inner("cuda")  # the inner group itself
     """
 
-    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
-                 global_ranks: list[int], name: str) -> None:
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        global_ranks: list[int],
+        name: str,
+    ) -> None:
         settings.agree(store, rank, size)  # before anything else: a mismatch raises here
         # the binding's (rank, size) constructor, which torch's stub lacks (it has only the store's)
         super().__init__(rank, size)  # type: ignore[call-arg]
@@ -118,25 +127,34 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         """
         kind = torch.device(device).type
         if kind not in self._inner:
-            raise ValueError(f"the zipccl backend moves tensors on {sorted(self._inner)}, "
-                             f"not on {kind} (no inner group for it)")
+            raise ValueError(
+                f"the zipccl backend moves tensors on {sorted(self._inner)}, "
+                f"not on {kind} (no inner group for it)"
+            )
         return self._inner[kind]
 
     # ----------------------------------------------------------------- compressed ops
 
-    def allreduce(self, tensors: list[torch.Tensor],  # type: ignore[override]
-                  opts: dist.AllreduceOptions | None = None) -> dist.Work:
+    def allreduce(  # type: ignore[override]
+        self,
+        tensors: list[torch.Tensor],
+        opts: dist.AllreduceOptions | None = None,
+    ) -> dist.Work:
         """One tensor: :func:`zipccl.all_reduce` on the inner group; several, or inside a
         coalescing window: the inner group's own."""
         opts = opts or dist.AllreduceOptions()
         if self._coalescing or len(tensors) != 1:
             return self._pass("allreduce", tensors, opts)
         (t,) = tensors
-        return _work(tensors, collectives.all_reduce(t, _reduce_op(opts), self.inner(t.device),
-                                                     True))
+        return _work(
+            tensors, collectives.all_reduce(t, _reduce_op(opts), self.inner(t.device), True)
+        )
 
-    def broadcast(self, tensors: list[torch.Tensor],  # type: ignore[override]
-                  opts: dist.BroadcastOptions | None = None) -> dist.Work:
+    def broadcast(  # type: ignore[override]
+        self,
+        tensors: list[torch.Tensor],
+        opts: dist.BroadcastOptions | None = None,
+    ) -> dist.Work:
         """One tensor: :func:`zipccl.broadcast` on the inner group; several, or inside a
         coalescing window: the inner group's own."""
         opts = opts or dist.BroadcastOptions()
@@ -147,8 +165,12 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         src = dist.get_global_rank(group, opts.rootRank)
         return _work(tensors, collectives.broadcast(t, src, group, True))
 
-    def allgather(self, output_lists: list[list[torch.Tensor]],  # type: ignore[override]
-                  inputs: list[torch.Tensor], opts: AllgatherOptions | None = None) -> dist.Work:
+    def allgather(  # type: ignore[override]
+        self,
+        output_lists: list[list[torch.Tensor]],
+        inputs: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> dist.Work:
         """One input: :func:`zipccl.all_gather` on the inner group; several, or inside a
         coalescing window: the inner group's own."""
         opts = opts or AllgatherOptions()
@@ -157,42 +179,58 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         (t,), (outs,) = inputs, output_lists
         return _work(outs, collectives.all_gather(outs, t, self.inner(t.device), True))
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
-                          opts: AllgatherOptions | None = None) -> dist.Work:
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
+    ) -> dist.Work:
         """:func:`zipccl.all_gather_into_tensor` on the inner group (inside a coalescing
         window: the inner group's own)."""
         if self._coalescing:
-            return self._pass("all_gather_single", output, input,
-                              opts or AllgatherOptions())
-        return _work([output], collectives.all_gather_into_tensor(
-            output, input, self.inner(input.device), True))
+            return self._pass("all_gather_single", output, input, opts or AllgatherOptions())
+        return _work(
+            [output],
+            collectives.all_gather_into_tensor(output, input, self.inner(input.device), True),
+        )
 
-    def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
-                                    inputs: list[torch.Tensor],
-                                    opts: AllgatherOptions | None = None) -> dist.Work:
+    def all_gather_single_coalesced(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> dist.Work:
         """One zipccl all-gather per pair (FSDP's and DTensor's coalesced all-gathers), each
         finished before the next; one Work for all."""
         if self._coalescing:
-            return self._pass("all_gather_single_coalesced", outputs, inputs,
-                              opts or AllgatherOptions())
+            return self._pass(
+                "all_gather_single_coalesced", outputs, inputs, opts or AllgatherOptions()
+            )
         for out, inp in zip(outputs, inputs, strict=True):
             collectives.all_gather_into_tensor(out, inp, self.inner(inp.device))
         return DoneWork(outputs)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
-                              opts: dist.ReduceScatterOptions | None = None) -> dist.Work:
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        opts: dist.ReduceScatterOptions | None = None,
+    ) -> dist.Work:
         """:func:`zipccl.reduce_scatter_tensor` on the inner group (inside a coalescing window:
         the inner group's own)."""
         opts = opts or dist.ReduceScatterOptions()
         if self._coalescing:
             return self._pass("reduce_scatter_single", output, input, opts)
-        return _work([output], collectives.reduce_scatter_tensor(
-            output, input, _reduce_op(opts), self.inner(input.device), True))
+        return _work(
+            [output],
+            collectives.reduce_scatter_tensor(
+                output, input, _reduce_op(opts), self.inner(input.device), True
+            ),
+        )
 
-    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
-                                        inputs: list[torch.Tensor],
-                                        opts: dist.ReduceScatterOptions | None = None
-                                        ) -> dist.Work:
+    def reduce_scatter_single_coalesced(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: dist.ReduceScatterOptions | None = None,
+    ) -> dist.Work:
         """One :func:`zipccl.reduce_scatter_tensor` per pair, each finished before the next;
         one Work for all."""
         opts = opts or dist.ReduceScatterOptions()
@@ -203,9 +241,12 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
             collectives.reduce_scatter_tensor(out, inp, op, self.inner(inp.device))
         return DoneWork(outputs)
 
-    def reduce_scatter(self, outputs: list[torch.Tensor],  # type: ignore[override]
-                       input_lists: list[list[torch.Tensor]],
-                       opts: dist.ReduceScatterOptions | None = None) -> dist.Work:
+    def reduce_scatter(  # type: ignore[override]
+        self,
+        outputs: list[torch.Tensor],
+        input_lists: list[list[torch.Tensor]],
+        opts: dist.ReduceScatterOptions | None = None,
+    ) -> dist.Work:
         """The list form as one zipccl reduce-scatter of the inputs laid end to end (where they
         all match the output, as torch requires; else the inner group's own)."""
         opts = opts or dist.ReduceScatterOptions()
@@ -216,31 +257,59 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         collectives.reduce_scatter_tensor(out, flat, _reduce_op(opts), self.inner(out.device))
         return DoneWork(outputs)
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # type: ignore[override]
-                          output_splits: list[int], input_splits: list[int],
-                          opts: dist.AllToAllOptions | None = None) -> dist.Work:
+    def all_to_all_single(  # type: ignore[override]
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        opts: dist.AllToAllOptions | None = None,
+    ) -> dist.Work:
         """:func:`zipccl.all_to_all_single` on the inner group (empty splits: even); inside a
         coalescing window: the inner group's own."""
         if self._coalescing:
-            return self._pass("all_to_all_single", output, input, output_splits, input_splits,
-                              opts or dist.AllToAllOptions())
-        return _work([output], collectives.all_to_all_single(
-            output, input, list(output_splits) or None, list(input_splits) or None,
-            self.inner(input.device), True))
+            return self._pass(
+                "all_to_all_single",
+                output,
+                input,
+                output_splits,
+                input_splits,
+                opts or dist.AllToAllOptions(),
+            )
+        return _work(
+            [output],
+            collectives.all_to_all_single(
+                output,
+                input,
+                list(output_splits) or None,
+                list(input_splits) or None,
+                self.inner(input.device),
+                True,
+            ),
+        )
 
-    def alltoall(self, outputs: list[torch.Tensor],  # type: ignore[override]
-                 inputs: list[torch.Tensor],
-                 opts: dist.AllToAllOptions | None = None) -> dist.Work:
+    def alltoall(  # type: ignore[override]
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        opts: dist.AllToAllOptions | None = None,
+    ) -> dist.Work:
         """The list form as one zipccl all-to-all of the tensors laid end to end, split by their
         sizes (where all share one dtype and device; else the inner group's own)."""
         opts = opts or dist.AllToAllOptions()
         if self._coalescing or len({(t.dtype, t.device) for t in [*outputs, *inputs]}) != 1:
             return self._pass("alltoall", outputs, inputs, opts)
         flat_in = torch.cat([t.reshape(-1) for t in inputs])
-        flat_out = torch.empty(sum(t.numel() for t in outputs), dtype=flat_in.dtype,
-                               device=flat_in.device)
-        collectives.all_to_all_single(flat_out, flat_in, [t.numel() for t in outputs],
-                                      [t.numel() for t in inputs], self.inner(flat_in.device))
+        flat_out = torch.empty(
+            sum(t.numel() for t in outputs), dtype=flat_in.dtype, device=flat_in.device
+        )
+        collectives.all_to_all_single(
+            flat_out,
+            flat_in,
+            [t.numel() for t in outputs],
+            [t.numel() for t in inputs],
+            self.inner(flat_in.device),
+        )
         for out, part in zip(outputs, flat_out.split([t.numel() for t in outputs]), strict=True):
             out.copy_(part.view(out.shape))
         return DoneWork(outputs)
@@ -254,13 +323,18 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
 
     # ----------------------------------------------------------------- passed through
 
-    def barrier(self,  # type: ignore[override]
-                opts: dist.BarrierOptions | None = None) -> dist.Work:
+    def barrier(  # type: ignore[override]
+        self,
+        opts: dist.BarrierOptions | None = None,
+    ) -> dist.Work:
         """The inner group's barrier: of ``opts.device``'s inner group, else the NCCL one where
         there is one and CUDA is available, else gloo's."""
         opts = opts or dist.BarrierOptions()
-        device = opts.device if opts.device is not None else (
-            "cuda" if "cuda" in self._inner and torch.cuda.is_available() else "cpu")
+        device = (
+            opts.device
+            if opts.device is not None
+            else ("cuda" if "cuda" in self._inner and torch.cuda.is_available() else "cpu")
+        )
         return self.inner(device).barrier(opts)
 
     def _start_coalescing(self, device: torch.device) -> None:
@@ -279,8 +353,10 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         return getattr(self.inner(_first_tensor(args).device), method)(*args)
 
     def __repr__(self) -> str:
-        return f"ProcessGroupZipccl(rank={self.rank()}, size={self.size()}, " \
-               f"inner={sorted(self._inner)})"
+        return (
+            f"ProcessGroupZipccl(rank={self.rank()}, size={self.size()}, "
+            f"inner={sorted(self._inner)})"
+        )
 
 
 def _passed(method: str) -> Callable[..., dist.Work]:
@@ -292,8 +368,16 @@ def _passed(method: str) -> Callable[..., dist.Work]:
     return call
 
 
-for _method in ("send", "recv", "recv_anysource", "gather", "scatter", "reduce",
-                "allreduce_coalesced", "allgather_coalesced"):
+for _method in (
+    "send",
+    "recv",
+    "recv_anysource",
+    "gather",
+    "scatter",
+    "reduce",
+    "allreduce_coalesced",
+    "allgather_coalesced",
+):
     setattr(ProcessGroupZipccl, _method, _passed(_method))
 
 
@@ -303,15 +387,28 @@ def _devices() -> list[str]:
     return ["cpu", "cuda"] if cuda else ["cpu"]
 
 
-def _inner_group(backend: str, store: dist.Store, rank: int, size: int, timeout: timedelta,
-                 global_ranks: list[int], name: str) -> dist.ProcessGroup:
+def _inner_group(
+    backend: str,
+    store: dist.Store,
+    rank: int,
+    size: int,
+    timeout: timedelta,
+    global_ranks: list[int],
+    name: str,
+) -> dist.ProcessGroup:
     """A registered ``backend`` group of the same ranks, by torch's own helper (so every
     torch.distributed function takes it), under a name and tag of its own."""
     inner_name = f"{name}:zipccl:{backend}"
-    pg, _ = c10d._new_process_group_helper(size, rank, global_ranks, backend, store,
-                                            group_name=cast(c10d.GroupName, inner_name),
-                                            timeout=timeout,
-                                            pg_tag=inner_name)
+    pg, _ = c10d._new_process_group_helper(
+        size,
+        rank,
+        global_ranks,
+        backend,
+        store,
+        group_name=cast(c10d.GroupName, inner_name),
+        timeout=timeout,
+        pg_tag=inner_name,
+    )
     ranks = global_ranks or range(size)  # empty: the default group, global ranks = group ranks
     c10d._world.pg_group_ranks[pg] = {g: r for r, g in enumerate(ranks)}
     return pg
@@ -353,11 +450,18 @@ def _tensors(args: Iterable[object]) -> Iterator[torch.Tensor]:
             yield from _tensors(arg)
 
 
-def _create(opts: dist.distributed_c10d._DistributedBackendOptions,
-            backend_options: object) -> ProcessGroupZipccl:
+def _create(
+    opts: dist.distributed_c10d._DistributedBackendOptions, backend_options: object
+) -> ProcessGroupZipccl:
     """torch's extended backend API: what the group's creator needs, ranks included."""
-    return ProcessGroupZipccl(opts.store, opts.group_rank, opts.group_size, opts.timeout,
-                              list(opts.global_ranks_in_group), str(opts.group_id))
+    return ProcessGroupZipccl(
+        opts.store,
+        opts.group_rank,
+        opts.group_size,
+        opts.timeout,
+        list(opts.global_ranks_in_group),
+        str(opts.group_id),
+    )
 
 
 dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])

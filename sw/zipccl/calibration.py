@@ -153,8 +153,9 @@ class Calibrator:
         """
         return {k: e.table for k, e in self._tables.items()}
 
-    def compress(self, key: str, tensor: torch.Tensor, *,
-                 block: int = DEFAULT_BLOCK) -> codec.Compressed:
+    def compress(
+        self, key: str, tensor: torch.Tensor, *, block: int = DEFAULT_BLOCK
+    ) -> codec.Compressed:
         """:func:`zipccl.compress` with the key's table once calibrated, else the default table.
 
         Does not observe ``tensor``: call :meth:`observe` for that. The codec's settings

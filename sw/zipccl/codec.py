@@ -272,8 +272,13 @@ def _sums(v: torch.Tensor) -> torch.Tensor:
     """float64 [sum of squares of the finite non-zero values, their count, the zero count]."""
     zero = v == 0
     live = v.isfinite() & ~zero
-    return torch.stack([torch.where(live, v * v, 0.0).sum(), live.sum(dtype=torch.float64),
-                        zero.sum(dtype=torch.float64)])
+    return torch.stack(
+        [
+            torch.where(live, v * v, 0.0).sum(),
+            live.sum(dtype=torch.float64),
+            zero.sum(dtype=torch.float64),
+        ]
+    )
 
 
 def _stats_of(sums: list[float], count: int) -> theory.TensorStats:
@@ -300,8 +305,9 @@ def sample_summary(tensor: torch.Tensor, out: torch.Tensor | None = None) -> tor
     if out is None:
         out = torch.empty(SUMMARY_WORDS, dtype=torch.int64, device=tensor.device)
     elif out.shape != (SUMMARY_WORDS,) or out.dtype != torch.int64 or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous int64[{SUMMARY_WORDS}], got "
-                         f"{out.dtype} {tuple(out.shape)}")
+        raise ValueError(
+            f"out must be a contiguous int64[{SUMMARY_WORDS}], got {out.dtype} {tuple(out.shape)}"
+        )
     backend = _backend(tensor.device, DEFAULT_BLOCK)
     numel = tensor.numel()
     if numel and tensor.is_contiguous() and hasattr(backend, "launch_summary"):
@@ -481,12 +487,29 @@ class Compressed:
         True
     """
 
-    __slots__ = ("_meta", "_plan", "_sizes", "_storage", "_table", "block", "dtype", "numel",
-                 "shape")
+    __slots__ = (
+        "_meta",
+        "_plan",
+        "_sizes",
+        "_storage",
+        "_table",
+        "block",
+        "dtype",
+        "numel",
+        "shape",
+    )
 
-    def __init__(self, storage: torch.Tensor, dtype: torch.dtype, shape: torch.Size, block: int,
-                 sizes: tuple[int, int] | None, table: object, meta: tuple[torch.Tensor, int]
-                 | None = None, plan: object = None) -> None:
+    def __init__(
+        self,
+        storage: torch.Tensor,
+        dtype: torch.dtype,
+        shape: torch.Size,
+        block: int,
+        sizes: tuple[int, int] | None,
+        table: object,
+        meta: tuple[torch.Tensor, int] | None = None,
+        plan: object = None,
+    ) -> None:
         self._storage, self._sizes, self._table = storage, sizes, table
         self._meta, self._plan = meta, plan  # the device's size record; _cuda.Plan
         self.dtype, self.shape, self.block = dtype, torch.Size(shape), block
@@ -558,8 +581,7 @@ class Compressed:
     @classmethod
     def _of(cls, buffer: torch.Tensor, head: Header) -> Compressed:
         sizes = (buffer.numel(), head.payload_bytes)
-        return cls(buffer, _dtype(head.fmt), torch.Size(head.shape), head.block, sizes,
-                   head.table)
+        return cls(buffer, _dtype(head.fmt), torch.Size(head.shape), head.block, sizes, head.table)
 
     @classmethod
     def from_buffer(cls, buf: torch.Tensor) -> Compressed:
@@ -639,8 +661,9 @@ def _hash64(table: Codebook) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _header_template(layout: int, fmt: FloatFormat, shape: tuple, block: int,
-                     table: Codebook | None) -> bytes:
+def _header_template(
+    layout: int, fmt: FloatFormat, shape: tuple, block: int, table: Codebook | None
+) -> bytes:
     """golden's header with payload_bytes = 0; per call only that field and the CRC change."""
     return Header(layout, fmt, shape, block, 0, table).pack()
 
@@ -706,8 +729,9 @@ def _device_codec(device: torch.device, block: int):
     return backend if backend is _cuda else None
 
 
-def _compress_on_device(x: torch.Tensor, fmt: FloatFormat, table: TableSpec, block: int,
-                        out: torch.Tensor | None, cuda) -> Compressed:
+def _compress_on_device(
+    x: torch.Tensor, fmt: FloatFormat, table: TableSpec, block: int, out: torch.Tensor | None, cuda
+) -> Compressed:
     """compress/compress_into with no host sync: the CUDA kernels build the default table (or
     take the given one), write the header, and choose the layout; the sizes stay on the device."""
     if not x.is_contiguous():
@@ -908,7 +932,7 @@ def _pending_flag(device: torch.device) -> torch.Tensor:
 
 
 def _indexed(device: torch.device) -> torch.device:
-    """"cuda" as the device it means now ("cuda:0", ...), the key tensors' devices have."""
+    """``"cuda"`` as the device it means now ("cuda:0", ...), the key tensors' devices have."""
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
@@ -1057,8 +1081,9 @@ def _decompress_known(c: Compressed, target: torch.Tensor, sync: bool) -> None:
     assert c.table is not None
     backend = _backend(buf.device, c.block)
     if not sync and _device_codec(buf.device, c.block) is not None:
-        backend.launch_decode(buf, _fmt(c.dtype), c.table, c.block, c.payload_bytes, target,
-                              _pending_flag(buf.device))
+        backend.launch_decode(
+            buf, _fmt(c.dtype), c.table, c.block, c.payload_bytes, target, _pending_flag(buf.device)
+        )
         return
     backend.decode_into(buf, _fmt(c.dtype), c.table, c.block, c.payload_bytes, target)
     if not buf.is_cuda:  # one more encode: the host path checks canonical form this way

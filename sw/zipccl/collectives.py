@@ -183,11 +183,15 @@ ReduceOp = dist.ReduceOp
 # an op argument: torch's stubs type ReduceOp.SUM & co. as ReduceOp.RedOpType, which its bindings
 # take (converted) wherever they take a ReduceOp
 ReduceOpArg = ReduceOp | ReduceOp.RedOpType
-_OP_CODES = {"all_gather": 1, "all_to_all": 2, "reduce_scatter": 3, "all_reduce": 4,
-             "broadcast": 5}
+_OP_CODES = {"all_gather": 1, "all_to_all": 2, "reduce_scatter": 3, "all_reduce": 4, "broadcast": 5}
 _MODE_CODES = {m: i for i, m in enumerate(switch.MODES)}
-_LOCAL_OPS: dict[ReduceOpArg, int] = {ReduceOp.SUM: 0, ReduceOp.AVG: 1, ReduceOp.PRODUCT: 2,
-                                      ReduceOp.MIN: 3, ReduceOp.MAX: 4}
+_LOCAL_OPS: dict[ReduceOpArg, int] = {
+    ReduceOp.SUM: 0,
+    ReduceOp.AVG: 1,
+    ReduceOp.PRODUCT: 2,
+    ReduceOp.MIN: 3,
+    ReduceOp.MAX: 4,
+}
 _BYTE_VIEW = {torch.float8_e4m3fn, torch.float8_e5m2}  # gloo cannot move fp8: send the bytes
 
 
@@ -236,8 +240,9 @@ class _Agreed:
         if self.sizes is None:
             return _seg(dtype, numel, _predicted_room(dtype, numel, self.sources[rank]))
         size = self.sizes.get(key)
-        return _seg(dtype, numel, None if size is None else
-                    math.ceil(size * MEASURED_MARGIN) + SLACK)
+        return _seg(
+            dtype, numel, None if size is None else math.ceil(size * MEASURED_MARGIN) + SLACK
+        )
 
 
 def _table_hash(table: Codebook | None) -> int:
@@ -261,8 +266,14 @@ def verify_policy(verify: bool | None = None) -> str:
     return settings.value("ZIPCCL_VERIFY")
 
 
-def _direct(group: dist.ProcessGroup | None, t: torch.Tensor, name: str, nbytes: int | None,
-            red_code: int, verify: bool | None) -> bool:
+def _direct(
+    group: dist.ProcessGroup | None,
+    t: torch.Tensor,
+    name: str,
+    nbytes: int | None,
+    red_code: int,
+    verify: bool | None,
+) -> bool:
     """Whether this call goes straight to torch.distributed with the caller's own arguments.
 
     True when the local decision is native and the policy does not ask for verification
@@ -291,9 +302,14 @@ def _entered(group: dist.ProcessGroup | None) -> bool:
     return False
 
 
-def _local_strategy(group: dist.ProcessGroup | None, t: torch.Tensor, name: str,
-                    nbytes: int | None, red_code: int, env: tuple[object, ...] | None = None
-                    ) -> str:
+def _local_strategy(
+    group: dist.ProcessGroup | None,
+    t: torch.Tensor,
+    name: str,
+    nbytes: int | None,
+    red_code: int,
+    env: tuple[object, ...] | None = None,
+) -> str:
     """:func:`_strategy` from this rank's own (op, dtype, size, reduce op), cached per group
     (switch.group_key: a re-created default group is a new key) and environment (``env``:
     :func:`settings.raw`, read again when None).
@@ -306,8 +322,11 @@ def _local_strategy(group: dist.ProcessGroup | None, t: torch.Tensor, name: str,
     found = switch.ROUTES.get(key)
     if found is None:
         g = resolve(group, t)
-        found = (_strategy(g, name, t.dtype, nbytes, red_code) if nbytes is not None
-                 else _uneven_strategy(g, name, t.dtype))
+        found = (
+            _strategy(g, name, t.dtype, nbytes, red_code)
+            if nbytes is not None
+            else _uneven_strategy(g, name, t.dtype)
+        )
         if len(switch.ROUTES) >= 1 << 16:
             switch.ROUTES.clear()
         switch.ROUTES[key] = found
@@ -331,10 +350,19 @@ _TAG = 7  # the descriptor's column of the plan tag (0: none), after the common 
 _FIELDS = _TAG + 1  # where the op's own fields start
 
 
-def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
-           fields: Sequence[int], table: Codebook | None, exchange_desc: bool,
-           red: ReduceOpArg | None = None, sample: torch.Tensor | None = None,
-           check: Callable[[np.ndarray], None] | None = None) -> _Agreed:
+def _agree(
+    g: Group,
+    name: str,
+    dtype: torch.dtype,
+    nbytes: int,
+    err: int,
+    fields: Sequence[int],
+    table: Codebook | None,
+    exchange_desc: bool,
+    red: ReduceOpArg | None = None,
+    sample: torch.Tensor | None = None,
+    check: Callable[[np.ndarray], None] | None = None,
+) -> _Agreed:
     """Exchange the descriptor (if asked, or if the call compresses: the exchange also carries
     every rank's sample summary of ``sample``, which the compressed protocols size their pieces
     by), check it (``check``: the op's own checks of every rank's ``fields``), pick the strategy
@@ -350,8 +378,15 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
     """
     mode = switch.mode()
     red_code = -1 if red is None else _red_code(red)
-    head = [_OP_CODES[name], err, dtype_code(dtype), to_i64(_table_hash(table)),
-            _MODE_CODES[mode], red_code, nbytes]
+    head = [
+        _OP_CODES[name],
+        err,
+        dtype_code(dtype),
+        to_i64(_table_hash(table)),
+        _MODE_CODES[mode],
+        red_code,
+        nbytes,
+    ]
     group = switch.group_key(g.pg)
     ticket = _plans.Ticket(group, (*head, *fields, g.device, exchange_desc, settings.raw()))
     plan = _plans.find(group, ticket.key)
@@ -381,15 +416,22 @@ def _agree(g: Group, name: str, dtype: torch.dtype, nbytes: int, err: int,
     STATS.strategy = strategy
     sources: tuple[_Source, ...] = ()
     if strategy == switch.COMPRESSED:
-        sources = _sources(dtype, rows[:, _FIELDS + _extra_fields(g.world):], table)
+        sources = _sources(dtype, rows[:, _FIELDS + _extra_fields(g.world) :], table)
     digest = _plans.digest(count, rows.tobytes())
-    return _settled(_Agreed(g, name, strategy, table, chunks, sources,
-                            ticket=replace(ticket, digest=digest)))
+    return _settled(
+        _Agreed(g, name, strategy, table, chunks, sources, ticket=replace(ticket, digest=digest))
+    )
 
 
-def _exchanged(g: Group, name: str, head: list[int], tag: int, fields: Sequence[int],
-               sample: torch.Tensor | None, check: Callable[[np.ndarray], None] | None
-               ) -> tuple[np.ndarray, int]:
+def _exchanged(
+    g: Group,
+    name: str,
+    head: list[int],
+    tag: int,
+    fields: Sequence[int],
+    sample: torch.Tensor | None,
+    check: Callable[[np.ndarray], None] | None,
+) -> tuple[np.ndarray, int]:
     """One descriptor exchange -- every rank's row of ``head``, plan ``tag``, ``fields`` and
     sample summary (zeros without ``sample``) -- and the checks of it that raise the same
     CollectiveMismatchError on every rank. Returns the rows and the exchange's number in its
@@ -399,8 +441,13 @@ def _exchanged(g: Group, name: str, head: list[int], tag: int, fields: Sequence[
     count = _plans.exchanged(switch.group_key(g.pg))
     rows = exchange(g, row, name, codec.SUMMARY_WORDS, _summary(sample))
     require_same(rows, 2, "the dtype", name, dtype_name)
-    require_same(rows, 3, "the table (hash; 0 = each rank's own theory table)", name,
-                 lambda h: f"{h % (1 << 64):#018x}")
+    require_same(
+        rows,
+        3,
+        "the table (hash; 0 = each rank's own theory table)",
+        name,
+        lambda h: f"{h % (1 << 64):#018x}",
+    )
     require_same(rows, 4, "ZIPCCL_MODE", name, lambda m: switch.MODES[m])
     require_same(rows, 5, "the reduce op", name)
     if check is not None:
@@ -425,9 +472,11 @@ def _keep(a: _Agreed) -> None:
 
 def _same_fields(name: str, *named: tuple[int, str]) -> Callable[[np.ndarray], None]:
     """A ``check`` for :func:`_agree`: the op's fields at these columns agree across ranks."""
+
     def check(fields: np.ndarray) -> None:
         for column, what in named:
             require_same(fields, column, what, name)
+
     return check
 
 
@@ -439,8 +488,9 @@ def _summary(sample: torch.Tensor | None) -> Callable[[torch.Tensor], object]:
     return lambda out: codec.sample_summary(sample, out)
 
 
-def _shared_sources(g: Group, name: str, dtype: torch.dtype, sample: torch.Tensor | None,
-                    table: Codebook | None) -> tuple[_Source, ...]:
+def _shared_sources(
+    g: Group, name: str, dtype: torch.dtype, sample: torch.Tensor | None, table: Codebook | None
+) -> tuple[_Source, ...]:
     """Only the summaries, exchanged: all-reduce's second compressed half, whose shards exist
     only after the first, and the switch's profile of the protocols."""
     rows = exchange(g, [_OP_CODES[name], 0], name, codec.SUMMARY_WORDS, _summary(sample))
@@ -468,8 +518,7 @@ def _strategy(g: Group, name: str, dtype: torch.dtype, nbytes: int, red_code: in
     return _plan(g, name, dtype, nbytes, red_code)[0]
 
 
-def _plan(g: Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int
-          ) -> tuple[str, int]:
+def _plan(g: Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int) -> tuple[str, int]:
     """Strategy and chunk count, the same on every rank: they depend only on agreed values and
     the agreed profile. Auto mode on CUDA takes the model's chunk count unless
     ``ZIPCCL_CHUNK_BYTES`` is set (switch.best_chunks)."""
@@ -490,8 +539,9 @@ def _plan(g: Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int
     return switch.choose(profile, call), call.chunks
 
 
-def all_reduce_strategy(tensor: torch.Tensor, op: ReduceOpArg = ReduceOp.SUM,
-                        group: dist.ProcessGroup | None = None) -> str:
+def all_reduce_strategy(
+    tensor: torch.Tensor, op: ReduceOpArg = ReduceOp.SUM, group: dist.ProcessGroup | None = None
+) -> str:
     """What :func:`all_reduce` would do with this tensor (without verification).
 
     The switch's local decision from values every rank shares (op, dtype, size, world size,
@@ -585,8 +635,9 @@ class _Source:
     bits: float
 
 
-def _sources(dtype: torch.dtype, summaries: np.ndarray, table: Codebook | None
-             ) -> tuple[_Source, ...]:
+def _sources(
+    dtype: torch.dtype, summaries: np.ndarray, table: Codebook | None
+) -> tuple[_Source, ...]:
     """Every rank's :class:`_Source` from the exchanged sample summaries (codec.sample_summary):
     the agreed ``table``, else each rank's theory table -- built alike on every rank."""
     found = []
@@ -603,10 +654,16 @@ def _check_summary(rank: int, row: np.ndarray) -> None:
     counts, sums = row[3:], row[:3].astype(np.int64).view(np.float64)
     fits = counts.min() >= 0 and counts.max() <= theory.SAMPLE_SIZE
     total = int(counts.sum()) if fits else -1
-    if not (0 <= total <= theory.SAMPLE_SIZE and np.isfinite(sums).all() and sums.min() >= 0
-            and sums[1] + sums[2] <= total):
-        raise ValueError(f"rank {rank} sent a corrupt sample summary: {total} counts, sums "
-                         f"{sums.tolist()} (at most {theory.SAMPLE_SIZE} values, sums >= 0)")
+    if not (
+        0 <= total <= theory.SAMPLE_SIZE
+        and np.isfinite(sums).all()
+        and sums.min() >= 0
+        and sums[1] + sums[2] <= total
+    ):
+        raise ValueError(
+            f"rank {rank} sent a corrupt sample summary: {total} counts, sums "
+            f"{sums.tolist()} (at most {theory.SAMPLE_SIZE} values, sums >= 0)"
+        )
 
 
 @dataclass(frozen=True)
@@ -651,8 +708,11 @@ def _predicted_room(dtype: torch.dtype, numel: int, src: _Source) -> int:
     """Payload room for ``numel`` values as ``src``'s sample predicts them: times MARGIN, plus a
     byte per block and SLACK."""
     fmt = codec._fmt(dtype)
-    return (math.ceil(src.bits * numel / 8 * MARGIN[fmt.byte_coded]) + SLACK
-            + -(-numel // DEFAULT_BLOCK))
+    return (
+        math.ceil(src.bits * numel / 8 * MARGIN[fmt.byte_coded])
+        + SLACK
+        + -(-numel // DEFAULT_BLOCK)
+    )
 
 
 def _widened(segs: list[_Seg]) -> list[_Seg]:
@@ -704,8 +764,9 @@ class _Unpack:
         if not seg.raw and seg.numel:
             self.heads[key] = (got[:HEADER_BYTES], seg, table)
 
-    def __call__(self, key: object, got: torch.Tensor, seg: _Seg, table: Codebook,
-                 out: torch.Tensor) -> None:
+    def __call__(
+        self, key: object, got: torch.Tensor, seg: _Seg, table: Codebook, out: torch.Tensor
+    ) -> None:
         """Decode the piece ``got`` (at least ``seg.width`` bytes, as received) into the
         contiguous ``out``."""
         if seg.raw:
@@ -714,15 +775,22 @@ class _Unpack:
         self.note(key, got, seg, table)
         backend = codec._backend(got.device, DEFAULT_BLOCK)
         if self.flag is not None and hasattr(backend, "launch_decode"):
-            backend.launch_decode(got[: seg.fixed], self.fmt, table, DEFAULT_BLOCK, None, out,
-                                  self.flag, clear=self.used is None,
-                                  payload=got[seg.fixed : seg.width])
+            backend.launch_decode(
+                got[: seg.fixed],
+                self.fmt,
+                table,
+                DEFAULT_BLOCK,
+                None,
+                out,
+                self.flag,
+                clear=self.used is None,
+                payload=got[seg.fixed : seg.width],
+            )
             self.used = backend
             return
         size = _payload_size(got[:HEADER_BYTES].cpu().numpy().tobytes())
         if size <= seg.room:  # else resent raw after settle
-            backend.decode_into(got[: seg.fixed + size], self.fmt, table, DEFAULT_BLOCK, size,
-                                out)
+            backend.decode_into(got[: seg.fixed + size], self.fmt, table, DEFAULT_BLOCK, size, out)
 
     def settle(self, streams: Streams) -> set[object]:
         """After every decode: one copy of the flag and the noted headers to the host; raise
@@ -758,10 +826,15 @@ def _checked(head: bytes, fmt: FloatFormat, numel: int, table: Codebook) -> byte
     payload size); ValueError otherwise."""
     want = codec._header_template(LAYOUT_SPLIT, fmt, (numel,), DEFAULT_BLOCK, table)
     at = PAYLOAD_BYTES_AT
-    if (head[:at] != want[:at] or head[at + 8 : CRC_AT] != want[at + 8 : CRC_AT]
-            or int.from_bytes(head[CRC_AT:], "little") != zlib.crc32(head[:CRC_AT])):
-        raise ValueError(f"received a corrupt compressed header: not the split layout of {numel} "
-                         f"{fmt.name} values under the agreed table")
+    if (
+        head[:at] != want[:at]
+        or head[at + 8 : CRC_AT] != want[at + 8 : CRC_AT]
+        or int.from_bytes(head[CRC_AT:], "little") != zlib.crc32(head[:CRC_AT])
+    ):
+        raise ValueError(
+            f"received a corrupt compressed header: not the split layout of {numel} "
+            f"{fmt.name} values under the agreed table"
+        )
     return head
 
 
@@ -813,8 +886,9 @@ def protocol_call(g: Group, op: str, x: torch.Tensor) -> Callable[[], object]:
         return lambda: _gather_compressed(agreed(flat), flat, out)
     if op == "all_to_all":
         out = torch.empty_like(flat)
-        return lambda: _a2a_compressed(agreed(flat), list(flat.view(g.world, -1)),
-                                       list(out.view(g.world, -1)))
+        return lambda: _a2a_compressed(
+            agreed(flat), list(flat.view(g.world, -1)), list(out.view(g.world, -1))
+        )
     buf = flat.clone()
     return lambda: _broadcast_compressed(agreed(buf if g.rank == 0 else None), buf, 0)
 
@@ -822,10 +896,15 @@ def protocol_call(g: Group, op: str, x: torch.Tensor) -> Callable[[], object]:
 # --------------------------------------------------------------------------- all-gather
 
 
-def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                           group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-                           table: Codebook | None = None, verify: bool | None = None
-                           ) -> dist.Work | None:
+def all_gather_into_tensor(
+    output_tensor: torch.Tensor,
+    input_tensor: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    table: Codebook | None = None,
+    verify: bool | None = None,
+) -> dist.Work | None:
     """torch.distributed.all_gather_into_tensor, compressed where it pays.
 
     ``output_tensor`` receives every rank's ``input_tensor`` end to end in group rank order,
@@ -901,24 +980,35 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
     """
     nbytes = input_tensor.numel() * input_tensor.element_size()
     if _direct(group, input_tensor, "all_gather", nbytes, -1, verify):
-        return dist.all_gather_into_tensor(_wire(output_tensor), _wire(input_tensor), group,
-                                           async_op)
+        return dist.all_gather_into_tensor(
+            _wire(output_tensor), _wire(input_tensor), group, async_op
+        )
     g = resolve(group, input_tensor)
-    err = _check_pair(g, input_tensor, output_tensor, output_tensor.numel(),
-                      input_tensor.numel() * g.world)
-    agreed = _agree(g, "all_gather", input_tensor.dtype, nbytes, err, [input_tensor.numel()],
-                    table, verify_policy(verify) != "0", sample=input_tensor,
-                    check=_same_fields("all_gather", (0, "the input numel")))
+    err = _check_pair(
+        g, input_tensor, output_tensor, output_tensor.numel(), input_tensor.numel() * g.world
+    )
+    agreed = _agree(
+        g,
+        "all_gather",
+        input_tensor.dtype,
+        nbytes,
+        err,
+        [input_tensor.numel()],
+        table,
+        verify_policy(verify) != "0",
+        sample=input_tensor,
+        check=_same_fields("all_gather", (0, "the input numel")),
+    )
     if agreed.strategy != switch.COMPRESSED:
-        return dist.all_gather_into_tensor(_wire(output_tensor), _wire(input_tensor), group,
-                                           async_op)
+        return dist.all_gather_into_tensor(
+            _wire(output_tensor), _wire(input_tensor), group, async_op
+        )
     sizes = _gather_compressed(agreed, _flat(input_tensor), _flat(output_tensor))
     _keep(replace(agreed, sizes=sizes))
     return _done(async_op)
 
 
-def _check_pair(g: Group, inp: torch.Tensor, out: torch.Tensor, out_numel: int,
-                want: int) -> int:
+def _check_pair(g: Group, inp: torch.Tensor, out: torch.Tensor, out_numel: int, want: int) -> int:
     """The local error code for an (input, output) pair (0 when fine)."""
     if out_numel != want:
         return 1
@@ -941,8 +1031,10 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> dict
     streams = streams_for(g)
     unpack = _Unpack(g, dtype)
     pieces = _pieces(n, a.chunks)
-    segs = [_widened([a.seg((k, r), dtype, m, r) for r in range(g.world)])
-            for k, (_, m) in enumerate(pieces)]
+    segs = [
+        _widened([a.seg((k, r), dtype, m, r) for r in range(g.world)])
+        for k, (_, m) in enumerate(pieces)
+    ]
     widths = [row[0].width for row in segs]
     stores = _buffers(widths, g.device)
     received = _buffers([g.world * w for w in widths], g.device)
@@ -955,8 +1047,9 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> dict
             with streams.on(streams.compress):
                 with outcome.local(SENDING):
                     _pack(inp[s : s + m], segs[k][g.rank], a.sources[g.rank].table, stores[k])
-                work = dist.all_gather_into_tensor(received[k], stores[k], group=g.pg,
-                                                   async_op=True)
+                work = dist.all_gather_into_tensor(
+                    received[k], stores[k], group=g.pg, async_op=True
+                )
             STATS.sent += widths[k]
             with streams.on(streams.decompress):
                 if not copied:
@@ -974,8 +1067,9 @@ def _gather_compressed(a: _Agreed, inp: torch.Tensor, out: torch.Tensor) -> dict
         for r in range(g.world):
             ks = [k for k in range(a.chunks) if (k, r) in over]
             if ks:
-                _resend(g, streams, r, [(rows[r], *pieces[k]) for k in ks],
-                        inp if r == g.rank else None)
+                _resend(
+                    g, streams, r, [(rows[r], *pieces[k]) for k in ks], inp if r == g.rank else None
+                )
     return unpack.sizes
 
 
@@ -989,8 +1083,13 @@ def _copy_behind(streams: Streams, dst: torch.Tensor, src: torch.Tensor) -> None
     dst.copy_(src)
 
 
-def _resend(g: Group, streams: Streams, src: int, parts: list[tuple[torch.Tensor, int, int]],
-            own: torch.Tensor | None) -> None:
+def _resend(
+    g: Group,
+    streams: Streams,
+    src: int,
+    parts: list[tuple[torch.Tensor, int, int]],
+    own: torch.Tensor | None,
+) -> None:
     """Group rank ``src`` broadcasts its (row, start, length) pieces raw, from ``own`` (on
     ``src``) into the rows (elsewhere): the pieces whose payload overflowed their room."""
     with streams.on(streams.decompress):
@@ -1005,9 +1104,15 @@ def _resend(g: Group, streams: Streams, src: int, parts: list[tuple[torch.Tensor
                 row[s : s + m].copy_(piece)
 
 
-def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
-               group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-               table: Codebook | None = None, verify: bool | None = None) -> dist.Work | None:
+def all_gather(
+    tensor_list: list[torch.Tensor],
+    tensor: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    table: Codebook | None = None,
+    verify: bool | None = None,
+) -> dist.Work | None:
     """torch.distributed.all_gather (equal shapes), through :func:`all_gather_into_tensor`.
 
     ``tensor_list[r]`` receives rank r's ``tensor``. Where every entry of ``tensor_list`` has
@@ -1079,7 +1184,8 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
     """
     nbytes = tensor.numel() * tensor.element_size()
     if _direct(group, tensor, "all_gather", nbytes, -1, verify) or not all(
-            t.shape == tensor.shape and t.dtype == tensor.dtype for t in tensor_list):
+        t.shape == tensor.shape and t.dtype == tensor.dtype for t in tensor_list
+    ):
         return dist.all_gather([_wire(t) for t in tensor_list], _wire(tensor), group, async_op)
     flat = torch.empty(len(tensor_list) * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
     all_gather_into_tensor(flat, tensor.contiguous(), group, table=table, verify=verify)
@@ -1091,12 +1197,17 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
 # --------------------------------------------------------------------------- all-to-all
 
 
-def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
-                      output_split_sizes: list[int] | None = None,
-                      input_split_sizes: list[int] | None = None,
-                      group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-                      table: Codebook | None = None, verify: bool | None = None
-                      ) -> dist.Work | None:
+def all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    output_split_sizes: list[int] | None = None,
+    input_split_sizes: list[int] | None = None,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    table: Codebook | None = None,
+    verify: bool | None = None,
+) -> dist.Work | None:
     """torch.distributed.all_to_all_single (uneven splits included), compressed where it pays.
 
     Even splits (both split arguments None or empty) follow the verification policy like every
@@ -1188,16 +1299,27 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
     even = not output_split_sizes and not input_split_sizes
     nbytes = input.numel() * input.element_size() if even else None
     if _direct(group, input, "all_to_all", nbytes, -1, verify):
-        return dist.all_to_all_single(_wire(output), _wire(input), output_split_sizes,
-                                      input_split_sizes, group, async_op)
+        return dist.all_to_all_single(
+            _wire(output), _wire(input), output_split_sizes, input_split_sizes, group, async_op
+        )
     g = resolve(group, input)
     ins, outs, err = _splits(g, input, output, input_split_sizes, output_split_sizes)
-    agreed = _agree(g, "all_to_all", input.dtype, input.numel() * input.element_size(), err,
-                    [*ins, *outs, _inner(input)], table, not even or verify_policy(verify) != "0",
-                    sample=input, check=lambda fields: _check_splits(fields, g.world))
+    agreed = _agree(
+        g,
+        "all_to_all",
+        input.dtype,
+        input.numel() * input.element_size(),
+        err,
+        [*ins, *outs, _inner(input)],
+        table,
+        not even or verify_policy(verify) != "0",
+        sample=input,
+        check=lambda fields: _check_splits(fields, g.world),
+    )
     if agreed.strategy != switch.COMPRESSED:
-        return dist.all_to_all_single(_wire(output), _wire(input), output_split_sizes,
-                                      input_split_sizes, group, async_op)
+        return dist.all_to_all_single(
+            _wire(output), _wire(input), output_split_sizes, input_split_sizes, group, async_op
+        )
     inner = _inner(input)
     send = _segments(_flat(input), [s * inner for s in ins])
     recv = _segments(_flat(output), [s * inner for s in outs])
@@ -1210,9 +1332,11 @@ def _inner(t: torch.Tensor) -> int:
     return math.prod(t.shape[1:]) if t.dim() else 1
 
 
-def _splits(g: Group, inp: torch.Tensor, out: torch.Tensor, ins: list[int] | None,
-            outs: list[int] | None) -> tuple[list[int], list[int], int]:
+def _splits(
+    g: Group, inp: torch.Tensor, out: torch.Tensor, ins: list[int] | None, outs: list[int] | None
+) -> tuple[list[int], list[int], int]:
     """Row splits (even when None) and the local error code."""
+
     def rows(t: torch.Tensor, given: list[int] | None) -> tuple[list[int], bool]:
         total = t.shape[0] if t.dim() else 1
         if given is None or len(given) == 0:
@@ -1250,8 +1374,9 @@ def _segments(flat: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
     return out
 
 
-def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tensor]
-                    ) -> dict[object, int]:
+def _a2a_compressed(
+    a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tensor]
+) -> dict[object, int]:
     """Compressed all-to-all of flat segments: per chunk, one :func:`_swap` of every (src, dst)
     piece in the width both ends compute from the agreed splits and the sender's summary (or
     what the key's previous call measured of that piece: both ends read its header), decoded as
@@ -1266,10 +1391,11 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
     got_at = [_pieces(seg.numel(), a.chunks) for seg in recv]
     outs, ins = [], []  # [chunk][peer]: the pieces this rank sends and receives
     for k in range(a.chunks):
-        out = [a.seg(("out", k, j), dtype, sent_at[j][k][1] if j != g.rank else 0, g.rank)
-               for j in peers]
-        into = [a.seg(("in", k, i), dtype, got_at[i][k][1] if i != g.rank else 0, i)
-                for i in peers]
+        out = [
+            a.seg(("out", k, j), dtype, sent_at[j][k][1] if j != g.rank else 0, g.rank)
+            for j in peers
+        ]
+        into = [a.seg(("in", k, i), dtype, got_at[i][k][1] if i != g.rank else 0, i) for i in peers]
         if g.world == 2:  # one all-gather: both pieces as wide as the wider (_swap)
             peer = 1 - g.rank
             out[peer], into[peer] = _widened([out[peer], into[peer]])
@@ -1298,17 +1424,28 @@ def _a2a_compressed(a: _Agreed, send: list[torch.Tensor], recv: list[torch.Tenso
                     for i in peers:
                         s, m = got_at[i][k]
                         if m and i != g.rank:
-                            unpack(("in", k, i), got[i], ins[k][i], a.sources[i].table,
-                                   recv[i][s : s + m])
+                            unpack(
+                                ("in", k, i),
+                                got[i],
+                                ins[k][i],
+                                a.sources[i].table,
+                                recv[i][s : s + m],
+                            )
         over, anywhere = _settle(outcome, unpack, streams)
         if anywhere:  # an all-to-all: every rank takes part, with or without pieces of its own
             _resend_pairs(g, streams, over, send, sent_at, recv, got_at)
     return unpack.sizes
 
 
-def _resend_pairs(g: Group, streams: Streams, over: set[object], send: list[torch.Tensor],
-                  sent_at: list[list[tuple[int, int]]], recv: list[torch.Tensor],
-                  got_at: list[list[tuple[int, int]]]) -> None:
+def _resend_pairs(
+    g: Group,
+    streams: Streams,
+    over: set[object],
+    send: list[torch.Tensor],
+    sent_at: list[list[tuple[int, int]]],
+    recv: list[torch.Tensor],
+    got_at: list[list[tuple[int, int]]],
+) -> None:
     """One all-to-all of the raw pieces whose payload overflowed: this rank knows its own
     (its headers) and its peers' (the received headers), and so do they."""
     ks = range(len(sent_at[0]))
@@ -1317,10 +1454,16 @@ def _resend_pairs(g: Group, streams: Streams, over: set[object], send: list[torc
     parts = [send[j][s : s + m] for j, at in enumerate(outgoing) for s, m in at]
     with streams.on(streams.decompress):
         buf = torch.cat(parts) if parts else send[0].new_empty(0)
-        got = torch.empty(sum(m for at in incoming for _, m in at), dtype=buf.dtype,
-                          device=buf.device)
-        dist.all_to_all_single(_wire(got), _wire(buf), [sum(m for _, m in at) for at in incoming],
-                               [sum(m for _, m in at) for at in outgoing], group=g.pg)
+        got = torch.empty(
+            sum(m for at in incoming for _, m in at), dtype=buf.dtype, device=buf.device
+        )
+        dist.all_to_all_single(
+            _wire(got),
+            _wire(buf),
+            [sum(m for _, m in at) for at in incoming],
+            [sum(m for _, m in at) for at in outgoing],
+            group=g.pg,
+        )
         STATS.sent += buf.numel() * buf.element_size()
         pieces = got.split([m for at in incoming for _, m in at])
         targets = [recv[i][s : s + m] for i, at in enumerate(incoming) for s, m in at]
@@ -1328,8 +1471,9 @@ def _resend_pairs(g: Group, streams: Streams, over: set[object], send: list[torc
             target.copy_(piece)
 
 
-def _swap(g: Group, streams: Streams, whole: torch.Tensor, out: list[torch.Tensor],
-          in_sizes: list[int]) -> tuple[list[torch.Tensor], dist.Work | None]:
+def _swap(
+    g: Group, streams: Streams, whole: torch.Tensor, out: list[torch.Tensor], in_sizes: list[int]
+) -> tuple[list[torch.Tensor], dist.Work | None]:
     """Send ``out[j]`` (views of the one buffer ``whole``, in rank order) to every rank j and
     receive ``in_sizes[i]`` bytes from every rank i, issued from the compress stream; returns
     the received pieces and the Work (None where two ranks have nothing to swap).
@@ -1341,12 +1485,14 @@ def _swap(g: Group, streams: Streams, whole: torch.Tensor, out: list[torch.Tenso
     """
     if g.world == 2 and not whole.numel():  # nothing either way: both ranks skip
         return [whole, whole], None
-    got = torch.empty(sum(in_sizes) if g.world != 2 else 2 * whole.numel(), dtype=torch.uint8,
-                      device=g.device)
+    got = torch.empty(
+        sum(in_sizes) if g.world != 2 else 2 * whole.numel(), dtype=torch.uint8, device=g.device
+    )
     with streams.on(streams.compress):
         if g.world != 2:
-            work = dist.all_to_all_single(got, whole, in_sizes, [t.numel() for t in out],
-                                          group=g.pg, async_op=True)
+            work = dist.all_to_all_single(
+                got, whole, in_sizes, [t.numel() for t in out], group=g.pg, async_op=True
+            )
         else:
             work = dist.all_gather_into_tensor(got, whole, group=g.pg, async_op=True)
     STATS.sent += whole.numel()
@@ -1361,8 +1507,7 @@ def _swap(g: Group, streams: Streams, whole: torch.Tensor, out: list[torch.Tenso
 # --------------------------------------------------------------------------- reductions
 
 
-def reference_reduce(parts: Sequence[torch.Tensor],
-                     op: ReduceOpArg = ReduceOp.SUM) -> torch.Tensor:
+def reference_reduce(parts: Sequence[torch.Tensor], op: ReduceOpArg = ReduceOp.SUM) -> torch.Tensor:
     """The reduction every zipccl reduce op computes: fp32, rank order 0..W-1, rounded once.
 
     ``parts[0]`` op ``parts[1]`` op ... in float32, then one rounding to ``parts[0]``'s dtype
@@ -1404,10 +1549,16 @@ def reference_reduce(parts: Sequence[torch.Tensor],
     return acc.to(parts[0].dtype)
 
 
-def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
-                          op: ReduceOpArg = ReduceOp.SUM, group: dist.ProcessGroup | None = None,
-                          async_op: bool = False, *, table: Codebook | None = None,
-                          verify: bool | None = None) -> dist.Work | None:
+def reduce_scatter_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: ReduceOpArg = ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    table: Codebook | None = None,
+    verify: bool | None = None,
+) -> dist.Work | None:
     """torch.distributed.reduce_scatter_tensor with the deterministic fp32 reduction.
 
     Rank r's ``output`` becomes the reduction over every rank of block r of ``input`` (input
@@ -1490,9 +1641,19 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
         return dist.reduce_scatter_tensor(output, input, op, group, async_op)
     g = resolve(group, input)
     err = _check_pair(g, input, output, input.numel(), output.numel() * g.world)
-    agreed = _agree(g, "reduce_scatter", input.dtype, nbytes, err, [input.numel()], table,
-                    verify_policy(verify) != "0", red=op, sample=input,
-                    check=_same_fields("reduce_scatter", (0, "the input numel")))
+    agreed = _agree(
+        g,
+        "reduce_scatter",
+        input.dtype,
+        nbytes,
+        err,
+        [input.numel()],
+        table,
+        verify_policy(verify) != "0",
+        red=op,
+        sample=input,
+        check=_same_fields("reduce_scatter", (0, "the input numel")),
+    )
     if agreed.strategy == switch.NATIVE:
         return dist.reduce_scatter_tensor(output, input, op, group, async_op)
     _keep(_reduce_scatter(agreed, _flat(input), _flat(output), op))
@@ -1529,9 +1690,15 @@ def _reduce_into(out: torch.Tensor, parts: list[torch.Tensor], op: ReduceOpArg) 
         out.copy_(reference_reduce(parts, op))
 
 
-def all_reduce(tensor: torch.Tensor, op: ReduceOpArg = ReduceOp.SUM,
-               group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-               table: Codebook | None = None, verify: bool | None = None) -> dist.Work | None:
+def all_reduce(
+    tensor: torch.Tensor,
+    op: ReduceOpArg = ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    table: Codebook | None = None,
+    verify: bool | None = None,
+) -> dist.Work | None:
     """torch.distributed.all_reduce as reduce-scatter + all-gather, each compressed where it pays.
 
     In place: every rank's ``tensor`` becomes the reduction over all ranks, the same bits on
@@ -1612,9 +1779,19 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOpArg = ReduceOp.SUM,
         return dist.all_reduce(tensor, op, group, async_op)
     g = resolve(group, tensor)
     err = 4 if not tensor.is_contiguous() else 5 if tensor.device.type != g.device.type else 0
-    agreed = _agree(g, "all_reduce", tensor.dtype, nbytes, err, [tensor.numel()], table,
-                    verify_policy(verify) != "0", red=op, sample=tensor,
-                    check=_same_fields("all_reduce", (0, "the tensor numel")))
+    agreed = _agree(
+        g,
+        "all_reduce",
+        tensor.dtype,
+        nbytes,
+        err,
+        [tensor.numel()],
+        table,
+        verify_policy(verify) != "0",
+        red=op,
+        sample=tensor,
+        check=_same_fields("all_reduce", (0, "the tensor numel")),
+    )
     if agreed.strategy == switch.NATIVE:
         return dist.all_reduce(tensor, op, group, async_op)
     _all_reduce(agreed, tensor, op)
@@ -1624,8 +1801,11 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOpArg = ReduceOp.SUM,
 def _all_reduce(a: _Agreed, tensor: torch.Tensor, op: ReduceOpArg) -> None:
     g, flat = a.g, _flat(tensor)
     shard = -(-flat.numel() // g.world)
-    padded = flat if shard * g.world == flat.numel() else torch.zeros(
-        shard * g.world, dtype=flat.dtype, device=flat.device)
+    padded = (
+        flat
+        if shard * g.world == flat.numel()
+        else torch.zeros(shard * g.world, dtype=flat.dtype, device=flat.device)
+    )
     if padded is not flat:
         padded[: flat.numel()].copy_(flat)
     part = torch.empty(shard, dtype=flat.dtype, device=flat.device)
@@ -1637,8 +1817,7 @@ def _all_reduce(a: _Agreed, tensor: torch.Tensor, op: ReduceOpArg) -> None:
     _keep(replace(a, halves=(rs, ag)))
 
 
-def _halves(a: _Agreed, dtype: torch.dtype, numel: int, op: ReduceOpArg
-            ) -> tuple[_Agreed, _Agreed]:
+def _halves(a: _Agreed, dtype: torch.dtype, numel: int, op: ReduceOpArg) -> tuple[_Agreed, _Agreed]:
     """An all-reduce's reduce-scatter of its ``numel`` padded values and all-gather of the
     shards, a compressed one's each compressed only where that half pays; the all-gather's
     sources come once the shards exist (:func:`_gather_half`)."""
@@ -1647,8 +1826,10 @@ def _halves(a: _Agreed, dtype: torch.dtype, numel: int, op: ReduceOpArg
     if a.strategy == switch.COMPRESSED:
         rs = _strategy(g, "reduce_scatter", dtype, nbytes, _LOCAL_OPS[op])
         ag = _strategy(g, "all_gather", dtype, nbytes // g.world, -1)
-    return (replace(a, strategy=rs, ticket=None),
-            replace(a, strategy=ag, chunks=max(1, a.chunks // g.world), sources=(), ticket=None))
+    return (
+        replace(a, strategy=rs, ticket=None),
+        replace(a, strategy=ag, chunks=max(1, a.chunks // g.world), sources=(), ticket=None),
+    )
 
 
 def _gather_half(a: _Agreed, part: torch.Tensor, out: torch.Tensor) -> _Agreed:
@@ -1666,9 +1847,15 @@ def _gather_half(a: _Agreed, part: torch.Tensor, out: torch.Tensor) -> _Agreed:
 # --------------------------------------------------------------------------- broadcast
 
 
-def broadcast(tensor: torch.Tensor, src: int | None = None,
-              group: dist.ProcessGroup | None = None, async_op: bool = False, *,
-              table: Codebook | None = None, verify: bool | None = None) -> dist.Work | None:
+def broadcast(
+    tensor: torch.Tensor,
+    src: int | None = None,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+    *,
+    table: Codebook | None = None,
+    verify: bool | None = None,
+) -> dist.Work | None:
     """torch.distributed.broadcast (``src`` a global rank), compressed where it pays.
 
     Every rank's ``tensor`` becomes the source's, bit for bit. A compressed call encodes only on
@@ -1744,9 +1931,18 @@ def broadcast(tensor: torch.Tensor, src: int | None = None,
     g = resolve(group, tensor)
     group_src = dist.get_group_rank(group, src) if group is not None else src
     err = 6 if not 0 <= group_src < g.world else _check_pair(g, tensor, tensor, 0, 0)
-    agreed = _agree(g, "broadcast", tensor.dtype, nbytes, err, [tensor.numel(), src], table,
-                    verify_policy(verify) != "0", sample=tensor if g.rank == group_src else None,
-                    check=_same_fields("broadcast", (1, "src"), (0, "the tensor numel")))
+    agreed = _agree(
+        g,
+        "broadcast",
+        tensor.dtype,
+        nbytes,
+        err,
+        [tensor.numel(), src],
+        table,
+        verify_policy(verify) != "0",
+        sample=tensor if g.rank == group_src else None,
+        check=_same_fields("broadcast", (1, "src"), (0, "the tensor numel")),
+    )
     if agreed.strategy != switch.COMPRESSED:
         return dist.broadcast(_wire(tensor), src, group, async_op)
     _keep(replace(agreed, sizes=_broadcast_compressed(agreed, _flat(tensor), group_src)))
@@ -1774,8 +1970,7 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, group_src: int) -> dic
                 if sender:
                     with outcome.local(SENDING):
                         _pack(flat[s : s + m], segs[k], source.table, buffers[k])
-                work = dist.broadcast(buffers[k], _global(g, group_src), group=g.pg,
-                                      async_op=True)
+                work = dist.broadcast(buffers[k], _global(g, group_src), group=g.pg, async_op=True)
             STATS.sent += segs[k].width if sender else 0
             with streams.on(streams.decompress):
                 work.wait()
@@ -1786,9 +1981,13 @@ def _broadcast_compressed(a: _Agreed, flat: torch.Tensor, group_src: int) -> dic
                         unpack(k, buffers[k], segs[k], source.table, flat[s : s + m])
         over, _ = _settle(outcome, unpack, streams)
         if over:
-            _resend(g, streams, group_src,
-                    [(flat, *pieces[k]) for k in sorted(cast("set[int]", over))],  # keys: k
-                    flat if sender else None)
+            _resend(
+                g,
+                streams,
+                group_src,
+                [(flat, *pieces[k]) for k in sorted(cast("set[int]", over))],  # keys: k
+                flat if sender else None,
+            )
     return unpack.sizes
 
 

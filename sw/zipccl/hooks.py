@@ -24,8 +24,9 @@ from zipccl.collectives import (
 )
 
 
-def ddp_hook(state: dist.ProcessGroup | None,
-             bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def ddp_hook(
+    state: dist.ProcessGroup | None, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: the mean of each gradient bucket through :func:`zipccl.all_reduce`.
 
     Register with ``model.register_comm_hook(state, zipccl.ddp_hook)``. Where
@@ -109,8 +110,9 @@ except ImportError:  # torch without FSDP2's custom-comm interface
 class _Alloc:
     """FSDP2 asks its comm objects for staging buffers; plain allocations suffice."""
 
-    def allocate(self, size: "tuple[int, ...]", *, dtype: torch.dtype,
-                 device: torch.device) -> torch.Tensor:
+    def allocate(
+        self, size: "tuple[int, ...]", *, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
 
@@ -130,8 +132,13 @@ class ZipAllGather(_Alloc, AllGather):  # type: ignore[misc]
         >>> block.set_custom_all_gather(zipccl.ZipAllGather())
     """
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                 group: dist.ProcessGroup, async_op: bool = False) -> dist.Work | None:
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        async_op: bool = False,
+    ) -> dist.Work | None:
         """:func:`zipccl.all_gather_into_tensor` ``(output_tensor, input_tensor, group,
         async_op)``.
 
@@ -157,9 +164,14 @@ class ZipReduceScatter(_Alloc, ReduceScatter):  # type: ignore[misc]
         >>> block.set_custom_reduce_scatter(zipccl.ZipReduceScatter())
     """
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
-                 group: dist.ProcessGroup, op: ReduceOpArg,
-                 async_op: bool = False) -> dist.Work | None:
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: ReduceOpArg,
+        async_op: bool = False,
+    ) -> dist.Work | None:
         """:func:`zipccl.reduce_scatter_tensor` ``(output_tensor, input_tensor, op, group,
         async_op)``.
 

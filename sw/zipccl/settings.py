@@ -30,8 +30,13 @@ from zipccl._comm import CollectiveMismatchError
 
 MODES = ("auto", "always", "never")
 VERIFY_POLICIES = ("auto", "1", "0")
-KEYS = ("ZIPCCL_MODE", "ZIPCCL_VERIFY", "ZIPCCL_CHUNK_BYTES", "ZIPCCL_NATIVE_REDUCE",
-        "ZIPCCL_PLAN_CALLS")
+KEYS = (
+    "ZIPCCL_MODE",
+    "ZIPCCL_VERIFY",
+    "ZIPCCL_CHUNK_BYTES",
+    "ZIPCCL_NATIVE_REDUCE",
+    "ZIPCCL_PLAN_CALLS",
+)
 BACKENDS = ("auto", "torch", "triton")  # auto: the CUDA kernels on CUDA tensors, torch elsewhere
 LOCAL_KEYS = ("ZIPCCL_BACKEND", "ZIPCCL_FAST")  # the codec's kernels: same bytes whichever
 
@@ -153,8 +158,11 @@ def agree(store: dist.Store, rank: int, world: int) -> Settings:
     differ = [i for i in range(len(KEYS)) if len({values[i] for values in ranks}) > 1]
     if differ:
         what = "; ".join(
-            f"{KEYS[i]} (" + ", ".join(f"rank {r}: {values[i]}" for r, values in enumerate(ranks))
-            + ")" for i in differ)
+            f"{KEYS[i]} ("
+            + ", ".join(f"rank {r}: {values[i]}" for r, values in enumerate(ranks))
+            + ")"
+            for i in differ
+        )
         raise CollectiveMismatchError(f"zipccl: ranks disagree on {what}")
     return current()
 
@@ -177,5 +185,15 @@ def mark_agreed(group: dist.ProcessGroup) -> None:
     _AGREED.add(group)
 
 
-__all__ = ["KEYS", "MODES", "VERIFY_POLICIES", "Settings", "agree", "current", "ensure_agreed",
-           "mark_agreed", "raw", "value"]
+__all__ = [
+    "KEYS",
+    "MODES",
+    "VERIFY_POLICIES",
+    "Settings",
+    "agree",
+    "current",
+    "ensure_agreed",
+    "mark_agreed",
+    "raw",
+    "value",
+]

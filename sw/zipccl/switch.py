@@ -54,10 +54,22 @@ MARGIN = 0.9  # compress only when predicted at <= 90 % of the native time
 OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce", "broadcast")
 NATIVE, A2A_REDUCE, COMPRESSED = "native", "a2a_reduce", "compressed"
 _OP_CODE_PROFILE = 99  # the op code of the profiler's timed descriptor exchanges
-_PRIOR_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn,
-                 torch.float8_e5m2)
-_TRANSPORT_ENV = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_IB_DISABLE",
-                  "NCCL_PROTO", "NCCL_ALGO", "NCCL_SOCKET_IFNAME")
+_PRIOR_DTYPES = (
+    torch.bfloat16,
+    torch.float16,
+    torch.float32,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+)
+_TRANSPORT_ENV = (
+    "NCCL_P2P_DISABLE",
+    "NCCL_SHM_DISABLE",
+    "NCCL_NET",
+    "NCCL_IB_DISABLE",
+    "NCCL_PROTO",
+    "NCCL_ALGO",
+    "NCCL_SOCKET_IFNAME",
+)
 
 
 def mode() -> str:
@@ -114,8 +126,15 @@ class Profile:
 
     def vector(self) -> list[float]:
         out: list[float] = []
-        for line in [*(self.native[o] for o in OPS), self.compress, self.decompress, self.reduce,
-                     self.table, self.exchange, self.overhead]:
+        for line in [
+            *(self.native[o] for o in OPS),
+            self.compress,
+            self.decompress,
+            self.reduce,
+            self.table,
+            self.exchange,
+            self.overhead,
+        ]:
             out += [line.alpha, line.beta]
         return out + [self.ratio[_name(d)] for d in _PRIOR_DTYPES]
 
@@ -125,9 +144,14 @@ class Profile:
         ratios = v[2 * _LINES :]
         comp, dec, red, table, exchange, overhead = lines[len(OPS) :]
         return cls(
-            dict(zip(OPS, lines[: len(OPS)], strict=True)), comp, dec, red, table,
+            dict(zip(OPS, lines[: len(OPS)], strict=True)),
+            comp,
+            dec,
+            red,
+            table,
             ratio={_name(d): r for d, r in zip(_PRIOR_DTYPES, ratios, strict=True)},
-            exchange=exchange, overhead=overhead,
+            exchange=exchange,
+            overhead=overhead,
         )
 
     def to_json(self) -> str:
@@ -188,8 +212,7 @@ def predict(p: Profile, call: Call) -> dict[str, float]:
     verification policy runs it for them. It is charged whatever ``ZIPCCL_VERIFY`` says, so the
     choice never depends on a variable the ranks do not agree on.
     """
-    return {k: t + (p.exchange.alpha if k != NATIVE else 0.0)
-            for k, t in _predict(p, call).items()}
+    return {k: t + (p.exchange.alpha if k != NATIVE else 0.0) for k, t in _predict(p, call).items()}
 
 
 def wire_line(p: Profile, op: str, world: int) -> Line:
@@ -228,8 +251,10 @@ def _predict(p: Profile, call: Call) -> dict[str, float]:
     if op == "all_reduce":
         rs = _predict(p, replace(call, op="reduce_scatter"))
         ag = _predict(p, Call("all_gather", call.nbytes // w, call.dtype, w, call.chunks))
-        out = {A2A_REDUCE: min(v for k, v in rs.items() if k != COMPRESSED) + ag[NATIVE],
-               COMPRESSED: min(rs.values()) + min(ag.values())}
+        out = {
+            A2A_REDUCE: min(v for k, v in rs.items() if k != COMPRESSED) + ag[NATIVE],
+            COMPRESSED: min(rs.values()) + min(ag.values()),
+        }
         if call.native_ok:
             out[NATIVE] = p.native["all_reduce"](n)
         return out
@@ -281,8 +306,11 @@ def can_compress(p: Profile, op: str, dtype: torch.dtype, world: int) -> bool:
     """
     line, wire, r = p.native[op], wire_line(p, op, world), p.ratio.get(_name(dtype), 1.0)
     fan = {"all_gather": world}.get(op, 1)  # bytes decompressed per input byte
-    stages = [(p.compress.alpha, 1 / p.compress.beta), (wire.alpha, r / wire.beta),
-              (p.decompress.alpha, fan / p.decompress.beta)]
+    stages = [
+        (p.compress.alpha, 1 / p.compress.beta),
+        (wire.alpha, r / wire.beta),
+        (p.decompress.alpha, fan / p.decompress.beta),
+    ]
 
     def gap(n: float) -> float:
         fixed = p.table.alpha + p.exchange.alpha + p.overhead.alpha
@@ -365,8 +393,7 @@ def _load_profile(g: Group) -> Profile | None:
         raw = _kernel_cache.read_private(_cache_path(g), _PROFILE_BYTES)
         return None if raw is None else Profile.from_json(raw.decode())
     except (OSError, ValueError) as exc:  # UnsafeCacheError, a directory, bad JSON or values
-        warnings.warn(f"zipccl: not using the cached profile, measuring again: {exc}",
-                      stacklevel=3)
+        warnings.warn(f"zipccl: not using the cached profile, measuring again: {exc}", stacklevel=3)
         return None
 
 
@@ -400,8 +427,9 @@ def _timed(fn: Callable[[], object], cuda: bool, reps: int = 5) -> float:
     return min(_once(fn, cuda) for _ in range(reps))
 
 
-def _timed_together(fns: dict[object, Callable[[], object]], cuda: bool,
-                    rounds: int = 11) -> dict[object, float]:
+def _timed_together(
+    fns: dict[object, Callable[[], object]], cuda: bool, rounds: int = 11
+) -> dict[object, float]:
     """Fastest time of each closure over ``rounds`` rounds that call them all in turn (after one
     warm-up round), starting one later each round. Interleaved, a burst of load on a shared
     machine hits every closure alike instead of skewing one op's line -- which is what made a
@@ -426,22 +454,24 @@ def _measure(g: Group) -> Profile:
 
     sizes = _sizes(g)
     timed = _timed_together({(op, s): _native_op(g, op, s) for op in OPS for s in sizes}, g.cuda)
-    native = {op: Line.fit([float(s) for s in sizes], [timed[op, s] for s in sizes])
-              for op in OPS}
+    native = {op: Line.fit([float(s) for s in sizes], [timed[op, s] for s in sizes]) for op in OPS}
     gen = torch.Generator().manual_seed(0)
     data = {s: torch.randn(s // 2, generator=gen).to(torch.bfloat16).to(g.device) for s in sizes}
     book = codec.default_table(data[sizes[-1]])
     packed = {s: codec.compress(x, book) for s, x in data.items()}
-    comp = Line.fit([float(s) for s in sizes],
-                    [_timed(functools.partial(codec.compress, x, book), g.cuda)
-                     for x in data.values()])
+    comp = Line.fit(
+        [float(s) for s in sizes],
+        [_timed(functools.partial(codec.compress, x, book), g.cuda) for x in data.values()],
+    )
     table = Line(_timed(lambda: codec.default_table(data[sizes[-1]]), g.cuda), 1e18)
-    dec = Line.fit([float(s) for s in sizes],
-                   [_timed(functools.partial(codec.decompress, c), g.cuda)
-                    for c in packed.values()])
-    red = Line.fit([float(s) for s in sizes],
-                   [_timed(functools.partial(_reduce_once, x, g.world), g.cuda)
-                    for x in data.values()])
+    dec = Line.fit(
+        [float(s) for s in sizes],
+        [_timed(functools.partial(codec.decompress, c), g.cuda) for c in packed.values()],
+    )
+    red = Line.fit(
+        [float(s) for s in sizes],
+        [_timed(functools.partial(_reduce_once, x, g.world), g.cuda) for x in data.values()],
+    )
     ratio = {}
     for dtype in _PRIOR_DTYPES:
         x = torch.randn(1 << 16, generator=gen).to(dtype).to(g.device)
@@ -496,7 +526,22 @@ def _native_op(g: Group, op: str, nbytes: int) -> Callable[[], object]:
 
 
 __all__ = [
-    "A2A_REDUCE", "COMPRESSED", "MODES", "NATIVE", "Call", "Line", "Profile", "best_chunks",
-    "can_compress", "choose", "chunk_bytes", "chunks_given", "mode", "native_reduce", "predict",
-    "profile_for", "set_profile", "wire_line",
+    "A2A_REDUCE",
+    "COMPRESSED",
+    "MODES",
+    "NATIVE",
+    "Call",
+    "Line",
+    "Profile",
+    "best_chunks",
+    "can_compress",
+    "choose",
+    "chunk_bytes",
+    "chunks_given",
+    "mode",
+    "native_reduce",
+    "predict",
+    "profile_for",
+    "set_profile",
+    "wire_line",
 ]
