@@ -1,4 +1,4 @@
-"""Developer and CI entry points: `nox -s sim` (the main job), tests, verilog, synth, report."""
+"""Entry points for developers and CI: sim (the main job), formal, tests, verilog, synth, report."""
 
 from __future__ import annotations
 
@@ -43,13 +43,21 @@ def tests(session: nox.Session) -> None:
     ):  # the synthesis script's test too
         _ensure_tool(session, tool, package)
     session.install(TORCH)
-    session.install("-e", ".[test,sim,torch,triton,report]")
+    session.install("-e", ".[test,sim,torch,triton,report,formal]")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")  # golden/ and sw/zipccl ([tool.mypy] in pyproject.toml)
     # one worker per core, a test file per worker (module fixtures such as generated Verilog and
     # process-group clusters are then built once)
     session.run("pytest", "-q", "-n", "auto", "--dist", "loadfile", *session.posargs)
+
+
+@nox.session
+def formal(session: nox.Session) -> None:
+    """Bounded model checks of the blocks' stream rules (yosys-smtbmc with the yices solver)."""
+    _ensure_tool(session, "yosys-smtbmc", "yosys")
+    session.install("-e", ".[formal]")
+    session.run("python", "-m", "sim.formal", *session.posargs)
 
 
 @nox.session
