@@ -32,6 +32,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from golden.formats import FORMATS
+
 #  Local error codes a rank reports in its descriptor (0 = fine).
 ERRORS = {
     1: "output tensor has the wrong number of elements for this collective",
@@ -43,12 +45,11 @@ ERRORS = {
 }
 SUMMARY_FAILED = 7  # the error code of a rank whose exchange ``fill`` raised (not a mismatch)
 
-DTYPE_CODES: dict[torch.dtype, int] = {
-    torch.bfloat16: 1,
-    torch.float16: 2,
-    torch.float32: 3,
-    torch.float8_e4m3fn: 4,
-    torch.float8_e5m2: 5,
+#  A descriptor's dtype code: the codec's formats carry golden's own format codes (the
+#  compressed-buffer header's), the dtypes zipccl only moves natively codes of their own.
+CODEC_DTYPES = frozenset(getattr(torch, f.name) for f in FORMATS.values())
+DTYPE_CODES: dict[torch.dtype, int] = {getattr(torch, f.name): f.code for f in FORMATS.values()}
+DTYPE_CODES |= {
     torch.float64: 16,
     torch.uint8: 17,
     torch.int8: 18,
@@ -57,7 +58,7 @@ DTYPE_CODES: dict[torch.dtype, int] = {
     torch.int64: 21,
     torch.bool: 22,
 }
-CODEC_DTYPES = frozenset(d for d, c in DTYPE_CODES.items() if c <= 5)
+assert len(set(DTYPE_CODES.values())) == len(DTYPE_CODES), "dtype codes must be distinct"
 _CODE_NAMES = {c: str(d).removeprefix("torch.") for d, c in DTYPE_CODES.items()}
 
 

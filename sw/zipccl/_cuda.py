@@ -49,6 +49,8 @@ MAX_BLOCK = 16384  # one warp stages a block's payload in shared memory
 MAX_HEADER = 512  # codec.cu kMaxHeader: the kernel that writes the header stages it in shared
 assert CRC_AT + 4 == HEADER_BYTES <= MAX_HEADER
 GAPS = 10
+# the kernel instantiation per format (codec.cu by_kind; both FP8 formats code whole bytes alike),
+# not a dtype code: those are golden.formats'
 KIND = {"bfloat16": 0, "float16": 1, "float32": 2, "float8_e4m3fn": 3, "float8_e5m2": 3}
 FAST_BF16 = 4  # BF16 under a byte-escape table (ZIPCCL_FAST=0 selects the generic kernels)
 
