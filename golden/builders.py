@@ -7,7 +7,8 @@ symbols are always coded (ranked capacity covers all 256, or a literal escape re
 * :func:`best_table` -- exhaustive search for the least expected code length.
 * :func:`qlc_heuristic` -- the QLC paper's ``optimize_zones`` rule mapped to widths {3,4,5,8}.
 * :func:`qlc_dynamic` -- the paper's variant for a dominant symbol: a w=1 head for the top 2,
-  then six w=5 middles (SPEC.md's reading), or ``middle=None``: the best 3/4/5 middles.
+  then six w=5 middles (the paper's layout read literally), or ``middle=None``: the best
+  3/4/5 middles.
 * :func:`zipccl_histogram_table` -- the ZipCCL exponent layout with the measured top 7.
 * :func:`staircase_table` -- the fast builder: the best of a fixed family of 666 staircase
   layouts (:func:`staircase_layouts`), the FP8 default of zipccl's CPU path.
@@ -220,7 +221,8 @@ def qlc_dynamic(
     """The paper's variant for a dominant symbol (zeros): the 2 most frequent symbols in a w=1
     region (4-bit codes), wider middle regions, and the 8-bit escape last.
 
-    ``middle=5`` (default) is SPEC.md's reading: six w=5 regions, 8-bit codes for ranks 2..193.
+    ``middle=5`` (default) is the paper's layout read literally: six w=5 regions, 8-bit codes
+    for ranks 2..193.
     ``middle=None`` searches the six middle widths over the paper's 3/4/5 instead (exhaustively,
     as :func:`best_table` with the head fixed).
     """
