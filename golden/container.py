@@ -70,6 +70,7 @@ FLAGS_AT = struct.calcsize("<4sBBBBI")  # the uint32 flags field
 PAYLOAD_BYTES_AT = struct.calcsize("<4sBBBBIIQ")  # the uint64 payload_bytes field
 CHECKSUM_AT = -(-(_TABLE_AT + TABLE_BYTES) // 8) * 8  # the uint64 values checksum
 FLAG_CHECKSUM = 1  # the header carries values_checksum of the tensor's bytes
+CHECKSUM_MISMATCH = "values checksum mismatch: the buffer's body is corrupt"
 assert CHECKSUM_AT + 8 <= CRC_AT
 
 # values_checksum's constants: the golden ratio keys each word by its index; MurmurHash3's
@@ -305,7 +306,7 @@ def _checksum_of(flat: np.ndarray, fmt: FloatFormat) -> int:
 def check_values(head: Header, bits: np.ndarray) -> None:
     """The decoded values must have the checksum the header carries (where it carries one)."""
     if head.checksum is not None and _checksum_of(bits.ravel(), head.fmt) != head.checksum:
-        raise StreamError("values checksum mismatch: the buffer's body is corrupt")
+        raise StreamError(CHECKSUM_MISMATCH)
 
 
 def check_gaps(buf: bytes | np.ndarray, sec: Sections) -> None:

@@ -2,7 +2,7 @@
 // Included by codec.cu.
 #pragma once
 
-#include "layout.cuh"
+#include "checksum.cuh"
 
 namespace {
 
@@ -91,18 +91,35 @@ __device__ inline void warp_copy(uint8_t* dst, const uint8_t* src, uint32_t len)
   for (uint32_t i = head + 4 * words + lane; i < len; i += 32) dst[i] = src[i];
 }
 
-// `len` bytes from `src` to `dst` by the whole grid, 16 bytes a thread where both are aligned.
-__device__ inline void grid_copy(uint8_t* dst, const uint8_t* src, long long len) {
+// `len` bytes from `src` to `dst` by the whole grid, 16 bytes a thread where both are aligned, else
+// a word (4 bytes) a thread; `sum` gets the copied bytes' checksum terms (byte 0 of `dst` is byte 0
+// of the tensor).
+template <bool ON = false>
+__device__ inline void grid_copy(uint8_t* dst, const uint8_t* src, long long len,
+                                 Summer<ON>* sum = nullptr) {
   const long long tid = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
   long long done = 0;
   if (aligned(dst, 16) && aligned(src, 16)) {
     const long long vecs = len / 16;
-    for (long long i = tid; i < vecs; i += step)
-      reinterpret_cast<uint4*>(dst)[i] = __ldcs(reinterpret_cast<const uint4*>(src) + i);
+    for (long long i = tid; i < vecs; i += step) {
+      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(src) + i);
+      reinterpret_cast<uint4*>(dst)[i] = v;
+      if constexpr (ON) {
+        const uint32_t w = static_cast<uint32_t>(4 * i);
+        sum->word(w, v.x), sum->word(w + 1, v.y), sum->word(w + 2, v.z), sum->word(w + 3, v.w);
+      }
+    }
     done = 16 * vecs;
   }
-  for (long long i = done + tid; i < len; i += step) dst[i] = src[i];
+  for (long long k = done / 4 + tid; 4 * k < len; k += step) {
+    uint32_t w = 0;
+    for (long long b = 4 * k; b < 4 * k + 4 && b < len; ++b) {
+      dst[b] = src[b];
+      w |= static_cast<uint32_t>(src[b]) << (8 * (b & 3));
+    }
+    if constexpr (ON) sum->word(static_cast<uint32_t>(k), w);
+  }
 }
 
 }  // namespace
