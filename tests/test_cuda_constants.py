@@ -18,7 +18,7 @@ from zipccl import _cuda
 from golden import codebook, container, theory
 from golden.codebook import Codebook
 
-DEFINITION = re.compile(r"constexpr\s+(?:int|long long|unsigned|uint8_t)\s+([^;(]+);")
+DEFINITION = re.compile(r"constexpr\s+(?:int|long long|unsigned|uint8_t|uint32_t)\s+([^;(]+);")
 LITERAL_SUFFIX = re.compile(r"\b(0x[0-9a-fA-F]+|\d+)(?:ull|ll|u)?\b")
 OPERATORS = {
     ast.Add: operator.add,
@@ -87,6 +87,10 @@ CUDA = _constants()
         ("kErrPadding", _cuda.DecodeError.PADDING),
         ("kErrPlanePad", _cuda.DecodeError.PLANE_PADDING),
         ("kErrRoom", _cuda.DecodeError.ROOM),
+        ("kErrChecksum", _cuda.DecodeError.CHECKSUM),
+        ("kSumKey", container._KEY),
+        ("kSumMix1", container._MIX1),
+        ("kSumMix2", container._MIX2),
     ],
 )
 def test_cuda_constant_matches(name: str, want: int) -> None:
