@@ -73,43 +73,42 @@ FLAG_CHECKSUM = 1  # the header carries values_checksum of the tensor's bytes
 CHECKSUM_MISMATCH = "values checksum mismatch: the buffer's body is corrupt"
 assert CHECKSUM_AT + 8 <= CRC_AT
 
-# values_checksum's constants: the golden ratio keys each word by its index; MurmurHash3's
-# 32-bit finalizer mixes it (a bijection, so a changed word always changes its term)
-_KEY, _MIX1, _MIX2 = 0x9E3779B9, 0x85EBCA6B, 0xC2B2AE35
-_CHUNK_WORDS = 1 << 20  # values_checksum's working set, in words
+# values_checksum's key: the golden ratio, so that each word's key differs from its neighbours'
+_KEY = 0x9E3779B9
+_CHUNK_WORDS = 1 << 20  # values_checksum's working set, in words (even)
+_MASK32 = 0xFFFFFFFF
 
 
 def values_checksum(data: bytes | np.ndarray) -> int:
     """The 64-bit checksum of a tensor's bytes that ``checksum=True`` buffers carry.
 
-    The bytes (little-endian elements in order, zero padded to whole 32-bit words) as words
-    ``w_i``; ``h_i = fmix32(w_i ^ (i * 0x9E3779B9))`` (32-bit arithmetic, ``i`` mod 2^32,
-    fmix32 MurmurHash3's finalizer); ``lo = sum h_i``, ``hi = sum h_i * (2i + 1)``, both mod
-    2^32; the checksum is ``hi << 32 | lo``. Each term depends on its word alone, so blocks of
-    words sum independently, in any order (the GPU kernels sum theirs while they code); since
-    fmix32 is a bijection, changing one word always changes ``lo``.
+    The bytes (little-endian elements in order), zero padded to a multiple of 8, as 32-bit
+    little-endian words ``w_i``. Each word is keyed by its index, ``a_i = w_i + i * 0x9E3779B9``
+    (mod 2^32, ``i`` mod 2^32), and the words are multiplied in pairs (NH, the hash of UMAC):
+
+        L = sum w_i                  mod 2^32
+        S = sum a_2j * a_2j+1        mod 2^64  (64-bit products)
+        checksum = (S ^ S >> 32) mod 2^32 << 32 | L
+
+    L changes whenever exactly one word does, so such a corruption is always detected; S, whose
+    keyed products mix every bit of a pair with every bit of its partner, catches what cancels
+    in L (two sign bits flipped, say). Every term depends on its pair alone, so pairs sum in any
+    order: the GPU kernels sum them while they code, at one multiply-add a pair.
     """
     raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8)
     raw = raw.ravel()
-    if raw.size % 4:
-        raw = np.concatenate([raw, np.zeros(4 - raw.size % 4, np.uint8)])
+    if raw.size % 8:
+        raw = np.concatenate([raw, np.zeros(8 - raw.size % 8, np.uint8)])
     words = raw.view("<u4")
-    lo = hi = 0
+    low = pairs = 0
     for at in range(0, words.size, _CHUNK_WORDS):
         w = words[at : at + _CHUNK_WORDS].astype(np.uint32)
-        i = np.arange(at, at + w.size, dtype=np.uint64).astype(np.uint32)
-        h = _fmix32(w ^ (i * np.uint32(_KEY)))
-        lo += int(h.sum(dtype=np.uint64))
-        hi += int((h * (np.uint32(2) * i + np.uint32(1))).sum(dtype=np.uint64))
-    return (hi & 0xFFFFFFFF) << 32 | (lo & 0xFFFFFFFF)
-
-
-def _fmix32(h: np.ndarray) -> np.ndarray:
-    h = h ^ (h >> np.uint32(16))
-    h = h * np.uint32(_MIX1)
-    h = h ^ (h >> np.uint32(13))
-    h = h * np.uint32(_MIX2)
-    return h ^ (h >> np.uint32(16))
+        keys = np.arange(at, at + w.size, dtype=np.uint64).astype(np.uint32) * np.uint32(_KEY)
+        a = (w + keys).astype(np.uint64)
+        low += int(w.sum(dtype=np.uint64))
+        pairs += int((a[0::2] * a[1::2]).sum(dtype=np.uint64))
+    pairs &= (1 << 64) - 1
+    return ((pairs ^ pairs >> 32) & _MASK32) << 32 | (low & _MASK32)
 
 
 def align(n: int) -> int:

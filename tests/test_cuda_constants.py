@@ -88,9 +88,8 @@ CUDA = _constants()
         ("kErrPlanePad", _cuda.DecodeError.PLANE_PADDING),
         ("kErrRoom", _cuda.DecodeError.ROOM),
         ("kErrChecksum", _cuda.DecodeError.CHECKSUM),
+        ("kErrGaps", _cuda.DecodeError.GAPS),
         ("kSumKey", container._KEY),
-        ("kSumMix1", container._MIX1),
-        ("kSumMix2", container._MIX2),
     ],
 )
 def test_cuda_constant_matches(name: str, want: int) -> None:

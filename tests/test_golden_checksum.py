@@ -33,20 +33,15 @@ MASK = 0xFFFFFFFF
 
 def _reference(data: bytes) -> int:
     """values_checksum written out word by word in plain Python integers."""
-    data += bytes(-len(data) % 4)
-    lo = hi = 0
-    for i in range(len(data) // 4):
-        h = int.from_bytes(data[4 * i : 4 * i + 4], "little") ^ (i * 0x9E3779B9 & MASK)
-        h ^= h >> 16
-        h = h * 0x85EBCA6B & MASK
-        h ^= h >> 13
-        h = h * 0xC2B2AE35 & MASK
-        h ^= h >> 16
-        lo, hi = (lo + h) & MASK, (hi + h * (2 * i + 1)) & MASK
-    return hi << 32 | lo
+    data += bytes(-len(data) % 8)
+    w = [int.from_bytes(data[i : i + 4], "little") for i in range(0, len(data), 4)]
+    a = [(w[i] + i * 0x9E3779B9) & MASK for i in range(len(w))]
+    low = sum(w) & MASK
+    pairs = sum(a[i] * a[i + 1] for i in range(0, len(a), 2)) % (1 << 64)
+    return ((pairs ^ pairs >> 32) & MASK) << 32 | low
 
 
-@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 8, 1000, 4099])
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 8, 9, 1000, 4099])
 def test_checksum_is_the_documented_word_sum(n: int) -> None:
     data = np.random.default_rng(SEED + n).integers(0, 256, n, dtype=np.uint8).tobytes()
     assert values_checksum(data) == _reference(data)
@@ -56,18 +51,28 @@ def test_checksum_pins_its_value() -> None:
     """A fixed vector, so the GPU and torch implementations are held to the same function."""
     assert values_checksum(bytes(range(10))) == _reference(bytes(range(10)))
     assert values_checksum(b"") == 0
-    assert values_checksum(bytes(range(10))) == 0xBC6E9F6A_98411896
+    assert values_checksum(bytes(range(10))) == 0x40B7C727_0A080F0C
 
 
 def test_checksum_spans_chunks() -> None:
     """Words past the first working chunk keep their own index (mod 2^32)."""
     n = 4 * container._CHUNK_WORDS + 12
-    data = np.random.default_rng(SEED).integers(0, 256, n, dtype=np.uint8)
-    words = data[: n // 4 * 4].view("<u4").astype(np.uint64)
-    i = np.arange(words.size, dtype=np.uint64)
-    h = container._fmix32((words ^ (i * 0x9E3779B9 & MASK)).astype(np.uint32)).astype(np.uint64)
-    lo, hi = int(h.sum()) & MASK, int((h * (2 * i + 1) & MASK).sum()) & MASK
-    assert values_checksum(data.tobytes()) == hi << 32 | lo
+    data = np.random.default_rng(SEED).integers(0, 256, n, dtype=np.uint8).tobytes()
+    assert values_checksum(data) == _reference(data)
+
+
+def test_pairs_of_sign_flips_are_detected() -> None:
+    """Two sign bits flipped cancel in the word sum (2^31 + 2^31 = 2^32); the keyed pair
+    products catch every such pair of a 64-value tensor, in one pair and across pairs."""
+    data = bytearray(np.random.default_rng(SEED).standard_normal(64).astype(np.float32).tobytes())
+    base = values_checksum(bytes(data))
+    for i in range(64):
+        for j in range(i + 1, 64):
+            flipped = bytearray(data)
+            flipped[4 * i + 3] ^= 0x80
+            flipped[4 * j + 3] ^= 0x80
+            got = values_checksum(bytes(flipped))
+            assert got != base and got & MASK == base & MASK, (i, j)
 
 
 @settings(max_examples=200, deadline=None)

@@ -67,6 +67,7 @@ class DecodeError(enum.IntFlag):
     PLANE_PADDING = 16
     ROOM = 32  # a collective resends such a buffer raw: not corruption
     CHECKSUM = 64
+    GAPS = 128
 
 
 ERRORS = {
@@ -77,6 +78,7 @@ ERRORS = {
     DecodeError.PLANE_PADDING: "bit plane padding bits are not zero",
     DecodeError.ROOM: "the header's payload size exceeds the payload's room",
     DecodeError.CHECKSUM: CHECKSUM_MISMATCH,
+    DecodeError.GAPS: "alignment gap bytes are not zero",
 }
 ROOM_ERROR = DecodeError.ROOM
 

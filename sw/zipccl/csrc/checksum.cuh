@@ -1,48 +1,53 @@
 // golden.container.values_checksum, summed by the threads that read (encode) or write (decode) the
-// tensor's values as they go: a 32-bit word's term depends on the word and its index alone, so any
-// thread may add any word's, in any order, and the sums combine by addition. Included by warp.cuh.
+// tensor's values as they go: a pair of 32-bit words' terms depend on the pair and its index alone,
+// so any thread may add any pair's, in any order, and the sums combine by addition. Included by
+// warp.cuh.
 #pragma once
 
 #include "layout.cuh"
 
 namespace {
 
-constexpr uint32_t kSumKey = 0x9E3779B9u, kSumMix1 = 0x85EBCA6Bu, kSumMix2 = 0xC2B2AE35u;
+constexpr uint32_t kSumKey = 0x9E3779B9u;
+
+// The accumulator of a grid's sums (the decoder's `acc`; the encoder's in its work area): the pair
+// products' sum first (8-aligned), then the word sum and, for the decoder, a count of finished CTAs.
+struct SumAcc {
+  unsigned long long pairs;
+  uint32_t low, done;
+};
+
+__host__ __device__ inline unsigned long long checksum_of(unsigned long long pairs, uint32_t low) {
+  return (((pairs ^ (pairs >> 32)) & 0xffffffffull) << 32) | low;
+}
 
 // A thread's part of the checksum when ON; when not, every member is a no-op the compiler drops,
 // so the kernels without a checksum are the same code as before it existed.
 template <bool ON>
 struct Summer {
-  uint32_t lo = 0, hi = 0;
+  unsigned long long pairs = 0;
+  uint32_t low = 0;
 
-  // Word i (mod 2^32) of the tensor's bytes: golden's fmix32(w ^ i * key), summed and summed
-  // with weight 2i + 1.
-  __device__ __forceinline__ void word(uint32_t i, uint32_t w) {
+  // Words i and i + 1 (i even, mod 2^32) of the tensor's bytes: one multiply-add.
+  __device__ __forceinline__ void pair(uint32_t i, uint32_t w0, uint32_t w1) {
     if constexpr (ON) {
-      uint32_t h = w ^ (i * kSumKey);
-      h ^= h >> 16;
-      h *= kSumMix1;
-      h ^= h >> 13;
-      h *= kSumMix2;
-      h ^= h >> 16;
-      lo += h;
-      hi += h * (2u * i + 1u);
+      const uint32_t k = i * kSumKey;
+      low += w0 + w1;
+      pairs += static_cast<unsigned long long>(w0 + k) * (w1 + k + kSumKey);
     }
   }
 
   // A group's 8 elements from element e0 (a multiple of 8) on, packed little endian in
   // 2 * sizeof(T) words; only the bytes of its first cnt elements count (golden pads the
-  // tensor's last word with zeros; the rest of a partial group is not the tensor's).
+  // tensor's last pair of words with zeros; the rest of a partial group is not the tensor's).
   template <typename T>
   __device__ __forceinline__ void group(long long e0, int cnt, const uint32_t* w) {
     if constexpr (ON) {
       const uint32_t i0 = static_cast<uint32_t>(e0 * static_cast<long long>(sizeof(T)) / 4);
       const int bytes = cnt * static_cast<int>(sizeof(T));
 #pragma unroll
-      for (int j = 0; j < 2 * static_cast<int>(sizeof(T)); ++j) {
-        const int left = bytes - 4 * j;
-        if (left > 0) word(i0 + j, left >= 4 ? w[j] : w[j] & ((1u << (8 * left)) - 1u));
-      }
+      for (int j = 0; j < 2 * static_cast<int>(sizeof(T)); j += 2)
+        if (4 * j < bytes) pair(i0 + j, masked(w[j], bytes - 4 * j), masked(w[j + 1], bytes - 4 * j - 4));
     }
   }
 
@@ -63,43 +68,50 @@ struct Summer {
     }
   }
 
-  // Adds the warp's sums into acc[0] (lo) and acc[1] (hi), made visible device-wide before the
-  // call returns. Every lane of the warp must call it.
-  __device__ __forceinline__ void commit(uint32_t* acc) const {
+  // Adds the warp's sums into `acc`, made visible device-wide before the call returns. Every
+  // lane of the warp must call it.
+  __device__ __forceinline__ void commit(SumAcc* acc) const {
     if constexpr (ON) {
-      uint32_t l = lo, h = hi;
+      unsigned long long p = pairs;
+      uint32_t l = low;
 #pragma unroll
-      for (int d = 16; d; d >>= 1) l += __shfl_xor_sync(kFull, l, d), h += __shfl_xor_sync(kFull, h, d);
+      for (int d = 16; d; d >>= 1) p += __shfl_xor_sync(kFull, p, d), l += __shfl_xor_sync(kFull, l, d);
       if ((threadIdx.x & 31) == 0) {
-        atomicAdd(acc, l);
-        atomicAdd(acc + 1, h);
+        atomicAdd(&acc->pairs, p);
+        atomicAdd(&acc->low, l);
         __threadfence();
       }
     }
   }
+
+ private:
+  // The first `left` bytes of a word (all of it from 4 on, none at 0 or below).
+  __device__ __forceinline__ static uint32_t masked(uint32_t w, int left) {
+    return left >= 4 ? w : left <= 0 ? 0u : w & ((1u << (8 * left)) - 1u);
+  }
 };
 
 // The decoder's check, by the grid's last CTA to finish: the summed checksum against the header's
-// (at `expect`), kErrChecksum into `flag` where they differ. `acc`: lo, hi and a count of finished
-// CTAs, zero before the grid starts; the last CTA leaves them zero again for the next decode. Every
-// thread of every CTA must call it once.
+// (at `expect`), kErrChecksum into `flag` where they differ. `acc` is zero before the grid starts;
+// the last CTA leaves it zero again for the next decode. Every thread of every CTA must call it
+// once.
 template <bool ON>
-__device__ inline void verify_sum(const Summer<ON>& sum, uint32_t* acc, const uint8_t* expect,
+__device__ inline void verify_sum(const Summer<ON>& sum, SumAcc* acc, const uint8_t* expect,
                                   int* flag) {
   if constexpr (ON) {
     __shared__ bool s_last;
     sum.commit(acc);
     __syncthreads();  // every warp's sums are in
-    if (threadIdx.x == 0) s_last = atomicAdd(acc + 2, 1u) == gridDim.x - 1;
+    if (threadIdx.x == 0) s_last = atomicAdd(&acc->done, 1u) == gridDim.x - 1;
     __syncthreads();
     if (threadIdx.x == 0 && s_last) {
       __threadfence();
-      const unsigned long long got =
-          static_cast<unsigned long long>(atomicExch(acc + 1, 0u)) << 32 | atomicExch(acc, 0u);
-      atomicExch(acc + 2, 0u);
+      const unsigned long long pairs = atomicExch(&acc->pairs, 0ull);
+      const uint32_t low = atomicExch(&acc->low, 0u);
+      atomicExch(&acc->done, 0u);
       unsigned long long want = 0;
       for (int k = 0; k < 8; ++k) want |= static_cast<unsigned long long>(expect[k]) << (8 * k);
-      if (got != want) atomicOr(flag, kErrChecksum);
+      if (checksum_of(pairs, low) != want) atomicOr(flag, kErrChecksum);
     }
   }
 }

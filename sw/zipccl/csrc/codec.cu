@@ -102,10 +102,10 @@ int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab
   return cudaGetLastError();
 }
 
-// `acc`: the checksum's accumulator (3 uint32, zero; left zero) where L->checksum_at.
+// `acc`: the checksum's accumulator (zero; left zero) where L->checksum_at.
 template <class F, bool Z = false>
 int launch_decode(const void* buf, const void* pay, void* out, const Layout* L, const int32_t* tab,
-                  int* flag, uint32_t* acc, cudaStream_t s) {
+                  int* flag, SumAcc* acc, cudaStream_t s) {
   const int warps = warps_for(L->block), threads = 32 * warps;
   const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4;
   const long long ctas = (L->nb + warps - 1) / warps;
@@ -227,8 +227,8 @@ extern "C" int zipccl_compress(int device, int kind, const void* in, void* out, 
 
 // `pay` is the payload stream (L->payload_cap bytes); L->payload_bytes < 0 takes its size from
 // the header at `buf`. clear != 0 zeroes the flag first; else problems are OR-ed into it. Where
-// L->checksum_at, the decoded values are checked against the header's checksum, with `acc` (3
-// uint32, zero) as the accumulator, which the decode leaves zero.
+// L->checksum_at, the decoded values are checked against the header's checksum, with `acc` (16
+// bytes, zero) as the accumulator, which the decode leaves zero.
 extern "C" int zipccl_decode(int device, int kind, const void* buf, const void* pay, void* out,
                              const Layout* L, const int32_t* tab, int* flag, int clear,
                              void* acc, void* stream) {
@@ -240,7 +240,7 @@ extern "C" int zipccl_decode(int device, int kind, const void* buf, const void* 
   }
   return by_kind(kind, [&](auto f, auto z) {
     return launch_decode<decltype(f), decltype(z)::value>(buf, pay, out, L, tab, flag,
-                                                         static_cast<uint32_t*>(acc), s);
+                                                         static_cast<SumAcc*>(acc), s);
   });
 }
 

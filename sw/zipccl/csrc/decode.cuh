@@ -514,7 +514,7 @@ template <class F, bool Z, bool CK>
 __global__ void __launch_bounds__(32 * kMaxWarps, (F::BYTE_CODED || Z) ? 4 : 1)
 decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
               typename F::T* __restrict__ out, const Layout L, const int32_t* __restrict__ tab,
-              int* __restrict__ flag, uint32_t* __restrict__ acc) {
+              int* __restrict__ flag, SumAcc* __restrict__ acc) {
   __shared__ DecTab t;
   __shared__ uint16_t s_sym2[F::BYTE_CODED ? kSym2 : 1];
   constexpr bool kSpread = Z || F::BYTE_CODED;
@@ -579,6 +579,11 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
     return;
   }
   int err = 0;
+  if (blockIdx.x == 0) {  // canonical form: the encoder leaves the alignment gaps zero
+    for (int g = 0; g < L.ngaps; ++g)
+      for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += blockDim.x)
+        if (buf[i]) err |= kErrGaps;
+  }
   const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
   for (long long b = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp; b < L.nb;
        b += warps) {

@@ -147,14 +147,14 @@ __device__ inline uint32_t enc_round_at(const typename F::T* in, uint8_t* out, c
     return enc_round<F, FULL>(x, cnt, e0, out, L, s_lut, bits, stage);
 }
 
-// `work` (zipccl_work_bytes): [0, 8) the payload size, [8, 16) the values checksum's two uint32
-// sums (zeroed with the tile sums), then per tile of kTile blocks a uint64 sum
+// `work` (zipccl_work_bytes): [0, 8) the payload size, [8, 24) the values checksum's sums (a
+// SumAcc, zeroed with the tile sums), then from 32 on per tile of kTile blocks a uint64 sum
 // (zeroed before the encode), per block a uint32 byte count, and the scratch slots (`block` bytes
 // per block, 16 bytes of slack after them).
 constexpr int kTile = 256;
 struct Work {
   unsigned long long* total;
-  uint32_t* sum;  // lo, hi
+  SumAcc* sum;
   unsigned long long* tiles;
   uint32_t* counts;
   uint8_t* scratch;
@@ -162,13 +162,13 @@ struct Work {
 
 __host__ __device__ inline long long align16(long long x) { return (x + 15) / 16 * 16; }
 __host__ __device__ inline long long num_tiles(long long nb) { return (nb + kTile - 1) / kTile; }
-__host__ __device__ inline long long counts_at(long long nb) { return align16(16 + 8 * num_tiles(nb)); }
+__host__ __device__ inline long long counts_at(long long nb) { return align16(32 + 8 * num_tiles(nb)); }
 __host__ __device__ inline long long scratch_at(long long nb) { return align16(counts_at(nb) + 4 * nb); }
 
 __host__ __device__ inline Work work_of(void* work, long long nb) {
   uint8_t* w = static_cast<uint8_t*>(work);
-  return {reinterpret_cast<unsigned long long*>(w), reinterpret_cast<uint32_t*>(w + 8),
-          reinterpret_cast<unsigned long long*>(w + 16),
+  return {reinterpret_cast<unsigned long long*>(w), reinterpret_cast<SumAcc*>(w + 8),
+          reinterpret_cast<unsigned long long*>(w + 32),
           reinterpret_cast<uint32_t*>(w + counts_at(nb)), w + scratch_at(nb)};
 }
 
@@ -314,7 +314,7 @@ finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const L
       if (size) size[0] = raw ? L.raw_size : L.payload_at + static_cast<long long>(all);
       if (size) size[1] = raw ? 0 : static_cast<long long>(all);
     }
-    const unsigned long long checksum = static_cast<unsigned long long>(work.sum[1]) << 32 | work.sum[0];
+    const unsigned long long checksum = checksum_of(work.sum->pairs, work.sum->low);
     if (raw && L.checksum_at) {
       write_header(out, L, raw_head, 0, checksum);
     } else if (raw) {
@@ -355,15 +355,15 @@ finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const L
 __global__ void __launch_bounds__(256)
 seal_raw_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
                 const uint8_t* __restrict__ raw_head) {
-  __shared__ uint32_t s_sum[2];
-  if (threadIdx.x < 2) s_sum[threadIdx.x] = 0u;
+  __shared__ SumAcc s_sum;
+  if (threadIdx.x == 0) s_sum = SumAcc{0, 0, 0};
   __syncthreads();
   Summer<true> sum;
   const long long head = L.crc_at + 4;
   grid_copy<true>(out + head, in, L.raw_size - head, &sum);
-  sum.commit(s_sum);
+  sum.commit(&s_sum);
   __syncthreads();
-  write_header(out, L, raw_head, 0, static_cast<unsigned long long>(s_sum[1]) << 32 | s_sum[0]);
+  write_header(out, L, raw_head, 0, checksum_of(s_sum.pairs, s_sum.low));
 }
 
 }  // namespace

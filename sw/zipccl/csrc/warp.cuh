@@ -92,8 +92,8 @@ __device__ inline void warp_copy(uint8_t* dst, const uint8_t* src, uint32_t len)
 }
 
 // `len` bytes from `src` to `dst` by the whole grid, 16 bytes a thread where both are aligned, else
-// a word (4 bytes) a thread; `sum` gets the copied bytes' checksum terms (byte 0 of `dst` is byte 0
-// of the tensor).
+// 8 bytes (a pair of words) a thread; `sum` gets the copied bytes' checksum terms (byte 0 of `dst`
+// is byte 0 of the tensor).
 template <bool ON = false>
 __device__ inline void grid_copy(uint8_t* dst, const uint8_t* src, long long len,
                                  Summer<ON>* sum = nullptr) {
@@ -107,18 +107,18 @@ __device__ inline void grid_copy(uint8_t* dst, const uint8_t* src, long long len
       reinterpret_cast<uint4*>(dst)[i] = v;
       if constexpr (ON) {
         const uint32_t w = static_cast<uint32_t>(4 * i);
-        sum->word(w, v.x), sum->word(w + 1, v.y), sum->word(w + 2, v.z), sum->word(w + 3, v.w);
+        sum->pair(w, v.x, v.y), sum->pair(w + 2, v.z, v.w);
       }
     }
     done = 16 * vecs;
   }
-  for (long long k = done / 4 + tid; 4 * k < len; k += step) {
-    uint32_t w = 0;
-    for (long long b = 4 * k; b < 4 * k + 4 && b < len; ++b) {
+  for (long long p = done / 8 + tid; 8 * p < len; p += step) {
+    uint32_t w[2] = {0u, 0u};
+    for (long long b = 8 * p; b < 8 * p + 8 && b < len; ++b) {
       dst[b] = src[b];
-      w |= static_cast<uint32_t>(src[b]) << (8 * (b & 3));
+      w[(b >> 2) & 1] |= static_cast<uint32_t>(src[b]) << (8 * (b & 3));
     }
-    if constexpr (ON) sum->word(static_cast<uint32_t>(k), w);
+    if constexpr (ON) sum->pair(static_cast<uint32_t>(2 * p), w[0], w[1]);
   }
 }
 
