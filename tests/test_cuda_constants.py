@@ -89,6 +89,7 @@ CUDA = _constants()
         ("kErrRoom", _cuda.DecodeError.ROOM),
         ("kErrChecksum", _cuda.DecodeError.CHECKSUM),
         ("kErrGaps", _cuda.DecodeError.GAPS),
+        ("kErrSymbol", _cuda.DecodeError.SYMBOL),
         ("kSumKey", container._KEY),
     ],
 )
