@@ -78,13 +78,48 @@ unsigned resident_grid(K kernel, int threads, size_t smem, long long ctas) {
   return static_cast<unsigned>(grid < ctas ? grid : ctas);
 }
 
+// Whether `device` runs programmatic dependent launches (compute capability 9.0 and up).
+bool dependent_launch(int device) {
+  static int known[64];  // 0 unknown, 1 no, 2 yes; a race only repeats the query
+  if (device < 0 || device >= 64) return false;
+  if (!known[device]) {
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    known[device] = major >= 9 ? 2 : 1;
+  }
+  return known[device] == 2;
+}
+
+// `kernel` on `s`, allowed to start before the kernel before it on the stream has finished
+// (warp.cuh wait_for_predecessor: its CTAs wait for it), where the device can; else a plain
+// launch. The kernels of one compress call are a chain, and this hides all but the first
+// launch's latency.
+template <typename... Params, typename... Args>
+cudaError_t launch_after(void (*kernel)(Params...), unsigned grid, unsigned threads, size_t smem,
+                         cudaStream_t s, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  int device = 0;
+  cudaGetDevice(&device);
+  cfg.attrs = attr;
+  cfg.numAttrs = dependent_launch(device) ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
 // The encoder's launches once its table is ready (and its tile sums zero): encode, finish.
 // `head_to_hash`: the header stage `head` when its table hash is still to be computed (one more
-// encode CTA does it), else null.
+// encode CTA does it), else null. `after_table`: a table kernel runs just before (the encode may
+// start before it ends); else a memset does.
 template <class F, bool Z>
 int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab, void* work,
                   const uint8_t* head, const uint8_t* raw_head, long long* size, cudaStream_t s,
-                  uint8_t* head_to_hash = nullptr) {
+                  uint8_t* head_to_hash = nullptr, bool after_table = false) {
   const int warps = warps_for(L->block), threads = 32 * warps;
   const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4;
   const long long ctas = (L->nb + warps - 1) / warps;
@@ -92,14 +127,17 @@ int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab
   uint8_t* o = static_cast<uint8_t*>(out);
   const auto kernel = L->checksum_at ? encode_kernel<F, Z, true> : encode_kernel<F, Z, false>;
   const unsigned grid = resident_grid(kernel, threads, smem, ctas) + !!head_to_hash;
-  kernel<<<grid, threads, smem, s>>>(static_cast<const typename F::T*>(in), o, *L, tab, w,
-                                     head_to_hash);
+  const auto* x = static_cast<const typename F::T*>(in);
+  cudaError_t e = after_table
+      ? launch_after(kernel, grid, threads, smem, s, x, o, *L, tab, w, head_to_hash)
+      : (kernel<<<grid, threads, smem, s>>>(x, o, *L, tab, w, head_to_hash), cudaGetLastError());
+  if (e != cudaSuccess) return e;
   const long long copiers = L->raw_size >> 18;  // CTAs to share a raw store, 256 KiB each
   const long long groups = (L->nb + kGroup - 1) / kGroup;
-  finish_kernel<<<resident_grid(finish_kernel, 32 * kGroup, 0, groups > copiers ? groups : copiers),
-                  32 * kGroup, 0, s>>>(static_cast<const uint8_t*>(in), o, *L, w, head, raw_head,
-                                       size);
-  return cudaGetLastError();
+  const unsigned finishers =
+      resident_grid(finish_kernel, 32 * kGroup, 0, groups > copiers ? groups : copiers);
+  return launch_after(finish_kernel, finishers, 32 * kGroup, 0, s,
+                      static_cast<const uint8_t*>(in), o, *L, w, head, raw_head, size);
 }
 
 // `acc`: the checksum's accumulator (zero; left zero) where L->checksum_at.
@@ -221,7 +259,7 @@ extern "C" int zipccl_compress(int device, int kind, const void* in, void* out, 
     }
     return launch_encode<F, decltype(z)::value>(in, out, L, tab ? tab : words, work,
                                                 tab ? h : stage, rh, size, s,
-                                                F::BYTE_CODED && !tab ? stage : nullptr);
+                                                F::BYTE_CODED && !tab ? stage : nullptr, !tab);
   });
 }
 

@@ -184,6 +184,8 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
   __shared__ uint32_t s_lut[256];  // Z: spread words; else the encoder words
   extern __shared__ uint4 s_stage[];
   static_assert(16 * kShaBlocks <= 256, "the hashing CTA's message fits in s_lut");
+  wait_for_predecessor();  // the table kernel's table and zeroed sums
+  let_dependents_start();
   int hashing = 0;  // only FP8's default table comes unhashed: other encoders carry no SHA code
   if constexpr (F::BYTE_CODED) {
     hashing = head_to_hash != nullptr;
@@ -302,6 +304,7 @@ __global__ void __launch_bounds__(32 * kGroup)
 finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
               Work work, const uint8_t* __restrict__ head, const uint8_t* __restrict__ raw_head,
               long long* __restrict__ size) {
+  wait_for_predecessor();  // the encoder's sums, counts and payloads
   const long long nt = num_tiles(L.nb);
   unsigned long long all = 0;
   for (long long t = threadIdx.x; t < nt; t += blockDim.x) all += work.tiles[t];

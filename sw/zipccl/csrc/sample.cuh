@@ -177,6 +177,7 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
   __shared__ bool s_last;
   auto* ctl = reinterpret_cast<TheoryControl*>(stage + kMaxHeader);
   const int tid = threadIdx.x, lane = tid & 31;
+  let_dependents_start();  // the encoder's CTAs wait for this kernel's end, not for its launch
   zero_counts(counts, count_words);
   if (tid < 32) {
     const Sums w = warp_sums(
@@ -278,6 +279,7 @@ staircase_kernel(const typename F::T* __restrict__ in, long long stride, long lo
   __shared__ bool s_last;
   auto* ctl = reinterpret_cast<StairControl*>(stage + kMaxHeader);
   const int tid = threadIdx.x;
+  let_dependents_start();  // as theory_kernel
   zero_counts(counts, count_words);
   s_hist[tid] = 0;
   __syncthreads();

@@ -6,6 +6,24 @@
 
 namespace {
 
+// Programmatic dependent launch (Hopper): the kernels of one compress call form a chain (table,
+// encode, finish), and each but the first is launched to start before the one it depends on has
+// finished (codec.cu launch_after), so its launch latency hides behind the running kernel. A
+// kernel lets its dependent be placed (let_dependents_start: every CTA once, early), and the
+// dependent waits for it to finish, its writes visible, before it reads anything
+// (wait_for_predecessor). Without such a launch both are no-ops.
+__device__ __forceinline__ void let_dependents_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Bit positions of a lane's groups within one round: earlier groups of the whole warp come first,
 // then the same group's earlier lanes (group g of lane l holds round elements 256*g + 8*l ...).
 // The four counts travel packed in 16-bit fields of one uint64 (each warp sum <= 32 * 64 bits).
