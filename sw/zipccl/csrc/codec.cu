@@ -259,7 +259,7 @@ extern "C" int zipccl_compress(int device, int kind, const void* in, void* out, 
     }
     return launch_encode<F, decltype(z)::value>(in, out, L, tab ? tab : words, work,
                                                 tab ? h : stage, rh, size, s,
-                                                F::BYTE_CODED && !tab ? stage : nullptr, !tab);
+                                                tab ? nullptr : stage, !tab);
   });
 }
 

@@ -174,11 +174,11 @@ __host__ __device__ inline Work work_of(void* work, long long nb) {
 
 // Each warp codes whole blocks: planes into the container, the payload into the block's scratch
 // slot, its byte count into `counts` and the tile's sum. `head_to_hash`: a header stage whose
-// table hash is still to be written (the FP8 default table's, see staircase_kernel); CTA 0 then
-// computes it (hash_stage) while the other CTAs encode. CK: the values checksum is summed into
+// table hash is still to be written (a default table's, see theory_kernel and staircase_kernel);
+// CTA 0 then computes it (hash_stage) while the other CTAs encode. CK: the values checksum is summed into
 // `work.sum` on the way.
 template <class F, bool Z, bool CK>
-__global__ void __launch_bounds__(32 * kMaxWarps)
+__global__ void __launch_bounds__(32 * kMaxWarps, Z ? 4 : 1)  // Z: 64 registers, as without the hashing CTA
 encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
               const int32_t* __restrict__ tab, Work work, uint8_t* __restrict__ head_to_hash) {
   __shared__ uint32_t s_lut[256];  // Z: spread words; else the encoder words
@@ -186,13 +186,10 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
   static_assert(16 * kShaBlocks <= 256, "the hashing CTA's message fits in s_lut");
   wait_for_predecessor();  // the table kernel's table and zeroed sums
   let_dependents_start();
-  int hashing = 0;  // only FP8's default table comes unhashed: other encoders carry no SHA code
-  if constexpr (F::BYTE_CODED) {
-    hashing = head_to_hash != nullptr;
-    if (hashing && blockIdx.x == 0) {
-      hash_stage(head_to_hash, s_lut);
-      return;
-    }
+  const int hashing = head_to_hash != nullptr;  // a default table comes unhashed
+  if (hashing && blockIdx.x == 0) {
+    hash_stage(head_to_hash, s_lut, !F::BYTE_CODED);
+    return;
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, words = stage_words(L.block);
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;

@@ -129,32 +129,39 @@ struct TheoryControl {
 };
 
 // golden.theory.top_symbols: the kTop most probable of the 256 bins into `ranks`, best first
-// (ties to the smaller bin), by kTop rounds of a CTA-wide argmax; thread i holds bin i's
-// probability `p` (blockDim.x == 256). Seven shuffle trees: ranking every bin against all 256
-// (65,536 double compares on one SM) was the kernel's longest step.
+// (ties to the smaller bin); thread i holds bin i's probability `p` (blockDim.x == 256). Each warp
+// sorts its 32 bins by a bitonic network of shuffles, and one warp merges the eight sorted heads,
+// kTop times taking the best: one barrier in all (kTop CTA-wide argmax rounds took two each).
 __device__ inline void theory_top(double p, uint8_t* ranks) {
-  __shared__ double s_best_p[8];
-  __shared__ int s_best_i[8], s_win;
+  __shared__ double s_p[8][kTop];
+  __shared__ int s_i[8][kTop];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   auto better = [](double q, int j, double p, int i) { return q > p || (q == p && j < i); };
-  for (int r = 0; r < kTop; ++r) {
-    double bp = p;
-    int bi = tid;
-    for (int d = 16; d; d >>= 1) {
-      const double q = __shfl_down_sync(kFull, bp, d);
-      const int j = __shfl_down_sync(kFull, bi, d);
-      if (better(q, j, bp, bi)) bp = q, bi = j;
+  int i = tid;
+  for (int k = 2; k <= 32; k <<= 1) {  // descending by `better`: a strict total order
+    for (int j = k >> 1; j; j >>= 1) {
+      const double q = __shfl_xor_sync(kFull, p, j);
+      const int qi = __shfl_xor_sync(kFull, i, j);
+      const bool first = !(lane & j), down = !(lane & k) || k == 32;  // down: best first
+      if (better(q, qi, p, i) == (first == down)) p = q, i = qi;
     }
-    if (lane == 0) s_best_p[warp] = bp, s_best_i[warp] = bi;
-    __syncthreads();
-    if (tid == 0) {
-      for (int w = 1; w < 8; ++w)
-        if (better(s_best_p[w], s_best_i[w], bp, bi)) bp = s_best_p[w], bi = s_best_i[w];
-      s_win = bi;
-      ranks[r] = static_cast<uint8_t>(bi);
+  }
+  if (lane < kTop) s_p[warp][lane] = p, s_i[warp][lane] = i;
+  __syncthreads();
+  if (warp == 0) {
+    int next = 0;  // lane w < 8: warp w's next candidate
+    for (int r = 0; r < kTop; ++r) {
+      const bool live = lane < 8 && next < kTop;
+      double hp = live ? s_p[lane][next] : -2.0;  // below every probability
+      int hi = live ? s_i[lane][next] : 256 + lane;
+      for (int d = 4; d; d >>= 1) {  // the best of lanes 0..7 (lanes past 7 exchange among themselves)
+        const double q = __shfl_xor_sync(kFull, hp, d);
+        const int qi = __shfl_xor_sync(kFull, hi, d);
+        if (better(q, qi, hp, hi)) hp = q, hi = qi;
+      }
+      if (live && s_i[lane][next] == hi) ++next;  // the owner's head was taken
+      if (lane == 0) ranks[r] = static_cast<uint8_t>(hi);
     }
-    __syncthreads();
-    if (tid == s_win) p = -1.0;  // taken: below every probability
   }
 }
 
@@ -220,16 +227,7 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
   theory_top(s_prob[tid], s_tb + 10);  // golden.theory.top_symbols: the 7 best bins
   if (tid == 0) s_tb[0] = 8 | kLiteralFlag, s_tb[8] = kTop;  // zipccl_layout: p0 escapes
   __syncthreads();
-  __shared__ uint32_t s_msg[16 * kShaBlocks];
-  __shared__ unsigned long long s_hash;
-  sha_message(s_tb, s_msg);
-  if (tid == 0) {
-    unsigned long long key = 0;
-    for (int r = 0; r < kTop; ++r) key |= static_cast<unsigned long long>(s_tb[10 + r]) << (8 * r);
-    s_hash = theory_hash64(s_msg, key);
-  }
-  __syncthreads();
-  publish_table(s_tb, s_hash, head, stage, words);
+  publish_table(s_tb, 0, head, stage, words);  // the encode kernel hashes it (hash_stage)
 }
 
 // ------------------------------------------------------------------------------ FP8 table

@@ -114,16 +114,6 @@ __device__ inline unsigned long long table_sha64(const uint32_t* msg) {
   return out;
 }
 
-// The hash field of a header stage whose table is in place: table_sha64 of the stage's table
-// bytes, by one CTA (thread 0 hashes; `msg` is shared scratch of 16 * kShaBlocks words).
-__device__ inline void hash_stage(uint8_t* stage, uint32_t* msg) {
-  sha_message(stage + kTableAt, msg);
-  if (threadIdx.x == 0) {
-    const unsigned long long hash = table_sha64(msg);
-    for (int h = 0; h < 8; ++h) stage[kHashAt + h] = static_cast<uint8_t>(hash >> (8 * h));
-  }
-}
-
 // The hashes of recent theory tables, which a training run repeats call after call: keyed by the
 // seven ranks (the rest of a ZipCCL exponent table is fixed). A seqlock per entry: a reader that
 // sees the sequence change (or odd) treats the entry as a miss, so a torn entry is never used.
@@ -147,6 +137,20 @@ __device__ inline unsigned long long theory_hash64(const uint32_t* msg, unsigned
     atomicExch(&e.seq, s1 + 2u);
   }
   return hash;
+}
+
+// The hash field of a header stage whose table is in place, by one CTA (thread 0 hashes; `msg` is
+// shared scratch of 16 * kShaBlocks words): table_sha64 of the stage's table bytes, or, for a
+// ZipCCL theory table (`theory`), theory_hash64's cached hash, keyed by its seven ranks.
+__device__ inline void hash_stage(uint8_t* stage, uint32_t* msg, bool theory) {
+  sha_message(stage + kTableAt, msg);
+  if (threadIdx.x == 0) {
+    unsigned long long key = 0;
+    for (int r = 0; r < kTop; ++r)
+      key |= static_cast<unsigned long long>(stage[kTableAt + 10 + r]) << (8 * r);
+    const unsigned long long hash = theory ? theory_hash64(msg, key) : table_sha64(msg);
+    for (int h = 0; h < 8; ++h) stage[kHashAt + h] = static_cast<uint8_t>(hash >> (8 * h));
+  }
 }
 
 // ------------------------------------------------------------------------------ table words
