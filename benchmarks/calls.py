@@ -124,7 +124,7 @@ def main() -> None:
     ap.add_argument("--dtypes", default="bfloat16,float8_e4m3fn")
     ap.add_argument("--dietgpu", default="", help="DietGPU's built torch-ops library (.so)")
     ap.add_argument("--nvcomp", action="store_true", help="nvCOMP ANS on the same tensors too")
-    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--out", default="benchmarks/results/codec")
     args = ap.parse_args()
     diet = DietGPU(args.dietgpu) if args.dietgpu else None
     rows = []
