@@ -2,10 +2,11 @@
 
 The QLC tables are checked-in JSON table files (``golden/tables/*.json``, hash-verified on load)
 so that golden/, the RTL and the GPU codec use byte-identical defaults without any of them
-needing the model. ``python -m golden.presets --rebuild`` regenerates them from all-MiniLM-L6-v2
-activations (every linear layer's input, per-tensor absmax scaled to FP8, one pooled histogram):
-the exhaustive search restricted to the QLC paper's payload widths 3/4/5 plus the 8-bit escape,
-i.e. code lengths 6/7/8/11. ``--check`` rebuilds in memory and reports any difference.
+needing the model. ``python -m golden.presets --rebuild`` regenerates them from
+all-MiniLM-L6-v2 activations (every linear layer's input, per-tensor absmax scaled to FP8, one
+pooled histogram): the exhaustive search restricted to the QLC paper's payload widths 3/4/5
+plus the 8-bit escape, i.e. code lengths 6/7/8/11. ``--check`` rebuilds in memory and reports
+any difference.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
      "tables": {"<key>": {"dtype": "float8_e4m3fn", "table": <table file object>}, ...}}
 
 Each ``table`` is exactly a golden/codebook.py table file's object (with its SHA-256), so
-``Codebook.save`` of one entry is the single-table file ``python -m hw.generate --table`` takes;
-``dtype`` (a golden.formats name) says which symbols it codes: the FP8 byte or the exponent field.
+``Codebook.save`` of one entry is the single-table file that
+``python -m hw.generate --table`` takes; ``dtype`` (a golden.formats name) says which
+symbols it codes: the FP8 byte or the exponent field.
 Parsed as strictly as a table file: bounded size and count, exact and distinct keys, integers and
 strings only; anything malformed is a TableError. Keys keep the order they were written in.
 """

@@ -1,5 +1,5 @@
-"""``python -m sim`` (``nox -s sim``): the cocotb suite on the generated Verilog of the encoder,
-the decoder and the encoder->decoder loopback, over the built-in MiniLM data set.
+"""``python -m sim`` (``nox -s sim``): the cocotb suite on the generated Verilog of the
+encoder, the decoder and the encoder->decoder loopback, over the built-in MiniLM data set.
 
 Also the multi-lane blocks (encoder x2/x4/x8/x32, decoder and loopback x2/x4/x8). Prints
 symbols checked, cycles (or symbols) per clock per code length and on the data set, compression

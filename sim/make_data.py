@@ -1,4 +1,4 @@
-"""Regenerate sim/data/minilm.npz, the built-in data set of ``python -m sim`` (no network needed).
+"""Regenerate sim/data/minilm.npz, the built-in data set of ``python -m sim`` (offline).
 
 Real tensors from all-MiniLM-L6-v2 via golden/data.py: FP8 e4m3 activations at the two FFN inputs
 of one layer (FFN1: LayerNorm output, FFN2: GELU output with its spike at zero) and the BF16
