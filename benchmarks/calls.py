@@ -1,6 +1,7 @@
 """The public calls as a user makes them, side by side with DietGPU in the same process.
 
     python benchmarks/calls.py --out OUT [--sizes 0.0625,1,4,16,64,256,1024] [--dietgpu SO]
+                               [--checksum]
 
 Per size and dtype (N(0,1); FP8 absmax-scaled): ``zipccl.compress(x)`` with its default table,
 ``decompress(c, out=y)`` with ``sync=False`` (the hot path) and with ``sync=True`` (validated before
@@ -9,7 +10,9 @@ byte codec; checksum off, preallocated buffers), optionally nvCOMP ANS (``--nvco
 benchmarks/codec.py's timing) and a device copy of the same bytes (the floor). ``per call``: CUDA
 events around 20 back-to-back calls, divided by 20 (what a loop of calls sustains), median of runs.
 ``host``: the call's own time on the host, from entry to return, after the device went idle, median
-of 200. ``gpu``: the call replayed from a CUDA graph (its kernels alone).
+of 200. ``gpu``: the call replayed from a CUDA graph (its kernels alone). ``--checksum`` adds the
+same calls with ``checksum=True`` (keys ``ck_...``) and DietGPU with its checksum on
+(``dietgpu_ck_...``).
 """
 
 from __future__ import annotations
@@ -56,14 +59,14 @@ def make(dtype: torch.dtype, nbytes: int) -> torch.Tensor:
     return x.to(dtype)
 
 
-def zipccl_row(x: torch.Tensor) -> dict[str, float | bool | str]:
-    c = zipccl.compress(x)
+def zipccl_row(x: torch.Tensor, checksum: bool = False) -> dict[str, float | bool | str]:
+    c = zipccl.compress(x, checksum=checksum)
     y = torch.empty_like(x)
     zipccl.decompress(c, out=y)
     ok = torch.equal(y.view(torch.uint8), x.view(torch.uint8))
     row: dict[str, float | bool | str] = {"ratio": c.ratio, "layout": c.layout, "roundtrip_ok": ok}
     calls = {
-        "compress": lambda: zipccl.compress(x),
+        "compress": lambda: zipccl.compress(x, checksum=checksum),
         "decompress": lambda: zipccl.decompress(c, out=y, sync=False),
         "decompress_sync": lambda: zipccl.decompress(c, out=y),
     }
@@ -73,6 +76,8 @@ def zipccl_row(x: torch.Tensor) -> dict[str, float | bool | str]:
     row["compress_gpu_us"] = graph_median(calls["compress"], 20) * 1e6
     row["decompress_gpu_us"] = graph_median(calls["decompress"], 20) * 1e6
     zipccl.check_errors()
+    if checksum:
+        return {f"ck_{key}": value for key, value in row.items()}
     row["copy_us"] = per_call(lambda: y.copy_(x)) * 1e6
     return row
 
@@ -84,7 +89,7 @@ class DietGPU:
         torch.ops.load_library(library)
         self.ops = torch.ops.dietgpu
 
-    def row(self, x: torch.Tensor) -> dict[str, float | bool]:
+    def row(self, x: torch.Tensor, checksum: bool = False) -> dict[str, float | bool]:
         as_float = x.element_size() > 1  # FP8: its byte (ANS) codec on the bytes
         data = x if as_float else x.view(torch.uint8)
         size_of = (
@@ -102,19 +107,20 @@ class DietGPU:
         words = torch.empty([1], dtype=torch.int32, device="cuda")
 
         def compress() -> None:
-            self.ops.compress_data(as_float, [data], False, self.temp, comp, sizes)
+            self.ops.compress_data(as_float, [data], checksum, self.temp, comp, sizes)
 
         def decompress() -> None:
-            self.ops.decompress_data(as_float, [comp[0]], [out], False, self.temp, status, words)
+            self.ops.decompress_data(as_float, [comp[0]], [out], checksum, self.temp, status, words)
 
         compress()
         decompress()
         ok = torch.equal(out.view(torch.uint8), data.view(torch.uint8))
+        tag = "dietgpu_ck" if checksum else "dietgpu"
         return {
-            "dietgpu_ratio": int(sizes.item()) / (x.numel() * x.element_size()),
-            "dietgpu_roundtrip_ok": ok,
-            "dietgpu_compress_us": per_call(compress) * 1e6,
-            "dietgpu_decompress_us": per_call(decompress) * 1e6,
+            f"{tag}_ratio": int(sizes.item()) / (x.numel() * x.element_size()),
+            f"{tag}_roundtrip_ok": ok,
+            f"{tag}_compress_us": per_call(compress) * 1e6,
+            f"{tag}_decompress_us": per_call(decompress) * 1e6,
         }
 
 
@@ -124,6 +130,9 @@ def main() -> None:
     ap.add_argument("--dtypes", default="bfloat16,float8_e4m3fn")
     ap.add_argument("--dietgpu", default="", help="DietGPU's built torch-ops library (.so)")
     ap.add_argument("--nvcomp", action="store_true", help="nvCOMP ANS on the same tensors too")
+    ap.add_argument(
+        "--checksum", action="store_true", help="also with checksum=True (DietGPU: its checksum)"
+    )
     ap.add_argument("--out", default="benchmarks/results/codec")
     args = ap.parse_args()
     diet = DietGPU(args.dietgpu) if args.dietgpu else None
@@ -134,11 +143,15 @@ def main() -> None:
         for mib in (float(s) for s in args.sizes.split(",")):
             x = make(dtype, int(mib * MIB))
             row = {"dtype": str(dtype).removeprefix("torch."), "MiB": mib} | zipccl_row(x)
+            if args.checksum:
+                row |= zipccl_row(x, checksum=True)
             if args.nvcomp:  # its own timing (wall clock around device syncs): see codec.py
                 row |= nvcomp_row(x, 10)
             if diet is not None:
                 try:
                     row |= diet.row(x)
+                    if args.checksum:
+                        row |= diet.row(x, checksum=True)
                 except Exception as exc:  # a failing baseline must not stop the sweep
                     row["dietgpu_error"] = repr(exc)
             rows.append(row)

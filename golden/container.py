@@ -14,6 +14,15 @@ The split sections that depend only on ``numel`` (raw planes, prefix planes, off
 every rank can compute before any data moves; only the payload stream varies. An encoder stores
 the raw layout whenever the split layout would not be smaller, so no buffer exceeds its input by
 more than ``HEADER_BYTES``.
+
+Integrity: the header's CRC-32 covers the header, and the decoder accepts only buffers an encoder
+can write (canonical form), so corruption that breaks the code is caught. A flipped bit that keeps
+the code legal (a sign or mantissa bit, a payload bit inside a ranked region) decodes to other
+values; a buffer written with ``checksum=True`` also carries :func:`values_checksum` of the
+tensor's bytes (header flag ``FLAG_CHECKSUM``, the field at ``CHECKSUM_AT``), which the decoder
+recomputes over what it decoded. Because decoding is canonical, every accepted corruption
+changes the decoded values, so the checksum sees every one: with certainty where one 32-bit
+word of the values changes, else with probability 1 - 2^-64 or so.
 """
 
 from __future__ import annotations
@@ -51,13 +60,55 @@ MIN_BLOCK, MAX_BLOCK = 64, 1 << 20
 # from it is an exact int64 on every backend: a header beyond it is corrupt, not large.
 MAX_NUMEL = 1 << 48
 
-# offset 0 magic, 4 version, 5 layout, 6 dtype code, 7 ndim, 8 block, 12 reserved (0),
-# 16 numel, 24 payload_bytes, 32 shape[8], 96 table hash64, 104 table (266 bytes), 508 CRC-32
+# offset 0 magic, 4 version, 5 layout, 6 dtype code, 7 ndim, 8 block, 12 flags, 16 numel,
+# 24 payload_bytes, 32 shape[8], 96 table hash64, 104 table (266 bytes), 376 values checksum
+# (FLAG_CHECKSUM; else 0), 508 CRC-32; every other byte zero
 _FIXED = struct.Struct("<4sBBBBIIQQ8QQ")
 _TABLE_AT = _FIXED.size
 CRC_AT = HEADER_BYTES - 4  # the header's last 4 bytes: CRC-32 of the bytes before them
+FLAGS_AT = struct.calcsize("<4sBBBBI")  # the uint32 flags field
 PAYLOAD_BYTES_AT = struct.calcsize("<4sBBBBIIQ")  # the uint64 payload_bytes field
-assert _TABLE_AT + TABLE_BYTES <= CRC_AT
+CHECKSUM_AT = -(-(_TABLE_AT + TABLE_BYTES) // 8) * 8  # the uint64 values checksum
+FLAG_CHECKSUM = 1  # the header carries values_checksum of the tensor's bytes
+CHECKSUM_MISMATCH = "values checksum mismatch: the buffer's body is corrupt"
+assert CHECKSUM_AT + 8 <= CRC_AT
+
+# values_checksum's key: the golden ratio, so that each word's key differs from its neighbours'
+_KEY = 0x9E3779B9
+_CHUNK_WORDS = 1 << 20  # values_checksum's working set, in words (even)
+_MASK32 = 0xFFFFFFFF
+
+
+def values_checksum(data: bytes | np.ndarray) -> int:
+    """The 64-bit checksum of a tensor's bytes that ``checksum=True`` buffers carry.
+
+    The bytes (little-endian elements in order), zero padded to a multiple of 8, as 32-bit
+    little-endian words ``w_i``. Each word is keyed by its index, ``a_i = w_i + i * 0x9E3779B9``
+    (mod 2^32, ``i`` mod 2^32), and the words are multiplied in pairs (NH, the hash of UMAC):
+
+        L = sum w_i                  mod 2^32
+        S = sum a_2j * a_2j+1        mod 2^64  (64-bit products)
+        checksum = (S ^ S >> 32) mod 2^32 << 32 | L
+
+    L changes whenever exactly one word does, so such a corruption is always detected; S, whose
+    keyed products mix every bit of a pair with every bit of its partner, catches what cancels
+    in L (two sign bits flipped, say). Every term depends on its pair alone, so pairs sum in any
+    order: the GPU kernels sum them while they code, at one multiply-add a pair.
+    """
+    raw = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8)
+    raw = raw.ravel()
+    if raw.size % 8:
+        raw = np.concatenate([raw, np.zeros(8 - raw.size % 8, np.uint8)])
+    words = raw.view("<u4")
+    low = pairs = 0
+    for at in range(0, words.size, _CHUNK_WORDS):
+        w = words[at : at + _CHUNK_WORDS].astype(np.uint32)
+        keys = np.arange(at, at + w.size, dtype=np.uint64).astype(np.uint32) * np.uint32(_KEY)
+        a = (w + keys).astype(np.uint64)
+        low += int(w.sum(dtype=np.uint64))
+        pairs += int((a[0::2] * a[1::2]).sum(dtype=np.uint64))
+    pairs &= (1 << 64) - 1
+    return ((pairs ^ pairs >> 32) & _MASK32) << 32 | (low & _MASK32)
 
 
 def align(n: int) -> int:
@@ -72,6 +123,7 @@ class Header:
     block: int
     payload_bytes: int
     table: Codebook | None  # None for the raw layout
+    checksum: int | None = None  # values_checksum of the tensor's bytes, where the buffer has one
 
     @property
     def numel(self) -> int:
@@ -88,13 +140,14 @@ class Header:
             self.fmt.code,
             len(self.shape),
             self.block,
-            0,
+            0 if self.checksum is None else FLAG_CHECKSUM,
             self.numel,
             self.payload_bytes,
             *dims,
             thash,
         )
-        body = fixed + table
+        body = fixed + table + bytes(CHECKSUM_AT - _TABLE_AT - TABLE_BYTES)
+        body += struct.pack("<Q", self.checksum or 0)
         body += bytes(CRC_AT - len(body))
         return body + struct.pack("<I", zlib.crc32(body))
 
@@ -103,7 +156,7 @@ class Header:
         if len(buf) < HEADER_BYTES:
             raise StreamError(f"buffer of {len(buf)} bytes is shorter than the header")
         head = bytes(buf[:HEADER_BYTES])
-        (magic, version, layout, code, ndim, block, reserved, numel, payload_bytes, *rest) = (
+        (magic, version, layout, code, ndim, block, flags, numel, payload_bytes, *rest) = (
             _FIXED.unpack(head[:_TABLE_AT])
         )
         dims, thash = rest[:MAX_DIMS], rest[MAX_DIMS]
@@ -113,7 +166,12 @@ class Header:
             raise StreamError(f"buffer format version {version} is not supported (need {VERSION})")
         if struct.unpack("<I", head[CRC_AT:])[0] != zlib.crc32(head[:CRC_AT]):
             raise StreamError("header checksum mismatch: the buffer is corrupt")
-        if reserved or any(head[_TABLE_AT + TABLE_BYTES : CRC_AT]):
+        if flags & ~FLAG_CHECKSUM:
+            raise StreamError(f"unknown header flags {flags:#x}")
+        (checksum,) = struct.unpack_from("<Q", head, CHECKSUM_AT)
+        if not flags & FLAG_CHECKSUM and checksum:
+            raise StreamError("header has a values checksum but not its flag")
+        if any(head[_TABLE_AT + TABLE_BYTES : CHECKSUM_AT]) or any(head[CHECKSUM_AT + 8 : CRC_AT]):
             raise StreamError("header reserved bytes are not zero")
         if code not in BY_CODE:
             raise StreamError(f"unknown dtype code {code}")
@@ -140,7 +198,8 @@ class Header:
                 raise StreamError("header table hash does not match its table")
             if payload_bytes > numel * MAX_WIDTH // 8:  # a block's payload is <= 1 byte/element
                 raise StreamError(f"payload of {payload_bytes} bytes for {numel} elements")
-        return cls(layout, fmt, shape, block, payload_bytes, table)
+        checked = checksum if flags & FLAG_CHECKSUM else None
+        return cls(layout, fmt, shape, block, payload_bytes, table, checked)
 
 
 def valid_block(block: int) -> bool:
@@ -197,9 +256,14 @@ def _check_bits(bits: np.ndarray, fmt: FloatFormat) -> np.ndarray:
 
 
 def encode(
-    bits: np.ndarray, fmt: FloatFormat, table: Codebook, block: int = DEFAULT_BLOCK
+    bits: np.ndarray,
+    fmt: FloatFormat,
+    table: Codebook,
+    block: int = DEFAULT_BLOCK,
+    checksum: bool = False,
 ) -> bytes:
-    """Compress the bit patterns ``bits`` (uint8/16/32 view of the tensor) under ``table``."""
+    """Compress the bit patterns ``bits`` (uint8/16/32 view of the tensor) under ``table``;
+    ``checksum``: the header carries :func:`values_checksum` of them."""
     bits = _check_bits(bits, fmt)
     if not valid_block(block):
         raise ValueError(f"block must be a power of two in [{MIN_BLOCK}, {MAX_BLOCK}], got {block}")
@@ -207,8 +271,9 @@ def encode(
     split = encode_split(fmt.symbols(flat), table, block)
     size = split_size(fmt, flat.size, block, len(split.payload))
     if size >= raw_size(fmt, flat.size):
-        return encode_raw(bits, fmt, block)
-    head = Header(LAYOUT_SPLIT, fmt, bits.shape, block, len(split.payload), table)
+        return encode_raw(bits, fmt, block, checksum)
+    check = _checksum_of(flat, fmt) if checksum else None
+    head = Header(LAYOUT_SPLIT, fmt, bits.shape, block, len(split.payload), table, check)
     out = bytearray(size)
     out[:HEADER_BYTES] = head.pack()
     sec = Sections.of(fmt, flat.size, block)
@@ -223,11 +288,24 @@ def encode(
     return bytes(out)
 
 
-def encode_raw(bits: np.ndarray, fmt: FloatFormat, block: int = DEFAULT_BLOCK) -> bytes:
+def encode_raw(
+    bits: np.ndarray, fmt: FloatFormat, block: int = DEFAULT_BLOCK, checksum: bool = False
+) -> bytes:
     """The raw layout (the encoder's fallback): header, then the tensor's little-endian bytes."""
     bits = _check_bits(bits, fmt)
-    head = Header(LAYOUT_RAW, fmt, bits.shape, block, 0, None)
+    check = _checksum_of(bits.ravel(), fmt) if checksum else None
+    head = Header(LAYOUT_RAW, fmt, bits.shape, block, 0, None, check)
     return head.pack() + bits.ravel().astype(f"<u{fmt.bits // 8}").tobytes()
+
+
+def _checksum_of(flat: np.ndarray, fmt: FloatFormat) -> int:
+    return values_checksum(np.ascontiguousarray(flat, dtype=f"<u{fmt.bits // 8}"))
+
+
+def check_values(head: Header, bits: np.ndarray) -> None:
+    """The decoded values must have the checksum the header carries (where it carries one)."""
+    if head.checksum is not None and _checksum_of(bits.ravel(), head.fmt) != head.checksum:
+        raise StreamError(CHECKSUM_MISMATCH)
 
 
 def check_gaps(buf: bytes | np.ndarray, sec: Sections) -> None:
@@ -269,6 +347,7 @@ def decode(buf: bytes) -> tuple[FloatFormat, np.ndarray]:
         if len(buf) != want:
             raise StreamError(f"raw buffer is {len(buf)} bytes, header says {want}")
         data = np.frombuffer(buf, f"<u{fmt.bits // 8}", offset=HEADER_BYTES)
+        check_values(head, data)
         return fmt, data.astype(fmt.uint).reshape(head.shape)
     assert head.table is not None
     want = split_size(fmt, numel, head.block, head.payload_bytes)
@@ -291,4 +370,6 @@ def decode(buf: bytes) -> tuple[FloatFormat, np.ndarray]:
     if sec.raw_bits:
         top = np.stack([arr[at : at + plane_len] for at in sec.raw_bits])
         raw |= from_planes(top, numel) << (8 * len(sec.raw_bytes))
-    return fmt, fmt.join(symbols, raw).reshape(head.shape)
+    values = fmt.join(symbols, raw)
+    check_values(head, values)
+    return fmt, values.reshape(head.shape)

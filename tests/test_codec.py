@@ -276,12 +276,18 @@ def test_random_corruption_agrees_with_golden(seed: int, flips: int) -> None:
     payload=st.integers(0, 2**48),
     dtype=st.sampled_from(DTYPES),
     shape=st.lists(st.integers(1, 9), min_size=0, max_size=8),
+    checksum=st.none() | st.integers(0, 2**64 - 1),
 )
-def test_fast_header_equals_golden(payload: int, dtype: torch.dtype, shape: list[int]) -> None:
-    """The hot-path header packer (template + patched payload size and CRC) == Header.pack()."""
+def test_fast_header_equals_golden(
+    payload: int, dtype: torch.dtype, shape: list[int], checksum: int | None
+) -> None:
+    """The hot-path header packer (template + patched payload size, checksum and CRC) ==
+    Header.pack()."""
     fmt = get_format(str(dtype).removeprefix("torch."))
     book = zipccl.default_table(torch.ones(4, dtype=dtype))
-    head = container.Header(container.LAYOUT_SPLIT, fmt, tuple(shape), 1024, payload, book)
+    head = container.Header(
+        container.LAYOUT_SPLIT, fmt, tuple(shape), 1024, payload, book, checksum
+    )
     assert codec._pack_header(head) == head.pack()
 
 

@@ -18,7 +18,7 @@ from zipccl import _cuda
 from golden import codebook, container, theory
 from golden.codebook import Codebook
 
-DEFINITION = re.compile(r"constexpr\s+(?:int|long long|unsigned|uint8_t)\s+([^;(]+);")
+DEFINITION = re.compile(r"constexpr\s+(?:int|long long|unsigned|uint8_t|uint32_t)\s+([^;(]+);")
 LITERAL_SUFFIX = re.compile(r"\b(0x[0-9a-fA-F]+|\d+)(?:ull|ll|u)?\b")
 OPERATORS = {
     ast.Add: operator.add,
@@ -94,6 +94,9 @@ GOLDEN = {
     "kErrPadding": _cuda.DecodeError.PADDING,
     "kErrPlanePad": _cuda.DecodeError.PLANE_PADDING,
     "kErrRoom": _cuda.DecodeError.ROOM,
+    "kErrChecksum": _cuda.DecodeError.CHECKSUM,
+    "kErrGaps": _cuda.DecodeError.GAPS,
+    "kSumKey": container._KEY,
 }
 
 

@@ -29,6 +29,8 @@ import torch
 from golden import builders, theory
 from golden.codebook import GPU_TABLE_WORDS, NUM_REGIONS, Codebook
 from golden.container import (
+    CHECKSUM_AT,
+    CHECKSUM_MISMATCH,
     CRC_AT,
     HEADER_BYTES,
     LAYOUT_RAW,
@@ -64,6 +66,8 @@ class DecodeError(enum.IntFlag):
     PADDING = 8
     PLANE_PADDING = 16
     ROOM = 32  # a collective resends such a buffer raw: not corruption
+    CHECKSUM = 64
+    GAPS = 128
 
 
 ERRORS = {
@@ -73,6 +77,8 @@ ERRORS = {
     DecodeError.PADDING: "payload padding bits are not zero",
     DecodeError.PLANE_PADDING: "bit plane padding bits are not zero",
     DecodeError.ROOM: "the header's payload size exceeds the payload's room",
+    DecodeError.CHECKSUM: CHECKSUM_MISMATCH,
+    DecodeError.GAPS: "alignment gap bytes are not zero",
 }
 ROOM_ERROR = DecodeError.ROOM
 
@@ -96,6 +102,7 @@ class Layout(ctypes.Structure):
         ("gap_lo", ctypes.c_longlong * GAPS),
         ("gap_hi", ctypes.c_longlong * GAPS),
         ("raw_size", ctypes.c_longlong),
+        ("checksum_at", ctypes.c_longlong),
     ]
 
 
@@ -150,7 +157,10 @@ def _lib() -> ctypes.CDLL | None:
     ptr, layout = ctypes.c_void_p, ctypes.POINTER(Layout)
     dev_kind = [ctypes.c_int, ctypes.c_int]  # every launcher's device index and kernel kind
     lib.zipccl_encode.argtypes = [*dev_kind, ptr, ptr, layout, ptr, ptr, ptr, ptr]
-    lib.zipccl_decode.argtypes = [*dev_kind, ptr, ptr, ptr, layout, ptr, ptr, ctypes.c_int, ptr]
+    lib.zipccl_decode.argtypes = [
+        *dev_kind,
+        *(ptr, ptr, ptr, layout, ptr, ptr, ctypes.c_int, ptr, ptr),
+    ]
     lib.zipccl_encode.restype = lib.zipccl_decode.restype = ctypes.c_int
     lib.zipccl_compress.argtypes = [
         *dev_kind,
@@ -170,6 +180,8 @@ def _lib() -> ctypes.CDLL | None:
         ptr,
     ]
     lib.zipccl_compress.restype = ctypes.c_int
+    lib.zipccl_seal_raw.argtypes = [ctypes.c_int, ptr, ptr, layout, ptr, ptr]
+    lib.zipccl_seal_raw.restype = ctypes.c_int
     lib.zipccl_summary.argtypes = [*dev_kind, ptr, ctypes.c_longlong, ctypes.c_longlong, ptr, ptr]
     lib.zipccl_summary.restype = ctypes.c_int
     lib.zipccl_work_bytes.argtypes = [ctypes.c_longlong, ctypes.c_longlong]
@@ -287,8 +299,10 @@ def _layout(
     payload_bytes: int,
     payload_cap: int,
     raw: int = 0,
+    checksum: bool = False,
 ) -> Layout:
-    """codec.cu's Layout; ``raw``: the raw layout's size where the buffer may hold it."""
+    """codec.cu's Layout; ``raw``: the raw layout's size where the buffer may hold it;
+    ``checksum``: the kernels compute (encode) or check (decode) the header's values checksum."""
     sec = Sections.of(fmt, n, block)
     nb = num_blocks(n, block)
     plane = (n + 7) // 8
@@ -310,6 +324,7 @@ def _layout(
     lay.capacity, lay.payload_bytes, lay.payload_cap = capacity, payload_bytes, payload_cap
     lay.size_field_at, lay.crc_at = PAYLOAD_BYTES_AT, CRC_AT
     lay.raw_size = raw
+    lay.checksum_at = CHECKSUM_AT if checksum else 0
     return lay
 
 
@@ -335,13 +350,15 @@ def launch_encode(
     block: int,
     out: torch.Tensor,
     header: bytes | None = None,
+    checksum: bool = False,
 ) -> torch.Tensor:
     """Queue the encode (four kernels, no host sync); returns a one-element int64 device tensor
     that will hold payload_bytes. The payload is written only if it fits in ``out``. ``header``:
-    golden's split-layout header with payload_bytes 0, written with the real size and CRC."""
+    golden's split-layout header with payload_bytes 0, written with the real size and CRC;
+    ``checksum``: with the values checksum too (``header`` must then carry its flag)."""
     _check_dense(x, out)
     n = x.numel()
-    lay = _layout(fmt, n, block, out.numel(), 0, 0)
+    lay = _layout(fmt, n, block, out.numel(), 0, 0, checksum=checksum)
     lib = _lib()
     assert lib is not None
     words = -(-lib.zipccl_work_bytes(lay.nb, block) // 8)
@@ -363,22 +380,6 @@ def launch_encode(
     return work[:1]
 
 
-WRITES_HEADER = True  # encode_into takes codec's header template and writes the header itself
-
-
-def encode_into(
-    x: torch.Tensor,
-    fmt: FloatFormat,
-    table: Codebook,
-    block: int,
-    out: torch.Tensor,
-    header: bytes | None = None,
-) -> int:
-    """Same contract as ``_torch.encode_into``, plus the header written on the device when a
-    template is given; one host sync to read the payload size."""
-    return int(launch_encode(x, fmt, table, block, out, header).item())
-
-
 def launch_decode(
     buf: torch.Tensor,
     fmt: FloatFormat,
@@ -389,9 +390,11 @@ def launch_decode(
     flag: torch.Tensor,
     clear: bool = False,
     payload: torch.Tensor | None = None,
+    checksum: bool = False,
 ) -> None:
     """Queue the decode kernel; problems are OR-ed into ``flag`` (int32 on the device), which
     it zeroes first when ``clear``. Nothing syncs: read the flag later (raise_on_flag).
+    ``checksum``: the buffer's header carries a values checksum, checked against the output.
 
     ``payload``: the payload stream in a tensor of its own, when ``buf`` holds only the fixed part
     (a received buffer need not be joined into one first). ``payload_bytes`` None: the kernel
@@ -411,9 +414,11 @@ def launch_decode(
             f"compressed buffer too short: {buf.numel()} fixed-part bytes (need {fixed}) and "
             f"{max(room, 0)} payload bytes (need {payload_bytes})"
         )
-    lay = _layout(fmt, n, block, buf.numel(), -1 if payload_bytes is None else payload_bytes, room)
+    size = -1 if payload_bytes is None else payload_bytes
+    lay = _layout(fmt, n, block, buf.numel(), size, room, checksum=checksum)
     lib = _lib()
     assert lib is not None
+    stream = _stream(buf.device)
     _check(
         lib.zipccl_decode(
             buf.device.index,
@@ -425,7 +430,35 @@ def launch_decode(
             _table_tensor(table, buf.device).data_ptr(),
             flag.data_ptr(),
             int(clear),
-            _stream(buf.device),
+            _accumulator(buf.device, stream) if checksum else None,
+            stream,
+        )
+    )
+
+
+def launch_raw_decode(
+    buf: torch.Tensor, fmt: FloatFormat, out: torch.Tensor, flag: torch.Tensor
+) -> None:
+    """Queue the copy of a raw-layout buffer with a values checksum into ``out``, checking the
+    checksum on the way (the decode kernel's raw branch); a mismatch is OR-ed into ``flag``."""
+    _check_dense(buf, out)
+    lay = _layout(fmt, out.numel(), MAX_BLOCK, buf.numel(), 0, 0, raw=buf.numel(), checksum=True)
+    lib = _lib()
+    assert lib is not None
+    stream = _stream(buf.device)
+    _check(
+        lib.zipccl_decode(
+            buf.device.index,
+            KIND[fmt.name],
+            buf.data_ptr(),
+            buf.data_ptr(),
+            out.data_ptr(),
+            ctypes.byref(lay),
+            None,
+            flag.data_ptr(),
+            0,
+            _accumulator(buf.device, stream),
+            stream,
         )
     )
 
@@ -457,20 +490,6 @@ def raise_on_flag(code: int) -> None:
         raise ValueError(f"corrupt compressed buffer: {why}")
 
 
-def decode_into(
-    buf: torch.Tensor,
-    fmt: FloatFormat,
-    table: Codebook,
-    block: int,
-    payload_bytes: int,
-    out: torch.Tensor,
-) -> None:
-    """Same contract as ``_torch.decode_into``; one host sync to read the error flag."""
-    flag = torch.empty(1, dtype=torch.int32, device=buf.device)
-    launch_decode(buf, fmt, table, block, payload_bytes, out, flag, clear=True)
-    raise_on_flag(int(flag.item()))
-
-
 # ---------------------------------------------------------------------- the device-side codec
 # a compressed buffer's record: int64 [bytes, payload], then the table words
 META_BYTES = 16 + 4 * GPU_TABLE_WORDS
@@ -494,8 +513,9 @@ class Plan:
     decode: Layout
     work_bytes: int
     split_head: torch.Tensor  # golden's split header, payload size and table zero
-    raw_head: torch.Tensor  # golden's raw header, complete
+    raw_head: torch.Tensor  # golden's raw header, complete (without a checksum)
     staircases: torch.Tensor  # FP8's default-table family on the device (_staircases)
+    checksum: bool  # the buffers carry the values checksum (the headers' flag is set)
 
     @property
     def split_possible(self) -> bool:
@@ -504,7 +524,13 @@ class Plan:
 
 
 @functools.lru_cache(maxsize=256)
-def plan(fmt: FloatFormat, shape: tuple[int, ...], block: int, device: torch.device) -> Plan:
+def plan(
+    fmt: FloatFormat,
+    shape: tuple[int, ...],
+    block: int,
+    device: torch.device,
+    checksum: bool = False,
+) -> Plan:
     n = 1
     for d in shape:
         n *= d
@@ -512,8 +538,9 @@ def plan(fmt: FloatFormat, shape: tuple[int, ...], block: int, device: torch.dev
     stride = max(1, n // theory.SAMPLE_SIZE)  # golden.theory.sample_indices
     lib = _lib()
     assert lib is not None
-    split = Header(LAYOUT_SPLIT, fmt, tuple(shape), block, 0, None).pack()
-    raw = Header(LAYOUT_RAW, fmt, tuple(shape), block, 0, None).pack()
+    check = 0 if checksum else None  # a zero checksum with its flag: the kernels write it
+    split = Header(LAYOUT_SPLIT, fmt, tuple(shape), block, 0, None, check).pack()
+    raw = Header(LAYOUT_RAW, fmt, tuple(shape), block, 0, None, check).pack()
     return Plan(
         fmt,
         n,
@@ -523,12 +550,13 @@ def plan(fmt: FloatFormat, shape: tuple[int, ...], block: int, device: torch.dev
         meta_at=-(-cap // 16) * 16,
         stride=stride,
         count=min(theory.SAMPLE_SIZE, -(-n // stride)),
-        encode=_layout(fmt, n, block, cap, 0, 0, cap),
-        decode=_layout(fmt, n, block, cap, -1, max(cap - fixed, 0), cap),
+        encode=_layout(fmt, n, block, cap, 0, 0, cap, checksum),
+        decode=_layout(fmt, n, block, cap, -1, max(cap - fixed, 0), cap, checksum),
         work_bytes=align(lib.zipccl_work_bytes(num_blocks(n, block), block)),
         split_head=_header_tensor(split, device),
         raw_head=_header_tensor(raw, device),
         staircases=_staircases(device),
+        checksum=checksum,
     )
 
 
@@ -555,6 +583,37 @@ def _scratch(device: torch.device, stream: int, p: Plan) -> torch.Tensor:
     if scratch is None or scratch.numel() < size:
         scratch = kept[key] = torch.zeros(size, dtype=torch.uint8, device=device)
     return scratch
+
+
+def _accumulator(device: torch.device, stream: int) -> int:
+    """The decoder's checksum accumulator (3 uint32, zero; every decode leaves it zero) for one
+    host thread and stream, whose decodes run in order; inside a CUDA graph capture, a new one
+    from the graph's pool per call (zeroed inside the graph). Returns its address."""
+    if torch._C._cuda_isCurrentStreamCapturing():
+        return torch.zeros(4, dtype=torch.int32, device=device).data_ptr()
+    kept = getattr(_THREAD, "accumulators", None)
+    if kept is None:
+        kept = _THREAD.accumulators = {}
+    key = (device.index, stream)
+    if key not in kept:
+        kept[key] = torch.zeros(4, dtype=torch.int32, device=device)
+    return kept[key].data_ptr()
+
+
+def seal_raw(x: torch.Tensor, p: Plan, out: torch.Tensor) -> None:
+    """Queue the raw layout with a values checksum of the contiguous ``x`` (a tensor too small
+    for the split layout) into ``out``: one kernel copies, sums and writes the header."""
+    assert _LIB is not None and p.checksum  # loaded: the plan p was made with it
+    _check(
+        _LIB.zipccl_seal_raw(
+            x.device.index,
+            x.data_ptr(),
+            out.data_ptr(),
+            ctypes.byref(p.encode),
+            p.raw_head.data_ptr(),
+            _stream(x.device),
+        )
+    )
 
 
 def compress(
@@ -613,10 +672,12 @@ def decompress(
 ) -> None:
     """Queue the decode of a buffer that :func:`compress` wrote (layout and payload size read
     from its header on the device); ``table`` None: the default table whose words are in the
-    record at ``meta``. Problems are OR-ed into ``flag`` (zeroed first when ``clear``)."""
+    record at ``meta``. Problems are OR-ed into ``flag`` (zeroed first when ``clear``), a values
+    checksum mismatch too where the plan has one."""
     device = buf.device
     at = buf.data_ptr()
     tab = meta + 16 if table is None else _table_tensor(table, device).data_ptr()
+    stream = _stream(device)
     assert _LIB is not None  # loaded: the plan p was made with it
     _check(
         _LIB.zipccl_decode(
@@ -629,6 +690,7 @@ def decompress(
             tab,
             flag.data_ptr(),
             int(clear),
-            _stream(device),
+            _accumulator(device, stream) if p.checksum else None,
+            stream,
         )
     )

@@ -51,6 +51,8 @@ import torch
 from golden import builders, theory
 from golden.codebook import ALPHABET, PREFIX_BITS, Codebook
 from golden.container import (
+    CHECKSUM_AT,
+    CHECKSUM_MISMATCH,
     CRC_AT,
     DEFAULT_BLOCK,
     HEADER_BYTES,
@@ -64,6 +66,7 @@ from golden.container import (
     Sections,
     raw_size,
     split_size,
+    values_checksum,
 )
 from golden.formats import FloatFormat, get_format
 from zipccl import _torch, settings
@@ -488,6 +491,7 @@ class Compressed:
     """
 
     __slots__ = (
+        "_checksum",
         "_meta",
         "_plan",
         "_sizes",
@@ -509,9 +513,11 @@ class Compressed:
         table: object,
         meta: tuple[torch.Tensor, int] | None = None,
         plan: object = None,
+        checksum: int | bool | None = None,
     ) -> None:
         self._storage, self._sizes, self._table = storage, sizes, table
         self._meta, self._plan = meta, plan  # the device's size record; _cuda.Plan
+        self._checksum = checksum  # the header's values checksum; True: on the device; None: none
         self.dtype, self.shape, self.block = dtype, torch.Size(shape), block
         self.numel = self.shape.numel()
 
@@ -578,10 +584,18 @@ class Compressed:
         CUDA); ``golden.container.Header.unpack`` parses it."""
         return bytes(self._storage[:HEADER_BYTES].cpu().numpy())
 
+    @property
+    def checksummed(self) -> bool:
+        """Whether the buffer carries a values checksum (``compress(..., checksum=True)``), which
+        :func:`decompress` checks."""
+        return self._checksum is not None
+
     @classmethod
     def _of(cls, buffer: torch.Tensor, head: Header) -> Compressed:
         sizes = (buffer.numel(), head.payload_bytes)
-        return cls(buffer, _dtype(head.fmt), torch.Size(head.shape), head.block, sizes, head.table)
+        shape = torch.Size(head.shape)
+        dtype = _dtype(head.fmt)
+        return cls(buffer, dtype, shape, head.block, sizes, head.table, checksum=head.checksum)
 
     @classmethod
     def from_buffer(cls, buf: torch.Tensor) -> Compressed:
@@ -662,18 +676,34 @@ def _hash64(table: Codebook) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _header_template(
-    layout: int, fmt: FloatFormat, shape: tuple, block: int, table: Codebook | None
+    layout: int,
+    fmt: FloatFormat,
+    shape: tuple,
+    block: int,
+    table: Codebook | None,
+    checksum: bool = False,
 ) -> bytes:
-    """golden's header with payload_bytes = 0; per call only that field and the CRC change."""
-    return Header(layout, fmt, shape, block, 0, table).pack()
+    """golden's header with payload_bytes = 0 (and, with ``checksum``, the checksum flag and a
+    zero checksum); per call only those fields and the CRC change."""
+    return Header(layout, fmt, shape, block, 0, table, 0 if checksum else None).pack()
 
 
 def _pack_header(head: Header) -> bytes:
     """Header.pack() without re-hashing the table on every call (hot path)."""
-    data = bytearray(_header_template(head.layout, head.fmt, head.shape, head.block, head.table))
+    checked = head.checksum is not None
+    data = bytearray(
+        _header_template(head.layout, head.fmt, head.shape, head.block, head.table, checked)
+    )
     struct.pack_into("<Q", data, PAYLOAD_BYTES_AT, head.payload_bytes)
+    struct.pack_into("<Q", data, CHECKSUM_AT, head.checksum or 0)
     struct.pack_into("<I", data, CRC_AT, zlib.crc32(data[:CRC_AT]))
     return bytes(data)
+
+
+def _values_checksum(x: torch.Tensor) -> int:
+    """golden.container.values_checksum of a contiguous tensor's bytes, on the host (the host
+    paths: a CUDA tensor's bytes are copied there)."""
+    return values_checksum(x.reshape(-1).view(torch.uint8).cpu().numpy())
 
 
 _STAGING: dict[torch.device, tuple[torch.Tensor, np.ndarray, torch.cuda.Event]] = {}
@@ -730,13 +760,21 @@ def _device_codec(device: torch.device, block: int):
 
 
 def _compress_on_device(
-    x: torch.Tensor, fmt: FloatFormat, table: TableSpec, block: int, out: torch.Tensor | None, cuda
+    x: torch.Tensor,
+    fmt: FloatFormat,
+    table: TableSpec,
+    block: int,
+    out: torch.Tensor | None,
+    cuda,
+    checksum: bool,
 ) -> Compressed:
     """compress/compress_into with no host sync: the CUDA kernels build the default table (or
-    take the given one), write the header, and choose the layout; the sizes stay on the device."""
+    take the given one), write the header (with the values checksum, summed while encoding), and
+    choose the layout; the sizes stay on the device."""
     if not x.is_contiguous():
         x = x.contiguous()
-    plan = cuda.plan(fmt, x.shape, block, x.device)
+    plan = cuda.plan(fmt, x.shape, block, x.device, checksum)
+    check = True if checksum else None
     if out is None:
         out = torch.empty(plan.meta_at + cuda.META_BYTES, dtype=torch.uint8, device=x.device)
         meta = (out, plan.meta_at)
@@ -744,15 +782,22 @@ def _compress_on_device(
         _check_out(x, out, plan.cap)
         meta = (torch.empty(cuda.META_BYTES, dtype=torch.uint8, device=x.device), 0)
     if not plan.split_possible:
-        out[:HEADER_BYTES].copy_(plan.raw_head)
-        out[HEADER_BYTES : plan.cap].copy_(x.reshape(-1).view(torch.uint8))
-        return Compressed(out, x.dtype, x.shape, block, (plan.cap, 0), None)
+        if checksum:
+            cuda.seal_raw(x, plan, out)
+        else:
+            out[:HEADER_BYTES].copy_(plan.raw_head)
+            out[HEADER_BYTES : plan.cap].copy_(x.reshape(-1).view(torch.uint8))
+        return Compressed(out, x.dtype, x.shape, block, (plan.cap, 0), None, checksum=check)
     built_on_device = table is None or table == "theory"
     book = None if built_on_device else _resolve_table(x, table)
-    header = None if book is None else _header_template(LAYOUT_SPLIT, fmt, x.shape, block, book)
+    header = (
+        None
+        if book is None
+        else _header_template(LAYOUT_SPLIT, fmt, x.shape, block, book, checksum)
+    )
     cuda.compress(x, plan, book, header, out, meta[0].data_ptr() + meta[1])
     table_of = _FROM_HEADER if book is None else book
-    return Compressed(out, x.dtype, x.shape, block, None, table_of, meta, plan)
+    return Compressed(out, x.dtype, x.shape, block, None, table_of, meta, plan, check)
 
 
 def compress_into(
@@ -761,6 +806,7 @@ def compress_into(
     table: TableSpec = None,
     *,
     block: int = DEFAULT_BLOCK,
+    checksum: bool = False,
 ) -> Compressed:
     """:func:`compress` into preallocated memory: no allocation for the buffer.
 
@@ -806,36 +852,34 @@ def compress_into(
     _check_block(block)
     cuda = _device_codec(tensor.device, block)
     if cuda is not None:
-        return _compress_on_device(tensor, fmt, table, block, out, cuda)
+        return _compress_on_device(tensor, fmt, table, block, out, cuda, checksum)
     numel = tensor.numel()
     cap = raw_size(fmt, numel)
     _check_out(tensor, out, cap)
     x = tensor.detach().contiguous()
     book = _resolve_table(x, table)
     shape = tuple(tensor.shape)
-    payload, header_written = None, False
+    check = _values_checksum(x) if checksum else None
+    payload = None
     if _fixed(fmt, numel, block) < cap:
-        backend = _backend(x.device, block)
-        if getattr(backend, "WRITES_HEADER", False):  # the kernels write it: no host copy
-            template = _header_template(LAYOUT_SPLIT, fmt, shape, block, book)
-            payload = backend.encode_into(x, fmt, book, block, out, template)
-            header_written = True
-        else:
-            payload = backend.encode_into(x, fmt, book, block, out)
+        payload = _backend(x.device, block).encode_into(x, fmt, book, block, out)
     if payload is None or _fixed(fmt, numel, block) + payload >= cap:
-        head = Header(LAYOUT_RAW, fmt, shape, block, 0, None)
+        head = Header(LAYOUT_RAW, fmt, shape, block, 0, None, check)
         out[HEADER_BYTES:cap].copy_(x.reshape(-1).view(torch.uint8))
-        size, header_written = cap, False
+        size = cap
     else:
-        head = Header(LAYOUT_SPLIT, fmt, shape, block, payload, book)
+        head = Header(LAYOUT_SPLIT, fmt, shape, block, payload, book, check)
         size = _fixed(fmt, numel, block) + payload
-    if not header_written:
-        _write_header(out, head)
+    _write_header(out, head)
     return Compressed._of(out[:size], head)
 
 
 def compress(
-    tensor: torch.Tensor, table: TableSpec = None, *, block: int = DEFAULT_BLOCK
+    tensor: torch.Tensor,
+    table: TableSpec = None,
+    *,
+    block: int = DEFAULT_BLOCK,
+    checksum: bool = False,
 ) -> Compressed:
     """Compress ``tensor`` losslessly into one golden/container.py buffer on its device.
 
@@ -916,9 +960,9 @@ def compress(
     _check_block(block)
     cuda = _device_codec(tensor.device, block)
     if cuda is not None:
-        return _compress_on_device(tensor, fmt, table, block, None, cuda)
+        return _compress_on_device(tensor, fmt, table, block, None, cuda, checksum)
     out = torch.empty(raw_size(fmt, tensor.numel()), dtype=torch.uint8, device=tensor.device)
-    return compress_into(tensor, out, table, block=block)
+    return compress_into(tensor, out, table, block=block, checksum=checksum)
 
 
 _PENDING: dict[torch.device, torch.Tensor] = {}  # per device: decode errors of sync=False calls
@@ -1073,18 +1117,31 @@ def _decompress_on_device(c: Compressed, target: torch.Tensor, sync: bool) -> No
 
 
 def _decompress_known(c: Compressed, target: torch.Tensor, sync: bool) -> None:
-    """A buffer whose header the host has read."""
-    buf = c.buffer
+    """A buffer whose header the host has read. The CUDA kernels check a values checksum as they
+    decode (also a raw buffer's, as they copy it); the host paths check it after decoding."""
+    buf, fmt = c.buffer, _fmt(c.dtype)
+    cuda = _device_codec(buf.device, c.block)
+    if cuda is not None and (c.layout == "split" or c.checksummed):
+        device = buf.device
+        flag = torch.zeros(1, dtype=torch.int32, device=device) if sync else _pending_flag(device)
+        if c.layout == "raw":
+            cuda.launch_raw_decode(buf, fmt, target, flag)
+        else:
+            assert c.table is not None
+            table, checked = c.table, c.checksummed
+            cuda.launch_decode(
+                buf, fmt, table, c.block, c.payload_bytes, target, flag, checksum=checked
+            )
+        if sync:
+            cuda.raise_on_flag(int(flag.item()))
+        return
     if c.layout == "raw":
         target.view(-1).view(torch.uint8).copy_(buf[HEADER_BYTES:])
-        return
-    assert c.table is not None
-    backend = _backend(buf.device, c.block)
-    if not sync and _device_codec(buf.device, c.block) is not None:
-        backend.launch_decode(
-            buf, _fmt(c.dtype), c.table, c.block, c.payload_bytes, target, _pending_flag(buf.device)
-        )
-        return
-    backend.decode_into(buf, _fmt(c.dtype), c.table, c.block, c.payload_bytes, target)
-    if not buf.is_cuda:  # one more encode: the host path checks canonical form this way
-        _torch.check_canonical(buf, _fmt(c.dtype), c.table, c.block, c.payload_bytes, target)
+    else:
+        assert c.table is not None
+        backend = _backend(buf.device, c.block)
+        backend.decode_into(buf, fmt, c.table, c.block, c.payload_bytes, target)
+        if not buf.is_cuda:  # one more encode: the host path checks canonical form this way
+            _torch.check_canonical(buf, fmt, c.table, c.block, c.payload_bytes, target)
+    if c.checksummed and _values_checksum(target) != c._checksum:
+        raise ValueError(f"corrupt compressed buffer: {CHECKSUM_MISMATCH}")

@@ -90,9 +90,10 @@ int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab
   const long long ctas = (L->nb + warps - 1) / warps;
   const Work w = work_of(work, L->nb);
   uint8_t* o = static_cast<uint8_t*>(out);
-  const unsigned grid = resident_grid(encode_kernel<F, Z>, threads, smem, ctas) + !!head_to_hash;
-  encode_kernel<F, Z><<<grid, threads, smem, s>>>(static_cast<const typename F::T*>(in), o, *L, tab,
-                                                  w, head_to_hash);
+  const auto kernel = L->checksum_at ? encode_kernel<F, Z, true> : encode_kernel<F, Z, false>;
+  const unsigned grid = resident_grid(kernel, threads, smem, ctas) + !!head_to_hash;
+  kernel<<<grid, threads, smem, s>>>(static_cast<const typename F::T*>(in), o, *L, tab, w,
+                                     head_to_hash);
   const long long copiers = L->raw_size >> 18;  // CTAs to share a raw store, 256 KiB each
   const long long groups = (L->nb + kGroup - 1) / kGroup;
   finish_kernel<<<resident_grid(finish_kernel, 32 * kGroup, 0, groups > copiers ? groups : copiers),
@@ -101,15 +102,18 @@ int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab
   return cudaGetLastError();
 }
 
+// `acc`: the checksum's accumulator (zero; left zero) where L->checksum_at.
 template <class F, bool Z = false>
 int launch_decode(const void* buf, const void* pay, void* out, const Layout* L, const int32_t* tab,
-                  int* flag, cudaStream_t s) {
+                  int* flag, SumAcc* acc, cudaStream_t s) {
   const int warps = warps_for(L->block), threads = 32 * warps;
   const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4;
   const long long ctas = (L->nb + warps - 1) / warps;
-  decode_kernel<F, Z><<<resident_grid(decode_kernel<F, Z>, threads, smem, ctas), threads, smem, s>>>(
+  if (L->checksum_at && !acc) return cudaErrorInvalidValue;
+  const auto kernel = L->checksum_at ? decode_kernel<F, Z, true> : decode_kernel<F, Z, false>;
+  kernel<<<resident_grid(kernel, threads, smem, ctas), threads, smem, s>>>(
       static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(pay),
-      static_cast<typename F::T*>(out), *L, tab, flag);
+      static_cast<typename F::T*>(out), *L, tab, flag, acc);
   return cudaGetLastError();
 }
 
@@ -222,10 +226,12 @@ extern "C" int zipccl_compress(int device, int kind, const void* in, void* out, 
 }
 
 // `pay` is the payload stream (L->payload_cap bytes); L->payload_bytes < 0 takes its size from
-// the header at `buf`. clear != 0 zeroes the flag first; else problems are OR-ed into it.
+// the header at `buf`. clear != 0 zeroes the flag first; else problems are OR-ed into it. Where
+// L->checksum_at, the decoded values are checked against the header's checksum, with `acc` (16
+// bytes, zero) as the accumulator, which the decode leaves zero.
 extern "C" int zipccl_decode(int device, int kind, const void* buf, const void* pay, void* out,
                              const Layout* L, const int32_t* tab, int* flag, int clear,
-                             void* stream) {
+                             void* acc, void* stream) {
   const OnDevice on(device);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (clear) {
@@ -233,8 +239,20 @@ extern "C" int zipccl_decode(int device, int kind, const void* buf, const void* 
     if (e != cudaSuccess) return e;
   }
   return by_kind(kind, [&](auto f, auto z) {
-    return launch_decode<decltype(f), decltype(z)::value>(buf, pay, out, L, tab, flag, s);
+    return launch_decode<decltype(f), decltype(z)::value>(buf, pay, out, L, tab, flag,
+                                                         static_cast<SumAcc*>(acc), s);
   });
+}
+
+// The raw layout with a values checksum for a tensor too small for the split one (L->raw_size
+// bytes in all): `raw_head` is golden's raw header with the checksum flag.
+extern "C" int zipccl_seal_raw(int device, const void* in, void* out, const Layout* L,
+                               const void* raw_head, void* stream) {
+  const OnDevice on(device);
+  seal_raw_kernel<<<1, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), *L,
+      static_cast<const uint8_t*>(raw_head));
+  return cudaGetLastError();
 }
 
 // codec.sample_summary of the `count` values at in[0], in[stride], ... into `out` (int64[259]).

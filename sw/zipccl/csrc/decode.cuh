@@ -57,11 +57,14 @@ __device__ __forceinline__ uint32_t prefix_nibbles(uint32_t p0, uint32_t p1, uin
 
 // BF16 under a byte-escape table, a group of a round that dec_round_z does not take: exponents by
 // a byte-permute lookup (8 prefixes -> 8 symbols), escapes (`esc`: bit k set for element k)
-// patched one by one from the stage from stream byte `at` on, output by permutes.
+// patched one by one from the stage from stream byte `at` on, output by permutes (to element e0
+// of `out`).
+template <class S>
 __device__ inline void dec_group_fast(const uint32_t pre[2], uint32_t esc,
                                       unsigned long long rb, int cnt, uint32_t at,
                                       const uint8_t* stage, const Fast& f, uint16_t* out,
-                                      int& err) {
+                                      long long e0, int& err, S& sum) {
+  out += e0;
   unsigned long long ex8 = 0;  // the 8 exponent bytes
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -81,6 +84,7 @@ __device__ inline void dec_group_fast(const uint32_t pre[2], uint32_t esc,
     const uint32_t t = __byte_perm(raw[i >> 1], ex[i >> 1], (i & 1) ? 0x7362 : 0x5140);
     v[i] = ((t >> 1) & 0x7f807f80u) | (t & 0x007f007fu) | ((t & 0x00800080u) << 8);
   }
+  sum.template group<uint16_t>(e0, cnt, v);
   if (cnt == 8 && aligned(out, 16)) {
     *reinterpret_cast<uint4*>(out) = make_uint4(v[0], v[1], v[2], v[3]);
   } else {
@@ -99,11 +103,11 @@ struct DecTab {
 // One round of decoding by the general code (every round of BF16, FP16 and FP32; under a
 // byte-escape table, the rounds dec_round_z does not take); returns the round's payload bits.
 // `bits` is where the round starts in the block's stream.
-template <class F, bool Z, bool FULL>
+template <class F, bool Z, bool FULL, class S>
 __device__ inline uint32_t dec_round(const uint8_t* buf, typename F::T* out, const Layout& L,
                                      long long start, int r, const DecTab& t, uint32_t nranked,
                                      const Fast& f, const unsigned long long* s_spread8,
-                                     uint32_t bits, const uint32_t* stage, int& err) {
+                                     uint32_t bits, const uint32_t* stage, int& err, S& sum) {
   DecIn<F> x;
   int cnt[kGroups];
   long long e0[kGroups];
@@ -132,8 +136,8 @@ __device__ inline uint32_t dec_round(const uint8_t* buf, typename F::T* out, con
       uint32_t pre[2];
       prefix_bytes(x.planes[g], s_spread8, pre);
       dec_group_fast(pre, esc[g], x.rb[g][0], cnt[g], (bits + pos[g]) >> 3,
-                     reinterpret_cast<const uint8_t*>(stage), f,
-                     reinterpret_cast<uint16_t*>(out) + e0[g], err);
+                     reinterpret_cast<const uint8_t*>(stage), f, reinterpret_cast<uint16_t*>(out),
+                     e0[g], err, sum);
       continue;
     }
     uint32_t v[8], at = bits + pos[g];
@@ -155,6 +159,7 @@ __device__ inline uint32_t dec_round(const uint8_t* buf, typename F::T* out, con
       at += w;
     }
     store8(out + e0[g], cnt[g], v);
+    sum.template values<typename F::T>(e0[g], cnt[g], v);
   }
   return total;
 }
@@ -224,10 +229,11 @@ __device__ inline uint32_t round_escapes(const uint32_t n[kGroups], uint32_t pos
 // k set where element k escapes (prefix == L); prmt's sign mode then replicates the msb of the
 // looked-up byte for those elements, which is harmless: their exponent byte is replaced by the
 // escape byte, and the literal prefix's bad byte is 0. pf: as in round_planes (raw bytes too).
+template <class S>
 __device__ inline uint32_t dec_round_z(const uint8_t* buf, uint16_t* out, const Layout& L,
                                        long long start, int r, const Fast& f,
                                        const uint32_t* s_spread4, uint32_t bits,
-                                       const uint32_t* stage, int& err, bool pf) {
+                                       const uint32_t* stage, int& err, bool pf, S& sum) {
   const long long e = start + static_cast<long long>(r) * kRound + 8 * (threadIdx.x & 31);
   const unsigned long long* rw =
       reinterpret_cast<const unsigned long long*>(buf + L.raw_byte_at[0] + e);
@@ -275,8 +281,10 @@ __device__ inline uint32_t dec_round_z(const uint8_t* buf, uint16_t* out, const 
     const uint32_t r0 = static_cast<uint32_t>(rb[g]), r1 = static_cast<uint32_t>(rb[g] >> 32);
     const uint32_t h0 = bitsel<0x7f7f7f7fu>(ex0 >> 1, r0), l0 = bitsel<0x80808080u>(ex0 << 7, r0);
     const uint32_t h1 = bitsel<0x7f7f7f7fu>(ex1 >> 1, r1), l1 = bitsel<0x80808080u>(ex1 << 7, r1);
-    *reinterpret_cast<uint4*>(o + 256 * g) = make_uint4(
-        prmt(l0, h0, 0x5140), prmt(l0, h0, 0x7362), prmt(l1, h1, 0x5140), prmt(l1, h1, 0x7362));
+    const uint32_t v[4] = {prmt(l0, h0, 0x5140), prmt(l0, h0, 0x7362), prmt(l1, h1, 0x5140),
+                           prmt(l1, h1, 0x7362)};
+    *reinterpret_cast<uint4*>(o + 256 * g) = make_uint4(v[0], v[1], v[2], v[3]);
+    sum.template group<uint16_t>(e + 256 * g, 8, v);
   }
   if (bad) err |= kErrRank;
   return total;
@@ -329,12 +337,12 @@ __device__ inline uint32_t width_of(uint32_t w_lo, uint32_t w_hi, uint32_t sel, 
   return d & valid_bytes(cnt, hi);
 }
 
-template <bool FULL>
+template <bool FULL, class S>
 __device__ inline uint32_t dec_round_byte(const uint8_t* buf, uint8_t* out, const Layout& L,
                                           long long start, int r, uint32_t w_lo, uint32_t w_hi,
                                           uint32_t hb_lo, uint32_t hb_hi, const uint16_t* s_sym2,
                                           const unsigned long long* s_spread8, uint32_t bits,
-                                          const uint32_t* stage, int& err) {
+                                          const uint32_t* stage, int& err, S& sum) {
   uint32_t sel[kGroups][2], nbits[kGroups], pos[kGroups];
   int cnt[kGroups];
   long long e0[kGroups];
@@ -381,6 +389,7 @@ __device__ inline uint32_t dec_round_byte(const uint8_t* buf, uint8_t* out, cons
       at += incl >> 24;
     }
     store_bytes(out + e0[g], cnt[g], word[0] | static_cast<unsigned long long>(word[1]) << 32);
+    sum.template group<uint8_t>(e0[g], cnt[g], word);
   }
   if (bad & 0x100u) err |= kErrRank;
   return total;
@@ -390,11 +399,12 @@ __device__ inline uint32_t dec_round_byte(const uint8_t* buf, uint8_t* out, cons
 // symbol table is one funnel shift of the per-prefix byte hb = off_p >> w (<= 7) and the payload
 // bits; the bit window shifts left by each width in turn (funnel shifts read only the low 5 bits
 // of the amount, so the width bytes need no masking). pf: as in round_planes.
+template <class S>
 __device__ inline uint32_t dec_round_byte_z(const uint8_t* buf, uint8_t* out, const Layout& L,
                                             long long start, int r, uint32_t w_lo, uint32_t w_hi,
                                             uint32_t hb_lo, uint32_t hb_hi, const uint16_t* s_sym2,
                                             const uint32_t* s_spread4, uint32_t bits,
-                                            const uint32_t* stage, int& err, bool pf) {
+                                            const uint32_t* stage, int& err, bool pf, S& sum) {
   const long long e = start + static_cast<long long>(r) * kRound + 8 * (threadIdx.x & 31);
   uint32_t sel[kGroups], nbits[kGroups], pos[kGroups], b[kGroups][3];
   round_planes(buf, L, e, pf, b);
@@ -428,6 +438,7 @@ __device__ inline uint32_t dec_round_byte_z(const uint8_t* buf, uint8_t* out, co
       at += (wb * 0x01010101u) >> 24;
     }
     *reinterpret_cast<uint2*>(o + 256 * g) = make_uint2(word[0], word[1]);
+    sum.template group<uint8_t>(e + 256 * g, 8, word);
   }
   if (bad & 0x100u) err |= kErrRank;
   return total;
@@ -497,12 +508,13 @@ __device__ inline void stage_payload_wide(uint32_t* stage, const uint8_t* src, u
 // (round_aligned) take dec_round_z or dec_round_byte_z, the rest the general code. The byte-coded
 // and BF16 fast-path decoders are held to 64 registers, with no spills: four CTAs per SM instead
 // of two or three, which the latency-bound decoders need (the generic kernels need more
-// registers).
-template <class F, bool Z>
+// registers). CK: the decoded values' checksum is summed on the way and checked against the
+// header's at buf + L.checksum_at (verify_sum; `acc` its zeroed accumulator).
+template <class F, bool Z, bool CK>
 __global__ void __launch_bounds__(32 * kMaxWarps, (F::BYTE_CODED || Z) ? 4 : 1)
 decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
               typename F::T* __restrict__ out, const Layout L, const int32_t* __restrict__ tab,
-              int* __restrict__ flag) {
+              int* __restrict__ flag, SumAcc* __restrict__ acc) {
   __shared__ DecTab t;
   __shared__ uint16_t s_sym2[F::BYTE_CODED ? kSym2 : 1];
   constexpr bool kSpread = Z || F::BYTE_CODED;
@@ -511,8 +523,10 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
   __shared__ uint32_t s_off[F::BYTE_CODED ? 8 : 1];  // compact symbol table: region offsets
   extern __shared__ uint4 s_stage[];
   const long long head = L.crc_at + 4;
+  Summer<CK> sum;
   if (L.raw_size > 0 && buf[kLayoutAt] == kLayoutRaw) {  // uniform: the tensor's bytes follow
-    grid_copy(reinterpret_cast<uint8_t*>(out), buf + head, L.raw_size - head);
+    grid_copy<CK>(reinterpret_cast<uint8_t*>(out), buf + head, L.raw_size - head, &sum);
+    verify_sum(sum, acc, buf + L.checksum_at, flag);
     return;
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -565,6 +579,11 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
     return;
   }
   int err = 0;
+  if (blockIdx.x == 0) {  // canonical form: the encoder leaves the alignment gaps zero
+    for (int g = 0; g < L.ngaps; ++g)
+      for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += blockDim.x)
+        if (buf[i]) err |= kErrGaps;
+  }
   const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
   for (long long b = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + warp; b < L.nb;
        b += warps) {
@@ -598,21 +617,21 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
         if (full && fast)
           bits += dec_round_byte_z(buf, o, L, start, r, w_lo, w_hi, hb_lo, hb_hi, s_sym2, s_spread4,
                                    bits, stage, err,
-                                   r + 1 < rounds(L) && full_round(L, start, r + 1));
+                                   r + 1 < rounds(L) && full_round(L, start, r + 1), sum);
         else
           bits += full ? dec_round_byte<true>(buf, o, L, start, r, w_lo, w_hi, hb_lo, hb_hi, s_sym2,
-                                              s_spread8, bits, stage, err)
+                                              s_spread8, bits, stage, err, sum)
                        : dec_round_byte<false>(buf, o, L, start, r, w_lo, w_hi, hb_lo, hb_hi,
-                                               s_sym2, s_spread8, bits, stage, err);
+                                               s_sym2, s_spread8, bits, stage, err, sum);
       } else if (Z && full && fast) {
         bits += dec_round_z(buf, reinterpret_cast<uint16_t*>(out), L, start, r, f, s_spread4, bits,
-                            stage, err, r + 1 < rounds(L) && full_round(L, start, r + 1));
+                            stage, err, r + 1 < rounds(L) && full_round(L, start, r + 1), sum);
       } else if (full) {
         bits += dec_round<F, Z, true>(buf, out, L, start, r, t, nranked, f, s_spread8, bits,
-                                      stage, err);
+                                      stage, err, sum);
       } else {
         bits += dec_round<F, Z, false>(buf, out, L, start, r, t, nranked, f, s_spread8, bits,
-                                       stage, err);
+                                       stage, err, sum);
       }
     }
     if (lane == 0) {
@@ -632,6 +651,7 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
     __syncwarp();  // the stage is read out before the next block is staged
   }
   if (err) atomicOr(flag, err);
+  verify_sum(sum, acc, buf + L.checksum_at, flag);
 }
 
 }  // namespace

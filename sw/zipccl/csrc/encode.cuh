@@ -131,26 +131,31 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
   return total;
 }
 
-template <class F, bool Z, bool FULL>
+template <class F, bool Z, bool FULL, class S>
 __device__ inline uint32_t enc_round_at(const typename F::T* in, uint8_t* out, const Layout& L,
                                         long long start, int r, const uint32_t* s_lut,
-                                        uint32_t bits, uint32_t* stage) {
+                                        uint32_t bits, uint32_t* stage, S& sum) {
   EncIn<F> x;
   int cnt[kGroups];
   long long e0[kGroups];
   enc_load<F, FULL>(in, L, start, r, x, cnt, e0);
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g)
+    if (cnt[g]) sum.template group<typename F::T>(e0[g], cnt[g], x.w[g]);
   if constexpr (Z)
     return enc_round_fast<FULL>(x, cnt, e0, out, L, s_lut, bits, reinterpret_cast<uint8_t*>(stage));
   else
     return enc_round<F, FULL>(x, cnt, e0, out, L, s_lut, bits, stage);
 }
 
-// `work` (zipccl_work_bytes): [0, 8) the payload size, then per tile of kTile blocks a uint64 sum
+// `work` (zipccl_work_bytes): [0, 8) the payload size, [8, 24) the values checksum's sums (a
+// SumAcc, zeroed with the tile sums), then from 32 on per tile of kTile blocks a uint64 sum
 // (zeroed before the encode), per block a uint32 byte count, and the scratch slots (`block` bytes
 // per block, 16 bytes of slack after them).
 constexpr int kTile = 256;
 struct Work {
   unsigned long long* total;
+  SumAcc* sum;
   unsigned long long* tiles;
   uint32_t* counts;
   uint8_t* scratch;
@@ -158,20 +163,22 @@ struct Work {
 
 __host__ __device__ inline long long align16(long long x) { return (x + 15) / 16 * 16; }
 __host__ __device__ inline long long num_tiles(long long nb) { return (nb + kTile - 1) / kTile; }
-__host__ __device__ inline long long counts_at(long long nb) { return align16(16 + 8 * num_tiles(nb)); }
+__host__ __device__ inline long long counts_at(long long nb) { return align16(32 + 8 * num_tiles(nb)); }
 __host__ __device__ inline long long scratch_at(long long nb) { return align16(counts_at(nb) + 4 * nb); }
 
 __host__ __device__ inline Work work_of(void* work, long long nb) {
   uint8_t* w = static_cast<uint8_t*>(work);
-  return {reinterpret_cast<unsigned long long*>(w), reinterpret_cast<unsigned long long*>(w + 16),
+  return {reinterpret_cast<unsigned long long*>(w), reinterpret_cast<SumAcc*>(w + 8),
+          reinterpret_cast<unsigned long long*>(w + 32),
           reinterpret_cast<uint32_t*>(w + counts_at(nb)), w + scratch_at(nb)};
 }
 
 // Each warp codes whole blocks: planes into the container, the payload into the block's scratch
 // slot, its byte count into `counts` and the tile's sum. `head_to_hash`: a header stage whose
 // table hash is still to be written (the FP8 default table's, see staircase_kernel); CTA 0 then
-// computes it (hash_stage) while the other CTAs encode.
-template <class F, bool Z>
+// computes it (hash_stage) while the other CTAs encode. CK: the values checksum is summed into
+// `work.sum` on the way.
+template <class F, bool Z, bool CK>
 __global__ void __launch_bounds__(32 * kMaxWarps)
 encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
               const int32_t* __restrict__ tab, Work work, uint8_t* __restrict__ head_to_hash) {
@@ -190,6 +197,7 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;
   for (int i = threadIdx.x; i < 256; i += blockDim.x) s_lut[i] = Z ? spread_word(tab[i]) : tab[i];
   __syncthreads();
+  Summer<CK> sum;
   const long long warps = static_cast<long long>(gridDim.x - hashing) * (blockDim.x >> 5);
   for (long long b = static_cast<long long>(blockIdx.x - hashing) * (blockDim.x >> 5) + warp;
        b < L.nb; b += warps) {
@@ -201,9 +209,9 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
     uint32_t bits = 0;
     for (int r = 0; r < rounds(L); ++r) {
       if (full_round(L, start, r))
-        bits += enc_round_at<F, Z, true>(in, out, L, start, r, s_lut, bits, stage);
+        bits += enc_round_at<F, Z, true>(in, out, L, start, r, s_lut, bits, stage, sum);
       else
-        bits += enc_round_at<F, Z, false>(in, out, L, start, r, s_lut, bits, stage);
+        bits += enc_round_at<F, Z, false>(in, out, L, start, r, s_lut, bits, stage, sum);
     }
     __syncwarp();
     const uint32_t nbytes = (bits + 7u) >> 3;
@@ -220,6 +228,7 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
     }
     __syncwarp();  // the stage is read out before the next block writes it
   }
+  sum.commit(work.sum);
 }
 
 // CTA-wide inclusive scan of one uint64 per thread (blockDim.x a multiple of 32, at most 1024);
@@ -253,16 +262,19 @@ __device__ inline unsigned long long cta_scan(unsigned long long v, unsigned lon
 
 constexpr int kMaxHeader = 512;  // zipccl/_cuda.py checks golden's header fits
 
-// Header bytes [0, L.crc_at) from `head` (golden's header with payload_bytes 0) with the payload
-// size patched in, then their CRC-32 at L.crc_at.
+// Header bytes [0, L.crc_at) from `head` (golden's header with payload_bytes 0 and, where
+// L.checksum_at, the checksum flag and a zero checksum) with the payload size and the checksum
+// patched in, then their CRC-32 at L.crc_at. Every thread of the CTA must call it.
 __device__ inline void write_header(uint8_t* out, const Layout& L, const uint8_t* head,
-                                    unsigned long long total) {
+                                    unsigned long long total, unsigned long long checksum) {
   __shared__ Crc8 s_crc;
   __shared__ uint8_t s_head[kMaxHeader];
   crc_tables(s_crc);
   for (int i = threadIdx.x; i < L.crc_at; i += blockDim.x) {
-    const long long f = i - L.size_field_at;
-    s_head[i] = f >= 0 && f < 8 ? static_cast<uint8_t>(total >> (8 * f)) : head[i];
+    const long long f = i - L.size_field_at, c = i - L.checksum_at;
+    s_head[i] = f >= 0 && f < 8                     ? static_cast<uint8_t>(total >> (8 * f))
+                : L.checksum_at && c >= 0 && c < 8 ? static_cast<uint8_t>(checksum >> (8 * c))
+                                                    : head[i];
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -285,7 +297,7 @@ __device__ inline bool store_raw(const Layout& L, unsigned long long total) {
 // bytes, payload bytes]), zeroes the alignment gaps and writes the header from `head` (golden's
 // split header with payload_bytes 0). Where store_raw, the tensor's bytes under `raw_head` are
 // stored instead; where the payload overflows the buffer (a collective's room), no payload is
-// placed.
+// placed. Where L.checksum_at, the header gets the values checksum the encoder summed.
 constexpr int kGroup = 8;
 __global__ void __launch_bounds__(32 * kGroup)
 finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
@@ -303,10 +315,13 @@ finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const L
       if (size) size[0] = raw ? L.raw_size : L.payload_at + static_cast<long long>(all);
       if (size) size[1] = raw ? 0 : static_cast<long long>(all);
     }
-    if (raw) {
+    const unsigned long long checksum = checksum_of(work.sum->pairs, work.sum->low);
+    if (raw && L.checksum_at) {
+      write_header(out, L, raw_head, 0, checksum);
+    } else if (raw) {
       for (int i = threadIdx.x; i < L.crc_at + 4; i += blockDim.x) out[i] = raw_head[i];
     } else {
-      if (head) write_header(out, L, head, all);
+      if (head) write_header(out, L, head, all, checksum);
       for (int g = 0; g < L.ngaps; ++g)
         for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += blockDim.x) out[i] = 0;
     }
@@ -333,6 +348,23 @@ finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const L
       }
     }
   }
+}
+
+// A tensor too small for the split layout, stored raw with a values checksum: one CTA copies its
+// bytes, sums them, and writes `raw_head` (golden's raw header with the checksum flag) with the
+// checksum and the CRC.
+__global__ void __launch_bounds__(256)
+seal_raw_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
+                const uint8_t* __restrict__ raw_head) {
+  __shared__ SumAcc s_sum;
+  if (threadIdx.x == 0) s_sum = SumAcc{0, 0, 0};
+  __syncthreads();
+  Summer<true> sum;
+  const long long head = L.crc_at + 4;
+  grid_copy<true>(out + head, in, L.raw_size - head, &sum);
+  sum.commit(&s_sum);
+  __syncthreads();
+  write_header(out, L, raw_head, 0, checksum_of(s_sum.pairs, s_sum.low));
 }
 
 }  // namespace

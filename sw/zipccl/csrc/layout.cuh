@@ -22,6 +22,9 @@ struct Layout {
   // stores the tensor raw where the split layout is not smaller, the decoder reads the layout from
   // the header); 0 for a buffer known to be split (a collective's piece).
   long long raw_size;
+  // Where the header's values checksum is (golden.container.CHECKSUM_AT) when the kernels compute
+  // it (encode) or check it (decode); 0: the buffer carries none.
+  long long checksum_at;
 };
 
 namespace {
@@ -35,6 +38,8 @@ constexpr unsigned kFull = 0xffffffffu;
 // Error bits of the decoder's flag (zipccl/_cuda.py names them).
 constexpr int kErrOffsets = 1, kErrSize = 2, kErrRank = 4, kErrPadding = 8, kErrPlanePad = 16;
 constexpr int kErrRoom = 32;  // the header's payload size exceeds the payload's room
+constexpr int kErrChecksum = 64;  // the decoded values' checksum is not the header's
+constexpr int kErrGaps = 128;  // alignment gap bytes are not zero (not the encoder's buffer)
 
 // The table words (kRegionAt, kRankAt, kCountAt, kFastAt) are laid out in table.cuh.
 

@@ -2,7 +2,7 @@
 // Included by codec.cu.
 #pragma once
 
-#include "layout.cuh"
+#include "checksum.cuh"
 
 namespace {
 
@@ -91,18 +91,35 @@ __device__ inline void warp_copy(uint8_t* dst, const uint8_t* src, uint32_t len)
   for (uint32_t i = head + 4 * words + lane; i < len; i += 32) dst[i] = src[i];
 }
 
-// `len` bytes from `src` to `dst` by the whole grid, 16 bytes a thread where both are aligned.
-__device__ inline void grid_copy(uint8_t* dst, const uint8_t* src, long long len) {
+// `len` bytes from `src` to `dst` by the whole grid, 16 bytes a thread where both are aligned, else
+// 8 bytes (a pair of words) a thread; `sum` gets the copied bytes' checksum terms (byte 0 of `dst`
+// is byte 0 of the tensor).
+template <bool ON = false>
+__device__ inline void grid_copy(uint8_t* dst, const uint8_t* src, long long len,
+                                 Summer<ON>* sum = nullptr) {
   const long long tid = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
   long long done = 0;
   if (aligned(dst, 16) && aligned(src, 16)) {
     const long long vecs = len / 16;
-    for (long long i = tid; i < vecs; i += step)
-      reinterpret_cast<uint4*>(dst)[i] = __ldcs(reinterpret_cast<const uint4*>(src) + i);
+    for (long long i = tid; i < vecs; i += step) {
+      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(src) + i);
+      reinterpret_cast<uint4*>(dst)[i] = v;
+      if constexpr (ON) {
+        const uint32_t w = static_cast<uint32_t>(4 * i);
+        sum->pair(w, v.x, v.y), sum->pair(w + 2, v.z, v.w);
+      }
+    }
     done = 16 * vecs;
   }
-  for (long long i = done + tid; i < len; i += step) dst[i] = src[i];
+  for (long long p = done / 8 + tid; 8 * p < len; p += step) {
+    uint32_t w[2] = {0u, 0u};
+    for (long long b = 8 * p; b < 8 * p + 8 && b < len; ++b) {
+      dst[b] = src[b];
+      w[(b >> 2) & 1] |= static_cast<uint32_t>(src[b]) << (8 * (b & 3));
+    }
+    if constexpr (ON) sum->pair(static_cast<uint32_t>(2 * p), w[0], w[1]);
+  }
 }
 
 }  // namespace
