@@ -588,6 +588,7 @@ def test_training_three_four_ranks_is_the_rank_order_reduction(request, ranks, s
         ("ZIPCCL_CHUNK_BYTES", "4096", "ZIPCCL_CHUNK_BYTES (rank 0: None, rank 1: 4096)"),
         ("ZIPCCL_VERIFY", "1", "ZIPCCL_VERIFY (rank 0: auto, rank 1: 1)"),
         ("ZIPCCL_NATIVE_REDUCE", "1", "ZIPCCL_NATIVE_REDUCE (rank 0: False, rank 1: True)"),
+        ("ZIPCCL_CHECKSUM", "1", "ZIPCCL_CHECKSUM (rank 0: False, rank 1: True)"),
         ("ZIPCCL_MODE", "Sometimes", "rank 1: invalid 'sometimes'"),
     ],
 )

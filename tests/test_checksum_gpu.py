@@ -153,3 +153,20 @@ def test_gpu_checksum_capture_and_replay(dtype: torch.dtype) -> None:
         head = container.Header.unpack(bytes(c._storage[:512].cpu().numpy()))
         assert head.checksum == golden_checksum(x), f"replay {seed}"
     zipccl.check_errors()
+
+
+def test_gpu_decoder_rejects_what_no_checksum_sees() -> None:
+    """Corruption that leaves the values as they were is caught as the host decoders catch it:
+    a non-zero alignment gap byte, and an FP16 escape byte past the 5-bit exponent field (its
+    bit 5 lands on the sign bit, which may be set already)."""
+    x = gaussian(100_003, torch.float16, seed=SEED, scale=1e4).to(CUDA)
+    c = zipccl.compress(x, checksum=True)
+    sec = container.Sections.of(container.BY_CODE[2], x.numel(), c.block)
+    assert c.layout == "split" and c.payload_bytes > 0 and sec.gaps
+    for at, value, why in [(sec.gaps[0][0], 0x01, "gap"), (sec.payload, 0x20, "exponent field")]:
+        bad = c.buffer.clone()
+        bad[at] |= value
+        with pytest.raises(ValueError, match=why):
+            zipccl.decompress(bad)
+        with pytest.raises(ValueError):
+            zipccl.decompress(bad.cpu())

@@ -96,6 +96,7 @@ GOLDEN = {
     "kErrRoom": _cuda.DecodeError.ROOM,
     "kErrChecksum": _cuda.DecodeError.CHECKSUM,
     "kErrGaps": _cuda.DecodeError.GAPS,
+    "kErrSymbol": _cuda.DecodeError.SYMBOL,
     "kSumKey": container._KEY,
 }
 

@@ -16,8 +16,9 @@ Settings, environment variables parsed in :mod:`zipccl.settings`:
   ``triton``) and ``ZIPCCL_FAST`` (``0`` turns off the CUDA kernels' BF16 fast path);
 * what the collectives put on the wire, agreed across a group's ranks before its first zipccl
   call: ``ZIPCCL_MODE`` (``auto`` | ``always`` | ``never``), ``ZIPCCL_VERIFY`` (``auto`` | ``1``
-  | ``0``), ``ZIPCCL_CHUNK_BYTES``, ``ZIPCCL_NATIVE_REDUCE`` (reductions only) and
-  ``ZIPCCL_PLAN_CALLS``;
+  | ``0``), ``ZIPCCL_CHUNK_BYTES``, ``ZIPCCL_NATIVE_REDUCE`` (reductions only),
+  ``ZIPCCL_PLAN_CALLS`` and ``ZIPCCL_CHECKSUM`` (``1``: compressed pieces carry a values
+  checksum, checked by the receiver);
 * ``ZIPCCL_CACHE_DIR``: where the CUDA kernels' build and the switch's profiles are cached
   (default ``~/.cache/zipccl``).
 """

@@ -68,6 +68,7 @@ class DecodeError(enum.IntFlag):
     ROOM = 32  # a collective resends such a buffer raw: not corruption
     CHECKSUM = 64
     GAPS = 128
+    SYMBOL = 256
 
 
 ERRORS = {
@@ -79,6 +80,7 @@ ERRORS = {
     DecodeError.ROOM: "the header's payload size exceeds the payload's room",
     DecodeError.CHECKSUM: CHECKSUM_MISMATCH,
     DecodeError.GAPS: "alignment gap bytes are not zero",
+    DecodeError.SYMBOL: "a decoded symbol is past the format's exponent field",
 }
 ROOM_ERROR = DecodeError.ROOM
 

@@ -97,6 +97,11 @@ small all-gather and its host sync before the wire and drops the work around it.
 ``ZIPCCL_PLAN_CALLS`` (default 64; agreed like the other settings): the calls a plan serves before
 its key is agreed afresh, with tables fitted to a fresh sample; 0 turns plans off.
 
+``ZIPCCL_CHECKSUM=1`` (agreed like the other settings): every compressed piece carries the values
+checksum of ``codec.compress(..., checksum=True)``, summed by the encoder and checked by the
+receiver's decoder (a mismatch raises ValueError on the receiving rank and PeerError on the
+others); pieces sent raw travel unchecked, as native ones do.
+
 Large messages go in chunks, pipelined over three CUDA streams: compress, NCCL's own,
 decompress; every chunk is queued at once. In ``auto`` mode on CUDA the switch's cost model
 picks the chunk count (``switch.best_chunks``: every chunk pays its collective's latency, so
@@ -150,6 +155,8 @@ import torch.distributed as dist
 from golden import theory
 from golden.codebook import Codebook
 from golden.container import (
+    CHECKSUM_AT,
+    CHECKSUM_MISMATCH,
     CRC_AT,
     DEFAULT_BLOCK,
     HEADER_BYTES,
@@ -729,13 +736,16 @@ def _pack(x: torch.Tensor, seg: _Seg, table: Codebook, store: torch.Tensor) -> N
         store[: x.numel() * x.element_size()].copy_(x.view(torch.uint8))
         return
     fmt, shape = codec._fmt(x.dtype), (x.numel(),)
+    checksum = settings.value("ZIPCCL_CHECKSUM")
     backend = codec._backend(x.device, DEFAULT_BLOCK)
     if hasattr(backend, "launch_encode"):  # the kernels write golden's header too
-        head = codec._header_template(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, table)
-        backend.launch_encode(x, fmt, table, DEFAULT_BLOCK, store, head)
+        head = codec._header_template(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, table, checksum)
+        backend.launch_encode(x, fmt, table, DEFAULT_BLOCK, store, head, checksum)
         return
     payload = backend.encode_into(x, fmt, table, DEFAULT_BLOCK, store)
-    codec._write_header(store, Header(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, payload, table))
+    check = codec._values_checksum(x) if checksum else None
+    head = Header(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, payload, table, check)
+    codec._write_header(store, head)
 
 
 def _payload_size(head: bytes) -> int:
@@ -755,6 +765,7 @@ class _Unpack:
 
     def __init__(self, g: Group, dtype: torch.dtype) -> None:
         self.fmt = codec._fmt(dtype)
+        self.checksum: bool = settings.value("ZIPCCL_CHECKSUM")  # the pieces carry one
         self.flag = _flag(g.device) if g.cuda else None  # zeroed by the call's first decode
         self.used: types.ModuleType | None = None  # the backend whose decodes set the flag
         self.heads: dict[object, tuple[torch.Tensor, _Seg, Codebook]] = {}
@@ -785,12 +796,16 @@ class _Unpack:
                 self.flag,
                 clear=self.used is None,
                 payload=got[seg.fixed : seg.width],
+                checksum=self.checksum,
             )
             self.used = backend
             return
-        size = _payload_size(got[:HEADER_BYTES].cpu().numpy().tobytes())
+        head = got[:HEADER_BYTES].cpu().numpy().tobytes()
+        size = _payload_size(head)
         if size <= seg.room:  # else resent raw after settle
             backend.decode_into(got[: seg.fixed + size], self.fmt, table, DEFAULT_BLOCK, size, out)
+            if self.checksum and codec._values_checksum(out) != _stored_checksum(head):
+                raise ValueError(f"corrupt compressed buffer: {CHECKSUM_MISMATCH}")
 
     def settle(self, streams: Streams) -> set[object]:
         """After every decode: one copy of the flag and the noted headers to the host; raise
@@ -809,7 +824,8 @@ class _Unpack:
         for i, key in enumerate(keys):
             _, seg, table = self.heads[key]
             head = raw[i * HEADER_BYTES : (i + 1) * HEADER_BYTES].tobytes()
-            self.sizes[key] = _payload_size(_checked(head, self.fmt, seg.numel, table))
+            checked = _checked(head, self.fmt, seg.numel, table, self.checksum)
+            self.sizes[key] = _payload_size(checked)
             if self.sizes[key] > seg.room:
                 over.add(key)
         return over
@@ -821,15 +837,22 @@ def _flag(device: torch.device) -> torch.Tensor:
     return per_thread(("flag", device), lambda: torch.zeros(1, dtype=torch.int32, device=device))
 
 
-def _checked(head: bytes, fmt: FloatFormat, numel: int, table: Codebook) -> bytes:
+def _stored_checksum(head: bytes) -> int:
+    return int.from_bytes(head[CHECKSUM_AT : CHECKSUM_AT + 8], "little")
+
+
+def _checked(
+    head: bytes, fmt: FloatFormat, numel: int, table: Codebook, checksum: bool = False
+) -> bytes:
     """``head`` if it is golden's split-layout header of ``numel`` values under ``table`` (any
-    payload size); ValueError otherwise."""
-    want = codec._header_template(LAYOUT_SPLIT, fmt, (numel,), DEFAULT_BLOCK, table)
-    at = PAYLOAD_BYTES_AT
-    if (
-        head[:at] != want[:at]
-        or head[at + 8 : CRC_AT] != want[at + 8 : CRC_AT]
-        or int.from_bytes(head[CRC_AT:], "little") != zlib.crc32(head[:CRC_AT])
+    payload size; with ``checksum``, the checksum flag and any checksum); ValueError otherwise."""
+    want = codec._header_template(LAYOUT_SPLIT, fmt, (numel,), DEFAULT_BLOCK, table, checksum)
+    fields = bytearray(head[:CRC_AT])
+    fields[PAYLOAD_BYTES_AT : PAYLOAD_BYTES_AT + 8] = bytes(8)
+    if checksum:
+        fields[CHECKSUM_AT : CHECKSUM_AT + 8] = bytes(8)
+    if fields != want[:CRC_AT] or int.from_bytes(head[CRC_AT:], "little") != zlib.crc32(
+        head[:CRC_AT]
     ):
         raise ValueError(
             f"received a corrupt compressed header: not the split layout of {numel} "

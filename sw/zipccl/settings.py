@@ -36,6 +36,7 @@ KEYS = (
     "ZIPCCL_CHUNK_BYTES",
     "ZIPCCL_NATIVE_REDUCE",
     "ZIPCCL_PLAN_CALLS",
+    "ZIPCCL_CHECKSUM",
 )
 BACKENDS = ("auto", "torch", "triton")  # auto: the CUDA kernels on CUDA tensors, torch elsewhere
 LOCAL_KEYS = ("ZIPCCL_BACKEND", "ZIPCCL_FAST")  # the codec's kernels: same bytes whichever
@@ -50,6 +51,7 @@ class Settings:
     chunk_bytes: int | None = None  # ZIPCCL_CHUNK_BYTES; None: the mode's own choice
     native_reduce: bool = False  # ZIPCCL_NATIVE_REDUCE=1
     plan_calls: int = 64  # ZIPCCL_PLAN_CALLS: calls one plan serves (0: no plan cache)
+    checksum: bool = False  # ZIPCCL_CHECKSUM=1: compressed pieces carry a values checksum
 
 
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
@@ -121,6 +123,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {  # KEYS order: Settings' fields
     "ZIPCCL_CHUNK_BYTES": _chunk_bytes,
     "ZIPCCL_NATIVE_REDUCE": lambda v: _choice("ZIPCCL_NATIVE_REDUCE", v, ("0", "1")) == "1",
     "ZIPCCL_PLAN_CALLS": _plan_calls,
+    "ZIPCCL_CHECKSUM": lambda v: _choice("ZIPCCL_CHECKSUM", v, ("0", "1")) == "1",
     "ZIPCCL_BACKEND": lambda v: _choice("ZIPCCL_BACKEND", v, BACKENDS),
     "ZIPCCL_FAST": lambda v: _choice("ZIPCCL_FAST", v, ("1", "0")) == "1",  # BF16 fast path
 }

@@ -149,13 +149,17 @@ __device__ inline uint32_t dec_round(const uint8_t* buf, typename F::T* out, con
       const bool lit = region >> kRegionLiteralShift;
       const uint32_t rank = ((region >> kRegionBaseShift) & 0x3ffu) + val;
       if ((FULL || k < cnt[g]) && !lit && rank >= nranked) err |= kErrRank;
+      const uint32_t sym = lit ? val : t.rank[min(rank, 255u)];
+      if constexpr (F::EXP_BITS < 8) {  // FP16: a symbol past its 5-bit exponent field
+        if ((FULL || k < cnt[g]) && (sym >> F::EXP_BITS)) err |= kErrSymbol;
+      }
       uint32_t raw = 0;
 #pragma unroll
       for (int j = 0; j < F::RAWB; ++j)
         raw |= static_cast<uint32_t>((x.rb[g][j] >> (8 * k)) & 0xffu) << (8 * j);
 #pragma unroll
       for (int j = 0; j < F::RAWb; ++j) raw |= ((x.tb[g] >> (8 * j + k)) & 1u) << (8 * F::RAWB + j);
-      v[k] = F::join(lit ? val : t.rank[min(rank, 255u)], raw);
+      v[k] = F::join(sym, raw);
       at += w;
     }
     store8(out + e0[g], cnt[g], v);

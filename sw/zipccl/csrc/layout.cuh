@@ -40,6 +40,7 @@ constexpr int kErrOffsets = 1, kErrSize = 2, kErrRank = 4, kErrPadding = 8, kErr
 constexpr int kErrRoom = 32;  // the header's payload size exceeds the payload's room
 constexpr int kErrChecksum = 64;  // the decoded values' checksum is not the header's
 constexpr int kErrGaps = 128;  // alignment gap bytes are not zero (not the encoder's buffer)
+constexpr int kErrSymbol = 256;  // a decoded symbol past the format's exponent field (FP16)
 
 // The table words (kRegionAt, kRankAt, kCountAt, kFastAt) are laid out in table.cuh.
 
