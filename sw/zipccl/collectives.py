@@ -739,8 +739,8 @@ def _pack(x: torch.Tensor, seg: _Seg, table: Codebook, store: torch.Tensor) -> N
     checksum = settings.value("ZIPCCL_CHECKSUM")
     backend = codec._backend(x.device, DEFAULT_BLOCK)
     if hasattr(backend, "launch_encode"):  # the kernels write golden's header too
-        head = codec._header_template(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, table, checksum)
-        backend.launch_encode(x, fmt, table, DEFAULT_BLOCK, store, head, checksum)
+        template = codec._header_template(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, table, checksum)
+        backend.launch_encode(x, fmt, table, DEFAULT_BLOCK, store, template, checksum)
         return
     payload = backend.encode_into(x, fmt, table, DEFAULT_BLOCK, store)
     check = codec._values_checksum(x) if checksum else None
