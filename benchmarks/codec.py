@@ -28,8 +28,7 @@ import torch
 import zipccl
 from timing import MIB, copy_bandwidth, event_median, graph_median, runs_for, wall_median
 from zipccl import _cuda, codec
-
-from golden import container
+from zipccl.golden import container
 
 
 def make(kind: str, dtype: torch.dtype, nbytes: int, minilm: dict[str, np.ndarray]) -> torch.Tensor:

@@ -11,10 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from zipccl import _cuda
+from zipccl.golden import container
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.formats import FORMATS, get_format
 
-from golden import container
-from golden.codebook import Codebook
-from golden.formats import FORMATS, get_format
 from tests.strategies import codebooks
 
 

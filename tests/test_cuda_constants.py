@@ -14,9 +14,8 @@ import struct
 from collections.abc import Iterable
 
 from zipccl import _cuda
-
-from golden import codebook, container, theory
-from golden.codebook import Codebook
+from zipccl.golden import codebook, container, theory
+from zipccl.golden.codebook import Codebook
 
 DEFINITION = re.compile(r"constexpr\s+(?:int|long long|unsigned|uint8_t|uint32_t)\s+([^;(]+);")
 LITERAL_SUFFIX = re.compile(r"\b(0x[0-9a-fA-F]+|\d+)(?:ull|ll|u)?\b")

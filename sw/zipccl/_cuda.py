@@ -26,9 +26,10 @@ from typing import ClassVar
 
 import torch
 
-from golden import builders, theory
-from golden.codebook import GPU_TABLE_WORDS, NUM_REGIONS, Codebook
-from golden.container import (
+from zipccl import _kernel_cache, settings
+from zipccl.golden import builders, theory
+from zipccl.golden.codebook import GPU_TABLE_WORDS, NUM_REGIONS, Codebook
+from zipccl.golden.container import (
     CHECKSUM_AT,
     CHECKSUM_MISMATCH,
     CRC_AT,
@@ -41,9 +42,8 @@ from golden.container import (
     align,
     raw_size,
 )
-from golden.formats import FloatFormat
-from golden.streams import num_blocks
-from zipccl import _kernel_cache, settings
+from zipccl.golden.formats import FloatFormat
+from zipccl.golden.streams import num_blocks
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "codec.cu"  # includes the other files under csrc/

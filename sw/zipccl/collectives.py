@@ -152,19 +152,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from golden import theory
-from golden.codebook import Codebook
-from golden.container import (
-    CHECKSUM_AT,
-    CHECKSUM_MISMATCH,
-    CRC_AT,
-    DEFAULT_BLOCK,
-    HEADER_BYTES,
-    LAYOUT_SPLIT,
-    PAYLOAD_BYTES_AT,
-    Header,
-)
-from golden.formats import FloatFormat
 from zipccl import _comm, _plans, codec, settings, switch
 from zipccl._comm import (
     CODEC_DTYPES,
@@ -185,6 +172,19 @@ from zipccl._comm import (
     streams_for,
     to_i64,
 )
+from zipccl.golden import theory
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.container import (
+    CHECKSUM_AT,
+    CHECKSUM_MISMATCH,
+    CRC_AT,
+    DEFAULT_BLOCK,
+    HEADER_BYTES,
+    LAYOUT_SPLIT,
+    PAYLOAD_BYTES_AT,
+    Header,
+)
+from zipccl.golden.formats import FloatFormat
 
 ReduceOp = dist.ReduceOp
 # an op argument: torch's stubs type ReduceOp.SUM & co. as ReduceOp.RedOpType, which its bindings
