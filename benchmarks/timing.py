@@ -64,3 +64,10 @@ def copy_bandwidth() -> float:
     dst = torch.empty_like(src)
     t = event_median(lambda: dst.copy_(src), 20)
     return 2 * src.numel() / t
+
+
+def recorded() -> torch.cuda.Event:
+    """A timing CUDA event recorded now on the current stream."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event

@@ -21,9 +21,8 @@ import heapq
 from collections.abc import Iterable
 
 import numpy as np
-
-from golden.builders import check_histogram, ranks_by_frequency
-from golden.codebook import ALPHABET
+from zipccl.golden.builders import check_histogram, ranks_by_frequency
+from zipccl.golden.codebook import ALPHABET
 
 EXP_GOLOMB_ORDERS = range(9)
 

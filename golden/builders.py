@@ -40,9 +40,8 @@ from collections.abc import Iterable
 from itertools import combinations_with_replacement
 
 import numpy as np
-
-from golden.codebook import ALPHABET, MAX_WIDTH, NUM_REGIONS, PREFIX_BITS, Codebook
-from golden.theory import ZIPCCL_TOP, top_symbols, zipccl_layout
+from zipccl.golden.codebook import ALPHABET, MAX_WIDTH, NUM_REGIONS, PREFIX_BITS, Codebook
+from zipccl.golden.theory import ZIPCCL_TOP, top_symbols, zipccl_layout
 
 ZONE_THRESHOLD = 0.02  # the paper's "each zone holds at least 2 % of the mass"
 QLC_MIDDLE_WIDTHS = (3, 4, 5)  # plus the 8-bit escape: code lengths 6/7/8/11

@@ -4,7 +4,8 @@ A codeword is a 3-bit prefix ``p`` (one of 8 regions) followed by ``w_p`` payloa
 first. A *ranked* region maps its payload to ``rank_to_symbol[base_p + payload]``; the single
 optional *literal* region (``w = 8``) carries the symbol itself (the escape). Everything about the
 format -- validation, the encoder/decoder lookup tables, the canonical binary form and its hash,
-the JSON table file and the ``$readmemh`` images for the RTL -- is defined here and nowhere else.
+the JSON table file, the ``$readmemh`` images for the RTL and the GPU kernels' table image -- is
+defined here and nowhere else.
 """
 
 from __future__ import annotations
@@ -58,6 +59,24 @@ REGION_WIDTH_SHIFT = REGION_BASE_BITS
 REGION_LITERAL_SHIFT = REGION_WIDTH_SHIFT + 4
 REGION_WORD_BITS = REGION_LITERAL_SHIFT + 1
 RANK_COUNT_BITS = 9
+
+# The GPU's table image: int32 words that sw/zipccl/csrc/ reads (table.cuh builds the same image on
+# the device; tests/test_cuda_constants.py checks its constants against these).
+#   [0, 256)    encoder, by symbol:  payload | prefix << 8 | width << 12
+#   [256, 264)  regions, by prefix:  width | base << 4 | literal << 15  (base saturates at 256)
+#   [264, 520)  rank -> symbol;  [520] the rank count
+#   [521, 526)  byte-escape tables only, else 0: the literal prefix, prefix -> symbol bytes (two
+#               words), prefix -> 0xFF where the prefix holds no symbol (two words)
+GPU_ENC_PREFIX_SHIFT = 8
+GPU_ENC_WIDTH_SHIFT = 12
+GPU_REGION_BASE_SHIFT = 4
+GPU_REGION_LITERAL_SHIFT = 15
+GPU_REGION_AT = ALPHABET
+GPU_RANK_AT = GPU_REGION_AT + NUM_REGIONS
+GPU_COUNT_AT = GPU_RANK_AT + ALPHABET
+GPU_FAST_AT = GPU_COUNT_AT + 1
+GPU_FAST_WORDS = 5
+GPU_TABLE_WORDS = GPU_FAST_AT + GPU_FAST_WORDS
 
 
 class TableError(ValueError):
@@ -141,6 +160,14 @@ class Codebook:
     @property
     def num_ranked(self) -> int:
         return len(self.ranks)
+
+    @property
+    def byte_escape(self) -> bool:
+        """One literal region and every ranked region of width 0 (the ZipCCL exponent layout):
+        the payload is whole escape bytes, which the GPU's BF16 fast path decodes byte-wise."""
+        return self.literal is not None and all(
+            w == 0 for p, w in enumerate(self.widths) if p != self.literal
+        )
 
     # ----------------------------------------------------------------- lookup tables
     def encoder_lut(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -299,6 +326,41 @@ class Codebook:
 
     def rank_words(self) -> list[int]:
         return [int(s) for s in self.rank_lut()]
+
+    # ----------------------------------------------------------------- GPU table image
+    def gpu_words(self) -> tuple[int, ...]:
+        """The GPU_TABLE_WORDS int32 words (as signed Python ints) that the CUDA kernels read."""
+        prefix, payload, length = self.encoder_lut()
+        width = length.astype(int) - PREFIX_BITS
+        enc = [
+            int(v) | int(p) << GPU_ENC_PREFIX_SHIFT | int(w) << GPU_ENC_WIDTH_SHIFT
+            for p, v, w in zip(prefix, payload, width, strict=True)
+        ]
+        rw, base, lit = self.region_table()
+        regions = [
+            int(w) | int(b) << GPU_REGION_BASE_SHIFT | int(x) << GPU_REGION_LITERAL_SHIFT
+            for w, b, x in zip(rw, base, lit, strict=True)
+        ]
+        words = [*enc, *regions, *self.rank_words(), self.num_ranked, *self._gpu_fast_words()]
+        assert len(words) == GPU_TABLE_WORDS
+        return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)
+
+    def _gpu_fast_words(self) -> list[int]:
+        """The BF16 fast-path decoder's words: the literal prefix, prefix -> symbol bytes and
+        prefix -> 0xFF where a prefix has no symbol (illegal in a stream); zeros unless
+        byte_escape."""
+        if self.literal is None or not self.byte_escape:
+            return [0] * GPU_FAST_WORDS
+        sym, bad = [0] * NUM_REGIONS, [0] * NUM_REGIONS
+        for p, base in enumerate(self.bases):
+            if p == self.literal:
+                continue
+            if base < self.num_ranked:
+                sym[p] = self.ranks[base]
+            else:
+                bad[p] = 0xFF
+        halves = (bytes(v[i : i + 4]) for v in (sym, bad) for i in (0, 4))
+        return [self.literal, *(int.from_bytes(h, "little") for h in halves)]
 
     def write_memh(self, directory: str | Path, stem: str) -> dict[str, Path]:
         """Write ``{stem}_enc.hex``, ``{stem}_region.hex``, ``{stem}_rank.hex`` and

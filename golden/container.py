@@ -33,10 +33,9 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
-
-from golden.codebook import MAX_WIDTH, PREFIX_BITS, TABLE_BYTES, Codebook, TableError
-from golden.formats import BY_CODE, FloatFormat
-from golden.streams import (
+from zipccl.golden.codebook import MAX_WIDTH, PREFIX_BITS, TABLE_BYTES, Codebook, TableError
+from zipccl.golden.formats import BY_CODE, FloatFormat
+from zipccl.golden.streams import (
     SplitStream,
     StreamError,
     encode_split,

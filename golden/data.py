@@ -16,7 +16,7 @@ read-only so callers cannot corrupt the cache. All dicts keep the model's module
 
 Typical use::
 
-    from golden import data
+    from zipccl.golden import data
     acts = data.fp8_activations()          # {name: uint8 e4m3 bytes}, per-tensor absmax scaled
     w = data.bf16_weights()                # {name: uint16 BF16 bit patterns}
     bits = data.concat(data.bf16_gradients())
@@ -30,8 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
-from golden.baselines import histogram
+from zipccl.golden.baselines import histogram
 
 __all__ = [
     "FP8_MAX",

@@ -2,10 +2,11 @@
 
 The QLC tables are checked-in JSON table files (``golden/tables/*.json``, hash-verified on load)
 so that golden/, the RTL and the GPU codec use byte-identical defaults without any of them
-needing the model. ``python -m golden.presets --rebuild`` regenerates them from all-MiniLM-L6-v2
-activations (every linear layer's input, per-tensor absmax scaled to FP8, one pooled histogram):
-the exhaustive search restricted to the QLC paper's payload widths 3/4/5 plus the 8-bit escape,
-i.e. code lengths 6/7/8/11. ``--check`` rebuilds in memory and reports any difference.
+needing the model. ``python -m zipccl.golden.presets --rebuild`` regenerates them from
+all-MiniLM-L6-v2 activations (every linear layer's input, per-tensor absmax scaled to FP8, one
+pooled histogram): the exhaustive search restricted to the QLC paper's payload widths 3/4/5
+plus the 8-bit escape, i.e. code lengths 6/7/8/11. ``--check`` rebuilds in memory and reports
+any difference.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from golden.builders import QLC_MIDDLE_WIDTHS, best_table
-from golden.codebook import Codebook
-from golden.formats import BF16, FloatFormat
-from golden.theory import TensorStats, zipccl_table
+from zipccl.golden.builders import QLC_MIDDLE_WIDTHS, best_table
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.formats import BF16, FloatFormat
+from zipccl.golden.theory import TensorStats, zipccl_table
 
 TABLES_DIR = Path(__file__).resolve().parent / "tables"
 QLC_FILES = {"e4m3": "qlc_e4m3.json", "e5m2": "qlc_e5m2.json"}
@@ -53,8 +54,8 @@ PRESETS = {"zipccl_exponent": zipccl_exponent, "qlc_e4m3": qlc_e4m3, "qlc_e5m2":
 
 def build_qlc(fmt: str) -> Codebook:
     """Build the default QLC table for ``fmt`` ("e4m3" or "e5m2") from the MiniLM activations."""
-    from golden import data
-    from golden.baselines import histogram
+    from zipccl.golden import data
+    from zipccl.golden.baselines import histogram
 
     if fmt not in QLC_FILES:
         raise ValueError(f"no QLC preset for {fmt!r}; expected one of {sorted(QLC_FILES)}")
@@ -89,7 +90,7 @@ def check() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m golden.presets", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m zipccl.golden.presets", description=__doc__)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--rebuild", action="store_true", help="regenerate golden/tables/*.json")
     group.add_argument("--check", action="store_true", help="compare a rebuild with the files")

@@ -1,4 +1,4 @@
-"""Compression report on real tensors: ``python -m golden.report [--json] [--plot DIR]``.
+"""Compression report on real tensors: ``python -m zipccl.golden.report [--json] [--plot DIR]``.
 
 Tensor classes (from :mod:`golden.data`, all-MiniLM-L6-v2, offline): ``bf16_weights``,
 ``bf16_activations``, ``bf16_gradients`` and ``fp8_activations`` (e4m3, per-tensor absmax scaled).
@@ -31,11 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from golden import baselines as bl
-from golden import builders, container, data, presets, theory
-from golden.codebook import ALPHABET, Codebook
-from golden.formats import BF16, E4M3, FloatFormat
+from zipccl.golden import baselines as bl
+from zipccl.golden import builders, container, data, presets, theory
+from zipccl.golden.codebook import ALPHABET, Codebook
+from zipccl.golden.formats import BF16, E4M3, FloatFormat
 
 CLASSES = ("bf16_weights", "bf16_activations", "bf16_gradients", "fp8_activations")
 
@@ -300,7 +299,7 @@ def plot(directory: str | Path, classes: tuple[str, ...] = CLASSES) -> list[Path
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m golden.report",
+        prog="python -m zipccl.golden.report",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from golden.codebook import MAX_CODE_LENGTH, PREFIX_BITS, Codebook
+from zipccl.golden.codebook import MAX_CODE_LENGTH, PREFIX_BITS, Codebook
 
 
 class StreamError(ValueError):

@@ -12,9 +12,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
-from golden.codebook import ALPHABET, Codebook
-from golden.formats import FloatFormat
+from zipccl.golden.codebook import ALPHABET, Codebook
+from zipccl.golden.formats import FloatFormat
 
 ZIPCCL_TOP = 7  # exponents given 3-bit codes; prefix 0 is the escape
 SAMPLE_SIZE = 65536

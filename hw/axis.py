@@ -20,12 +20,11 @@ from __future__ import annotations
 from amaranth import C, Cat, ClockDomain, Module, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
-
-from golden.codebook import Codebook
-from hw.decoder import QLCDecoder
-from hw.encoder import QLCEncoder
-from hw.multilane import QLCDecoderN, QLCEncoderN, words_per_beat
-from hw.tables import COUNT_BITS, TableWriteLayout
+from zipccl.golden.codebook import Codebook
+from zipccl.hw.decoder import QLCDecoder
+from zipccl.hw.encoder import QLCEncoder
+from zipccl.hw.multilane import QLCDecoderN, QLCEncoderN, words_per_beat
+from zipccl.hw.tables import COUNT_BITS, TableWriteLayout
 
 TABLE_TDATA_BITS = 32  # a table write beat, zero extended to whole bytes
 

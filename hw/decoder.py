@@ -37,8 +37,7 @@ from __future__ import annotations
 from amaranth import C, Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
-
-from golden.codebook import (
+from zipccl.golden.codebook import (
     MAX_CODE_LENGTH,
     MAX_WIDTH,
     PREFIX_BITS,
@@ -47,7 +46,7 @@ from golden.codebook import (
     REGION_WORD_BITS,
     Codebook,
 )
-from hw.tables import (
+from zipccl.hw.tables import (
     COUNT_BITS,
     WIDTH_BITS,
     WORD_BITS,

@@ -24,8 +24,7 @@ from __future__ import annotations
 from amaranth import Cat, Module, Signal
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
-
-from golden.codebook import (
+from zipccl.golden.codebook import (
     ALPHABET,
     ENC_WORD_BITS,
     MAX_CODE_LENGTH,
@@ -33,8 +32,8 @@ from golden.codebook import (
     PREFIX_BITS,
     Codebook,
 )
-from hw.packer import add_packer
-from hw.tables import (
+from zipccl.hw.packer import add_packer
+from zipccl.hw.tables import (
     WORD_BITS,
     EncEntry,
     EncWordLayout,

@@ -1,6 +1,6 @@
 """Verilog of the QLC blocks for FPGA/ASIC flows, plus ``$readmemh`` images of the default table.
 
-    python -m hw.generate --out build [--table TABLE.json] [--tops TOP ...]
+    python -m zipccl.hw.generate --out build [--table TABLE.json] [--tops TOP ...]
 
 writes ``qlc_encoder.v``, ``qlc_decoder.v``, ``qlc_loopback.v``, the multi-lane blocks
 ``qlc_encoder_x{N}.v`` (N = 2, 4, 8, 32), ``qlc_decoder_x{N}.v`` and ``qlc_loopback_x{N}.v``
@@ -23,14 +23,13 @@ from pathlib import Path
 
 from amaranth.back import verilog
 from amaranth.lib import wiring
-
-from golden.codebook import Codebook
-from hw.axis import AxisDecoder, AxisEncoder
-from hw.decoder import QLCDecoder
-from hw.encoder import QLCEncoder
-from hw.loopback import QLCLoopback
-from hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES, QLCDecoderN, QLCEncoderN
-from hw.tables import default_book
+from zipccl.golden.codebook import Codebook
+from zipccl.hw.axis import AxisDecoder, AxisEncoder
+from zipccl.hw.decoder import QLCDecoder
+from zipccl.hw.encoder import QLCEncoder
+from zipccl.hw.loopback import QLCLoopback
+from zipccl.hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES, QLCDecoderN, QLCEncoderN
+from zipccl.hw.tables import default_book
 
 TOPS: dict[str, Callable[[Codebook | None], wiring.Component]] = {
     "qlc_encoder": QLCEncoder,
@@ -44,9 +43,11 @@ TOPS: dict[str, Callable[[Codebook | None], wiring.Component]] = {
     **{f"qlc_encoder_axis_x{n}": partial(AxisEncoder, n) for n in MULTI_LANES},
     **{f"qlc_decoder_axis_x{n}": partial(AxisDecoder, n) for n in MULTI_LANES},
 }
-ROOT = Path(__file__).resolve().parent.parent
+# the folder that holds the zipccl package: sw/ of a checkout (whose zipccl/hw links to hw/), or
+# site-packages; source locations are written relative to it (zipccl/hw/encoder.py), alike for both
+ROOT = Path(__file__).parents[2]
 # a source path up to an installed package's top (site/dist-packages; wherever the environment
-# lies, the repository included), then up to the repository
+# lies, the repository included), then up to ROOT
 _PACKAGES_PREFIX = re.compile(r"(?<=[\"|])[^\"|]*[/\\](?:site|dist)-packages[/\\]")
 _ROOT_PREFIX = re.compile(re.escape(f"{ROOT}{os.sep}"))
 
@@ -94,7 +95,7 @@ def generate(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m hw.generate", description=__doc__.split("\n\n")[0].replace("\n", " ")
+        prog="python -m zipccl.hw.generate", description=__doc__.split("\n\n")[0].replace("\n", " ")
     )
     ap.add_argument("--out", type=Path, default=Path("build"), help="output folder (build/)")
     ap.add_argument(

@@ -9,12 +9,11 @@ from __future__ import annotations
 from amaranth import Module
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
-
-from golden.codebook import Codebook
-from hw.decoder import QLCDecoder
-from hw.encoder import QLCEncoder
-from hw.multilane import QLCDecoderN, QLCEncoderN, lane_layout
-from hw.tables import COUNT_BITS, SymbolLayout, TableWriteLayout
+from zipccl.golden.codebook import Codebook
+from zipccl.hw.decoder import QLCDecoder
+from zipccl.hw.encoder import QLCEncoder
+from zipccl.hw.multilane import QLCDecoderN, QLCEncoderN, lane_layout
+from zipccl.hw.tables import COUNT_BITS, SymbolLayout, TableWriteLayout
 
 
 class QLCLoopback(wiring.Component):

@@ -25,8 +25,7 @@ from __future__ import annotations
 from amaranth import C, Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
-
-from golden.codebook import (
+from zipccl.golden.codebook import (
     ALPHABET,
     ENC_WORD_BITS,
     MAX_CODE_LENGTH,
@@ -37,8 +36,8 @@ from golden.codebook import (
     REGION_WORD_BITS,
     Codebook,
 )
-from hw.packer import add_packer
-from hw.tables import (
+from zipccl.hw.packer import add_packer
+from zipccl.hw.tables import (
     COUNT_BITS,
     WIDTH_BITS,
     WORD_BITS,

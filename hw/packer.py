@@ -12,8 +12,7 @@ already zero padded. ``o.payload.bits`` counts the packet's bits and is final on
 from __future__ import annotations
 
 from amaranth import C, Cat, Module, Signal, Value
-
-from hw.tables import COUNT_BITS
+from zipccl.hw.tables import COUNT_BITS
 
 
 def add_packer(

@@ -1,6 +1,6 @@
 """FPGA figures for the QLC blocks: yosys ``synth_ice40`` + ``nextpnr-ice40`` (UP5K by default).
 
-    python -m hw.synth --out build/synth [--blocks ...] [--generic ...] [--hx8k | --ecp5]
+    python -m zipccl.hw.synth --out build/synth [--blocks ...] [--generic ...] [--hx8k | --ecp5]
 
 Single-lane and N = 2, 4, 8 lane blocks go through the UP5K flow, or the HX8K's (``--hx8k``), or
 an ECP5 LFE5U-85F's (``--ecp5``: yosys ``synth_ecp5`` and nextpnr-ecp5 from the PyPI package
@@ -28,9 +28,8 @@ from pathlib import Path
 from amaranth import Cat, Elaboratable, Module, Signal, Value
 from amaranth.back import verilog
 from amaranth.lib import wiring
-
-from hw.generate import TOPS, verilog_text
-from hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES
+from zipccl.hw.generate import TOPS, verilog_text
+from zipccl.hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES
 
 BLOCKS = (
     "qlc_encoder",

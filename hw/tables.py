@@ -12,9 +12,8 @@ import enum
 
 from amaranth import Module, Signal, Value, unsigned
 from amaranth.lib import data, memory
-
-from golden import presets
-from golden.codebook import (
+from zipccl.golden import presets
+from zipccl.golden.codebook import (
     ALPHABET,
     ENC_PAYLOAD_BITS,
     ENC_PREFIX_SHIFT,

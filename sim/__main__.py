@@ -1,5 +1,5 @@
-"""``python -m sim`` (``nox -s sim``): the cocotb suite on the generated Verilog of the encoder,
-the decoder and the encoder->decoder loopback, over the built-in MiniLM data set.
+"""``python -m zipccl.sim`` (``nox -s sim``): the cocotb suite on the generated Verilog of the
+encoder, the decoder and the encoder->decoder loopback, over the built-in MiniLM data set.
 
 Also the multi-lane blocks (encoder x2/x4/x8/x32, decoder and loopback x2/x4/x8). Prints
 symbols checked, cycles (or symbols) per clock per code length and on the data set, compression
@@ -13,12 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-from sim.runner import INSTALL_HINT, SimFailure, have_icarus, run_cocotb
-from sim.suite import LEVELS, TOPS, summary_lines
+from zipccl.sim.runner import INSTALL_HINT, SimFailure, have_icarus, run_cocotb
+from zipccl.sim.suite import LEVELS, TOPS, summary_lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sim", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m zipccl.sim", description=__doc__.splitlines()[0])
     ap.add_argument(
         "--level",
         choices=["auto", *LEVELS],

@@ -8,8 +8,7 @@ from typing import TypeVar
 from amaranth import ResetInserter, Signal
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
-
-from sim.bench import Port
+from zipccl.sim.bench import Port
 
 T = TypeVar("T")
 

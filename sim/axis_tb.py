@@ -20,12 +20,11 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStreamSource
-
-from golden.codebook import Codebook
-from golden.streams import encode_codewords, pack_serial
-from hw.multilane import words_per_beat
-from hw.tables import Mem, pack_table_write, table_writes
-from sim.cases import builder_sets, load_data, random_book, symbol_mix
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.streams import encode_codewords, pack_serial
+from zipccl.hw.multilane import words_per_beat
+from zipccl.hw.tables import Mem, pack_table_write, table_writes
+from zipccl.sim.cases import builder_sets, load_data, random_book, symbol_mix
 
 PERIOD_NS = 10
 

@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
-
-from golden.codebook import Codebook
-from golden.streams import Codewords, StreamError, encode_codewords, pack_serial, resolve
-from hw.tables import WORD_BITS, Mem, pack_table_write, table_writes
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.streams import Codewords, StreamError, encode_codewords, pack_serial, resolve
+from zipccl.hw.tables import WORD_BITS, Mem, pack_table_write, table_writes
 
 MAX_CYCLES_PER_BEAT = 64  # a stuck design fails instead of hanging; generous for 25 % rates
 

@@ -22,13 +22,12 @@ import cocotb
 import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge
-
-from golden import tablefile
-from golden.codebook import Codebook
-from hw.tables import Mem
-from sim.bench import SINGLE, Bench, serial_words, table_beats
-from sim.cocotb_suite import PERIOD_NS, CocotbPort
-from sim.suite import DEC_IN
+from zipccl.golden import tablefile
+from zipccl.golden.codebook import Codebook
+from zipccl.hw.tables import Mem
+from zipccl.sim.bench import SINGLE, Bench, serial_words, table_beats
+from zipccl.sim.cocotb_suite import PERIOD_NS, CocotbPort
+from zipccl.sim.suite import DEC_IN
 
 DECODER_MEMS = (Mem.REGION, Mem.RANK, Mem.COUNT)
 RATE = 0.7  # valid on the inputs, ready on the output

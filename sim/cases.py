@@ -13,12 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from golden import builders, presets
-from golden.codebook import ALPHABET, MAX_WIDTH, NUM_REGIONS, Codebook
-from golden.data import histogram
-from golden.formats import BF16
-from golden.theory import tensor_stats, zipccl_table
+from zipccl.golden import builders, presets
+from zipccl.golden.codebook import ALPHABET, MAX_WIDTH, NUM_REGIONS, Codebook
+from zipccl.golden.data import histogram
+from zipccl.golden.formats import BF16
+from zipccl.golden.theory import tensor_stats, zipccl_table
 
 DATA_PATH = Path(__file__).parent / "data" / "minilm.npz"
 CODE_LENGTHS = range(3, 12)

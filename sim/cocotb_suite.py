@@ -13,8 +13,7 @@ from pathlib import Path
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, Timer
-
-from sim.suite import run_suite
+from zipccl.sim.suite import run_suite
 
 PERIOD_NS = 10
 

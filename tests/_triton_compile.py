@@ -14,8 +14,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.interpreter import InterpretedFunction
 from zipccl import _triton
-
-from golden.formats import FORMATS, FloatFormat
+from zipccl.golden.formats import FORMATS, FloatFormat
 
 TARGET = GPUTarget("cuda", 90, 32)
 BITS = {8: "*u8", 16: "*i16", 32: "*i32"}

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from hypothesis import strategies as st
-
-from golden.codebook import ALPHABET, MAX_WIDTH, NUM_REGIONS, Codebook
+from zipccl.golden.codebook import ALPHABET, MAX_WIDTH, NUM_REGIONS, Codebook
 
 # The QLC paper's static layout (code lengths 6/7/8/11) and the ZipCCL table for RMS 1.0.
 QLC = Codebook((3, 3, 3, 4, 4, 4, 5, 8), None, tuple(range(ALPHABET)), name="qlc")

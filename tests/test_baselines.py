@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from zipccl.golden import baselines as bl
+from zipccl.golden.builders import best_table
+from zipccl.golden.codebook import ALPHABET
 
-from golden import baselines as bl
-from golden.builders import best_table
-from golden.codebook import ALPHABET
 from tests.test_builders import histograms
 
 

@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from golden import builders as B
-from golden.baselines import entropy_bits, huffman_bits
-from golden.codebook import ALPHABET, MAX_CODE_LENGTH, Codebook
-from golden.container import decode, encode
-from golden.formats import BF16, E4M3
-from golden.streams import (
+from zipccl.golden import builders as B
+from zipccl.golden.baselines import entropy_bits, huffman_bits
+from zipccl.golden.codebook import ALPHABET, MAX_CODE_LENGTH, Codebook
+from zipccl.golden.container import decode, encode
+from zipccl.golden.formats import BF16, E4M3
+from zipccl.golden.streams import (
     decode_serial,
     decode_split,
     encode_codewords,
@@ -23,6 +22,7 @@ from golden.streams import (
     parse_serial,
     parse_split,
 )
+
 from tests.strategies import codebooks
 
 ALL_BYTES = np.arange(ALPHABET, dtype=np.uint8)

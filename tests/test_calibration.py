@@ -11,15 +11,14 @@ import numpy as np
 import pytest
 import torch
 import zipccl
-
-from golden import builders, tablefile
-from golden.codebook import Codebook, TableError
-from golden.formats import BF16, E4M3
-from golden.streams import encode_serial
-from golden.tablefile import Entry
-from hw.generate import main as generate_main
-from sim.cases import load_data
-from sim.runner import have_icarus, run_module
+from zipccl.golden import builders, tablefile
+from zipccl.golden.codebook import Codebook, TableError
+from zipccl.golden.formats import BF16, E4M3
+from zipccl.golden.streams import encode_serial
+from zipccl.golden.tablefile import Entry
+from zipccl.hw.generate import main as generate_main
+from zipccl.sim.cases import load_data
+from zipccl.sim.runner import have_icarus, run_module
 
 STEPS = 4
 CHUNK = 4096
@@ -204,7 +203,7 @@ def test_table_sets_are_bounded(calibrated, tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- the hardware
 def test_hw_generate_writes_each_tables_memory_images(calibrated, tmp_path: Path) -> None:
-    """Each loaded table, saved as a single table file, is what ``python -m hw.generate
+    """Each loaded table, saved as a single table file, is what ``python -m zipccl.hw.generate
     --table`` puts in the decoder's memory images."""
     path = tmp_path / "model.json"
     calibrated.save(path)
@@ -241,5 +240,5 @@ def test_rtl_decoder_replays_the_calibrated_tables(calibrated, tmp_path: Path) -
     np.savez(streams, **arrays)
     done = tmp_path / "done.json"
     env = {"ZIPCCL_TABLES": str(tables), "ZIPCCL_STREAMS": str(streams), "ZIPCCL_DONE": str(done)}
-    run_module("qlc_decoder", "sim.calibrated_tb", tmp_path / "work", env)
+    run_module("qlc_decoder", "zipccl.sim.calibrated_tb", tmp_path / "work", env)
     assert json.loads(done.read_text()) == list(minilm())

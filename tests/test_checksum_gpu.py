@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 import zipccl
+from zipccl.golden import container
 
-from golden import container
 from tests.test_codec import DTYPES, bits_np, fitted, gaussian, random_bits
 
 pytestmark = [

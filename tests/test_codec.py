@@ -9,10 +9,10 @@ import zipccl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zipccl import codec
+from zipccl.golden import builders, container, presets, theory
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.formats import get_format
 
-from golden import builders, container, presets, theory
-from golden.codebook import Codebook
-from golden.formats import get_format
 from tests.strategies import codebooks
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 import zipccl
+from zipccl.golden import container
+from zipccl.golden.formats import get_format
 
-from golden import container
-from golden.formats import get_format
 from tests.test_codec import DTYPES, bits_np, fitted, gaussian, random_bits
 
 SEED = 20261202

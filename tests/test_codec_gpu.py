@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 import zipccl
+from zipccl.golden import container
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.formats import BF16, E4M3
 
-from golden import container
-from golden.codebook import Codebook
-from golden.formats import BF16, E4M3
 from tests.test_codec import DTYPES, UINT, bits_np, corrupted, fitted, gaussian, random_bits
 
 pytestmark = [
@@ -241,7 +241,7 @@ def test_gpu_device_theory_table_is_golden(dtype: torch.dtype) -> None:
     """The table the kernels build from the sample is golden.theory's for the sample's statistics
     (the same sums as sample_summary's), its header (hash, CRC) is golden's, and the buffer's
     bytes are the CPU codec's under that table."""
-    from golden import theory
+    from zipccl.golden import theory
 
     fmt = zipccl.codec._fmt(dtype)
     for seed, sigma in enumerate([1e-6, 3e-3, 0.02, 0.7, 1.0, 5.0, 300.0, 6e4]):

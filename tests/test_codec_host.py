@@ -11,17 +11,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from zipccl import _cuda
+from zipccl.golden import container
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.formats import FORMATS, get_format
 
-from golden import container
-from golden.codebook import Codebook
-from golden.formats import FORMATS, get_format
 from tests.strategies import codebooks
 
 
 @settings(max_examples=60, deadline=None)
 @given(book=codebooks())
 def test_table_words_describe_the_table(book: Codebook) -> None:
-    words = np.array(_cuda._table_words(book), dtype=np.int64) & 0xFFFFFFFF
+    words = np.array(book.gpu_words(), dtype=np.int64) & 0xFFFFFFFF
     prefix, payload, length = book.encoder_lut()
     assert np.array_equal(words[:256] & 0xFF, payload)
     assert np.array_equal((words[:256] >> 8) & 7, prefix)
@@ -41,8 +41,8 @@ def test_fast_words_of_byte_escape_tables(literal: int, n: int, seed: int) -> No
     widths[literal] = 8
     ranks = tuple(int(s) for s in np.random.default_rng(seed).permutation(256)[:n])
     book = Codebook(tuple(widths), literal, ranks)
-    assert _cuda.byte_escape(book)
-    f = [w & 0xFFFFFFFF for w in _cuda._table_words(book)[521:]]
+    assert book.byte_escape
+    f = [w & 0xFFFFFFFF for w in book.gpu_words()[521:]]
     assert len(f) == 5 and f[0] == literal
     sym = (f[1] | f[2] << 32).to_bytes(8, "little")
     bad = (f[3] | f[4] << 32).to_bytes(8, "little")
@@ -54,8 +54,8 @@ def test_fast_words_of_byte_escape_tables(literal: int, n: int, seed: int) -> No
 
 
 def test_mixed_width_tables_are_not_byte_escape() -> None:
-    assert not _cuda.byte_escape(Codebook((8, 3, 3, 3, 4, 4, 4, 5), 0, tuple(range(100))))
-    assert not _cuda.byte_escape(Codebook((8,) * 8, None, tuple(range(256))))
+    assert not Codebook((8, 3, 3, 3, 4, 4, 4, 5), 0, tuple(range(100))).byte_escape
+    assert not Codebook((8,) * 8, None, tuple(range(256))).byte_escape
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))

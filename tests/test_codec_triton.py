@@ -29,11 +29,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from triton.runtime.interpreter import InterpretedFunction
 from zipccl import _torch, _triton
+from zipccl.golden import container
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.formats import FORMATS, FloatFormat, get_format
+from zipccl.golden.streams import num_blocks
 
-from golden import container
-from golden.codebook import Codebook
-from golden.formats import FORMATS, FloatFormat, get_format
-from golden.streams import num_blocks
 from tests.strategies import QLC, ZIPCCL, codebooks
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]

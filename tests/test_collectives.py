@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from zipccl import _comm, _torch, codec, collectives, switch
 from zipccl.collectives import STATS
+from zipccl.golden.container import DEFAULT_BLOCK, HEADER_BYTES
+from zipccl.golden.theory import SAMPLE_SIZE, zipccl_layout
 
-from golden.container import DEFAULT_BLOCK, HEADER_BYTES
-from golden.theory import SAMPLE_SIZE, zipccl_layout
 from tests._collectives_cluster import Cluster
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]

@@ -14,8 +14,8 @@ import pytest
 import torch
 import zipccl
 from zipccl import _plans, collectives
+from zipccl.golden.container import HEADER_BYTES
 
-from golden.container import HEADER_BYTES
 from tests._collectives_cluster import short_timeout_cluster
 from tests.test_collectives_failures import FAST_S, GROUP_TIMEOUT_S, OPS, N, _call, data
 

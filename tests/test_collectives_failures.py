@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 import zipccl
 from zipccl import _plans, _torch, codec, collectives
+from zipccl.golden.container import CRC_AT
+from zipccl.golden.theory import SAMPLE_SIZE
 
-from golden.container import CRC_AT
-from golden.theory import SAMPLE_SIZE
 from tests._collectives_cluster import Cluster, short_timeout_cluster
 from tests.test_collectives import lopsided
 

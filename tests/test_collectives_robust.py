@@ -9,8 +9,8 @@ import pytest
 import torch
 import zipccl
 from zipccl import codec, collectives
+from zipccl.golden.theory import SAMPLE_SIZE
 
-from golden.theory import SAMPLE_SIZE
 from tests._collectives_cluster import Cluster
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)

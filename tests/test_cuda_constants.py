@@ -11,12 +11,11 @@ import contextlib
 import operator
 import re
 import struct
+from collections.abc import Iterable
 
-import pytest
 from zipccl import _cuda
-
-from golden import codebook, container, theory
-from golden.codebook import Codebook
+from zipccl.golden import codebook, container, theory
+from zipccl.golden.codebook import Codebook
 
 DEFINITION = re.compile(r"constexpr\s+(?:int|long long|unsigned|uint8_t|uint32_t)\s+([^;(]+);")
 LITERAL_SUFFIX = re.compile(r"\b(0x[0-9a-fA-F]+|\d+)(?:ull|ll|u)?\b")
@@ -43,11 +42,11 @@ def _value(node: ast.AST, known: dict[str, int]) -> int:
     raise KeyError(ast.dump(node))
 
 
-def _constants() -> dict[str, int]:
-    """Every ``constexpr NAME = <integer expression>`` in csrc/, in file order."""
+def _constants(sources: Iterable[str]) -> dict[str, int]:
+    """Every ``constexpr NAME = <integer expression>`` in the sources, in order."""
     found: dict[str, int] = {}
-    for path in sorted(_cuda.CSRC.iterdir()):
-        for line in path.read_text().splitlines():
+    for text in sources:
+        for line in text.splitlines():
             for decls in DEFINITION.findall(line.split("//")[0]):
                 for name, expr in (d.split("=", 1) for d in decls.split(",") if "=" in d):
                     _define(found, name.strip(), expr)
@@ -61,40 +60,69 @@ def _define(found: dict[str, int], name: str, expr: str) -> None:
         found[name] = _value(tree.body, found)
 
 
-CUDA = _constants()
+SOURCES = {path.name: path.read_text() for path in sorted(_cuda.CSRC.iterdir())}
+CUDA = _constants(SOURCES.values())
+# csrc/'s name -> the value golden (or _cuda, for the host/kernel interface) defines
+GOLDEN = {
+    "kTableBytes": codebook.TABLE_BYTES,
+    "kLiteralFlag": codebook._LITERAL_FLAG,
+    "kWidthMask": codebook._WIDTH_MASK,
+    "kEncPrefixShift": codebook.GPU_ENC_PREFIX_SHIFT,
+    "kEncWidthShift": codebook.GPU_ENC_WIDTH_SHIFT,
+    "kRegionBaseShift": codebook.GPU_REGION_BASE_SHIFT,
+    "kRegionLiteralShift": codebook.GPU_REGION_LITERAL_SHIFT,
+    "kRegionAt": codebook.GPU_REGION_AT,
+    "kRankAt": codebook.GPU_RANK_AT,
+    "kCountAt": codebook.GPU_COUNT_AT,
+    "kFastAt": codebook.GPU_FAST_AT,
+    "kFastWords": codebook.GPU_FAST_WORDS,
+    "kTableWords": codebook.GPU_TABLE_WORDS,
+    "kTableAt": container._TABLE_AT,
+    "kHashAt": container._TABLE_AT - 8,
+    "kLayoutAt": struct.calcsize("<4sB"),
+    "kLayoutRaw": container.LAYOUT_RAW,
+    "kTop": theory.ZIPCCL_TOP,
+    "kPrefixBits": codebook.PREFIX_BITS,
+    "kSampleSize": theory.SAMPLE_SIZE,
+    "kMaxHeader": _cuda.MAX_HEADER,
+    "kGaps": _cuda.GAPS,
+    "kScratchWorkAt": _cuda.SCRATCH_WORK_AT,
+    "kErrOffsets": _cuda.DecodeError.OFFSETS,
+    "kErrSize": _cuda.DecodeError.SIZE,
+    "kErrRank": _cuda.DecodeError.RANK,
+    "kErrPadding": _cuda.DecodeError.PADDING,
+    "kErrPlanePad": _cuda.DecodeError.PLANE_PADDING,
+    "kErrRoom": _cuda.DecodeError.ROOM,
+    "kErrChecksum": _cuda.DecodeError.CHECKSUM,
+    "kErrGaps": _cuda.DecodeError.GAPS,
+    "kErrSymbol": _cuda.DecodeError.SYMBOL,
+    "kSumKey": container._KEY,
+}
 
 
-@pytest.mark.parametrize(
-    ("name", "want"),
-    [
-        ("kTableBytes", codebook.TABLE_BYTES),
-        ("kLiteralFlag", codebook._LITERAL_FLAG),
-        ("kWidthMask", codebook._WIDTH_MASK),
-        ("kTableAt", container._TABLE_AT),
-        ("kHashAt", container._TABLE_AT - 8),
-        ("kLayoutAt", struct.calcsize("<4sB")),
-        ("kLayoutRaw", container.LAYOUT_RAW),
-        ("kTop", theory.ZIPCCL_TOP),
-        ("kPrefixBits", codebook.PREFIX_BITS),
-        ("kSampleSize", theory.SAMPLE_SIZE),
-        ("kMaxHeader", _cuda.MAX_HEADER),
-        ("kGaps", _cuda.GAPS),
-        ("kTableWords", _cuda.TABLE_WORDS),
-        ("kScratchWorkAt", _cuda.SCRATCH_WORK_AT),
-        ("kErrOffsets", _cuda.DecodeError.OFFSETS),
-        ("kErrSize", _cuda.DecodeError.SIZE),
-        ("kErrRank", _cuda.DecodeError.RANK),
-        ("kErrPadding", _cuda.DecodeError.PADDING),
-        ("kErrPlanePad", _cuda.DecodeError.PLANE_PADDING),
-        ("kErrRoom", _cuda.DecodeError.ROOM),
-        ("kErrChecksum", _cuda.DecodeError.CHECKSUM),
-        ("kErrGaps", _cuda.DecodeError.GAPS),
-        ("kErrSymbol", _cuda.DecodeError.SYMBOL),
-        ("kSumKey", container._KEY),
-    ],
-)
-def test_cuda_constant_matches(name: str, want: int) -> None:
-    assert CUDA[name] == want, f"csrc/ {name} = {CUDA[name]}, golden/_cuda say {want}"
+def _mismatches(cuda: dict[str, int]) -> list[str]:
+    """The constants csrc/ lacks or defines otherwise than golden."""
+    return [
+        f"csrc/ {name} = {cuda.get(name)}, golden/_cuda say {want}"
+        for name, want in GOLDEN.items()
+        if cuda.get(name) != want
+    ]
+
+
+def test_cuda_constants_match_golden() -> None:
+    assert not _mismatches(CUDA)
+
+
+def test_a_changed_cuda_constant_fails_the_check() -> None:
+    """The check reads the sources: an edited constant (and what derives from it) or a renamed
+    one fails it."""
+    edited = SOURCES["table.cuh"].replace("kFastAt = 521", "kFastAt = 522")
+    assert edited != SOURCES["table.cuh"]
+    found = _constants({**SOURCES, "table.cuh": edited}.values())
+    assert [m.split()[1] for m in _mismatches(found)] == ["kFastAt", "kTableWords"]
+    renamed = SOURCES["table.cuh"].replace("kRankAt", "kRanksAt")
+    found = _constants({**SOURCES, "table.cuh": renamed}.values())
+    assert "kRankAt" in " ".join(_mismatches(found))
 
 
 def test_header_fields_sit_where_golden_packs_them() -> None:
@@ -109,9 +137,9 @@ def test_header_fields_sit_where_golden_packs_them() -> None:
 
 
 def test_table_words_are_laid_out_as_the_kernels_read_them() -> None:
-    """_cuda's host image of a table puts each part where table.cuh's offsets say."""
+    """golden's GPU image of a table puts each part where table.cuh's offsets say."""
     book = Codebook((8, 0, 0, 0, 0, 0, 0, 0), 0, (126, 127, 125, 124, 123, 128, 122))
-    words = _cuda._table_words(book)
+    words = book.gpu_words()
     assert len(words) == CUDA["kTableWords"]
     width, base, literal = book.region_table()
     for p in range(codebook.NUM_REGIONS):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from golden import data
+from zipccl.golden import data
 
 
 def _bf16_rne(x: np.ndarray) -> np.ndarray:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from sim import formal
+from zipccl.sim import formal
 
 pytestmark = [
     pytest.mark.slow,

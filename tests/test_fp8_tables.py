@@ -13,10 +13,10 @@ import pytest
 import torch
 import zipccl
 from hypothesis import given, settings
+from zipccl.golden import builders, data, presets
+from zipccl.golden.codebook import ALPHABET, NUM_REGIONS, Codebook
+from zipccl.golden.container import HEADER_BYTES
 
-from golden import builders, data, presets
-from golden.codebook import ALPHABET, NUM_REGIONS, Codebook
-from golden.container import HEADER_BYTES
 from tests.test_builders import histograms
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}

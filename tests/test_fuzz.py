@@ -23,12 +23,12 @@ import zipccl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from zipccl import _torch
+from zipccl.golden import container
+from zipccl.golden.codebook import ALPHABET, TABLE_BYTES, Codebook
+from zipccl.golden.container import CRC_AT, HEADER_BYTES, LAYOUT_SPLIT, Header
+from zipccl.golden.formats import BF16, E4M3, E5M2, FP16, FP32, FloatFormat
+from zipccl.golden.theory import TensorStats, zipccl_table
 
-from golden import container
-from golden.codebook import ALPHABET, TABLE_BYTES, Codebook
-from golden.container import CRC_AT, HEADER_BYTES, LAYOUT_SPLIT, Header
-from golden.formats import BF16, E4M3, E5M2, FP16, FP32, FloatFormat
-from golden.theory import TensorStats, zipccl_table
 from tests.strategies import QLC
 
 SEED = 20261201

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from golden import container
-from golden.container import (
+from zipccl.golden import container
+from zipccl.golden.container import (
     CHECKSUM_AT,
     FLAG_CHECKSUM,
     FLAGS_AT,
@@ -22,8 +21,9 @@ from golden.container import (
     encode_raw,
     values_checksum,
 )
-from golden.formats import BF16, E4M3, FORMATS, FloatFormat
-from golden.theory import TensorStats, zipccl_table
+from zipccl.golden.formats import BF16, E4M3, FORMATS, FloatFormat
+from zipccl.golden.theory import TensorStats, zipccl_table
+
 from tests.strategies import QLC
 from tests.test_golden_container import _bf16_normal, _patch_header
 

@@ -8,8 +8,7 @@ import time
 import numpy as np
 import pytest
 from hypothesis import given, settings
-
-from golden.codebook import (
+from zipccl.golden.codebook import (
     ALPHABET,
     ENC_PREFIX_SHIFT,
     ENC_WIDTH_SHIFT,
@@ -20,7 +19,8 @@ from golden.codebook import (
     Codebook,
     TableError,
 )
-from golden.streams import decode_serial, encode_serial
+from zipccl.golden.streams import decode_serial, encode_serial
+
 from tests.strategies import QLC, ZIPCCL, codebooks
 
 

@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from golden import container
-from golden.codebook import Codebook
-from golden.container import (
+from zipccl.golden import container
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.container import (
     HEADER_BYTES,
     LAYOUT_RAW,
     LAYOUT_SPLIT,
@@ -23,9 +22,10 @@ from golden.container import (
     encode,
     encode_raw,
 )
-from golden.formats import BF16, E4M3, E5M2, FORMATS, FP16, FP32, FloatFormat, get_format
-from golden.streams import StreamError
-from golden.theory import TensorStats, zipccl_table
+from zipccl.golden.formats import BF16, E4M3, E5M2, FORMATS, FP16, FP32, FloatFormat, get_format
+from zipccl.golden.streams import StreamError
+from zipccl.golden.theory import TensorStats, zipccl_table
+
 from tests.strategies import QLC, codebooks
 
 SEED = 20261129

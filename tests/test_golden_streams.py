@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from golden.codebook import Codebook
-from golden.streams import (
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.streams import (
     SplitStream,
     StreamError,
     decode_serial,
@@ -21,6 +20,7 @@ from golden.streams import (
     parse_split,
     to_planes,
 )
+
 from tests.strategies import QLC, ZIPCCL, codebooks, symbol_arrays
 
 # A table with holes: region 1 is partly empty (n=3 of capacity 1+4+...), region 7 wholly empty.

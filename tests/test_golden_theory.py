@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from golden.formats import BF16, E4M3, FP16, FP32, FloatFormat
-from golden.theory import (
+from zipccl.golden.formats import BF16, E4M3, FP16, FP32, FloatFormat
+from zipccl.golden.theory import (
     SAMPLE_SIZE,
     TensorStats,
     exponent_probabilities,

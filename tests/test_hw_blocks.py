@@ -9,17 +9,24 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.streams import encode_codewords, pack_serial
+from zipccl.hw.decoder import QLCDecoder
+from zipccl.hw.encoder import QLCEncoder
+from zipccl.hw.loopback import QLCLoopback
+from zipccl.hw.tables import WORD_BITS
+from zipccl.sim.amaranth_port import run_amaranth
+from zipccl.sim.bench import Bench, decode_bad_padding, decode_illegal, decode_packets, serial_words
+from zipccl.sim.cases import (
+    CODE_LENGTHS,
+    builder_sets,
+    illegal_book,
+    length_set,
+    load_data,
+    symbol_mix,
+)
+from zipccl.sim.suite import TOPS, reset_mid_packet, with_padding
 
-from golden.codebook import Codebook
-from golden.streams import encode_codewords, pack_serial
-from hw.decoder import QLCDecoder
-from hw.encoder import QLCEncoder
-from hw.loopback import QLCLoopback
-from hw.tables import WORD_BITS
-from sim.amaranth_port import run_amaranth
-from sim.bench import Bench, decode_bad_padding, decode_illegal, decode_packets, serial_words
-from sim.cases import CODE_LENGTHS, builder_sets, illegal_book, length_set, load_data, symbol_mix
-from sim.suite import TOPS, reset_mid_packet, with_padding
 from tests.strategies import codebooks
 
 BLOCKS = {"encoder": QLCEncoder, "decoder": QLCDecoder, "loopback": QLCLoopback}

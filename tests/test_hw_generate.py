@@ -9,11 +9,10 @@ import subprocess
 import sys
 
 import pytest
-
-from golden.codebook import Codebook
-from golden.presets import qlc_e4m3
-from hw.generate import ROOT, TOPS, generate, main, verilog_text
-from hw.tables import EncEntry, Mem, RegionEntry, pack_table_write, table_writes
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.presets import qlc_e4m3
+from zipccl.hw.generate import ROOT, TOPS, generate, main, verilog_text
+from zipccl.hw.tables import EncEntry, Mem, RegionEntry, pack_table_write, table_writes
 
 
 def test_generate_writes_verilog_and_memh(tmp_path) -> None:
@@ -48,18 +47,19 @@ def test_every_top_is_a_choice_and_unknown_ones_are_refused() -> None:
 
 
 def test_verilog_is_byte_identical_from_any_checkout(tmp_path) -> None:
-    """Source locations are relative (to the repository or the installed package): the same
-    sources elsewhere write the same bytes, and no absolute path is left."""
-    copy = tmp_path / "elsewhere" / "checkout"
-    for folder in ("golden", "hw"):
-        shutil.copytree(ROOT / folder, copy / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    """Source locations are relative to the folder that holds the zipccl package (a checkout's
+    sw/, or site-packages): the same sources elsewhere write the same bytes, and no absolute path
+    is left."""
+    copy = tmp_path / "elsewhere" / "site"
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "zipccl", copy / "zipccl", ignore=ignore)  # golden/, hw/ as folders
     top = "qlc_decoder_axis"
     env = {**os.environ, "PYTHONPATH": str(copy)}
     run = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import hw.generate as g, sys; "
+            "import zipccl.hw.generate as g, sys; "
             "assert g.ROOT == __import__('pathlib').Path(sys.argv[1]), g.ROOT; "
             "sys.stdout.write(g.verilog_text(sys.argv[2]))",
             str(copy),
@@ -75,6 +75,7 @@ def test_verilog_is_byte_identical_from_any_checkout(tmp_path) -> None:
     assert run.stdout == here
     sources = re.findall(r'src = "([^"]*)"', here)
     assert sources and not [s for s in sources if s.startswith("/") or ":\\" in s]
+    assert any(s.startswith("zipccl/hw/") for s in sources)
 
 
 def test_table_write_beats_follow_the_layouts() -> None:
@@ -94,7 +95,7 @@ def test_table_write_beats_follow_the_layouts() -> None:
     not (shutil.which("yosys") and shutil.which("nextpnr-ice40")), reason="needs yosys, nextpnr"
 )
 def test_synth_reports_figures(tmp_path) -> None:
-    from hw.synth import synth_block
+    from zipccl.hw.synth import synth_block
 
     fig = synth_block("qlc_encoder", tmp_path)
     assert fig.rams == 1 and 0 < fig.luts < 5280 and fig.fmax_mhz > 0
@@ -105,7 +106,7 @@ def test_synth_reports_figures(tmp_path) -> None:
 def test_generic_count_keeps_memories_when_asked(tmp_path) -> None:
     """The generic count maps the encoder's table to logic by default and, kept, counts it as
     one memory cell per copy (both runs must get through yosys)."""
-    from hw.synth import generic_cells
+    from zipccl.hw.synth import generic_cells
 
     as_logic = generic_cells("qlc_encoder", tmp_path)
     kept = generic_cells("qlc_encoder", tmp_path, keep_memories=True)

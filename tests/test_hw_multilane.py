@@ -1,19 +1,18 @@
 """N-lane QLC blocks (hw/multilane.py) in Amaranth's simulator against golden/.
 
 N = 1 (the multi-lane design at one lane), 2, 4, 8 for both blocks, and the encoder at 32 lanes;
-the cocotb suite (python -m sim, test_rtl_cocotb.py) runs them on the generated Verilog too.
+the cocotb suite (python -m zipccl.sim, test_rtl_cocotb.py) runs them on the generated Verilog too.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from hw.loopback import QLCLoopback
-from hw.multilane import QLCDecoderN, QLCEncoderN, words_per_beat
-from hw.tables import WORD_BITS
-from sim.amaranth_port import run_amaranth
-from sim.bench import (
+from zipccl.hw.loopback import QLCLoopback
+from zipccl.hw.multilane import QLCDecoderN, QLCEncoderN, words_per_beat
+from zipccl.hw.tables import WORD_BITS
+from zipccl.sim.amaranth_port import run_amaranth
+from zipccl.sim.bench import (
     Bench,
     Shape,
     decode_bad_padding,
@@ -22,8 +21,8 @@ from sim.bench import (
     encode_packets,
     loopback_packets,
 )
-from sim.cases import builder_sets, illegal_book, length_set, load_data, symbol_mix
-from sim.suite import DEC_IN, ENC_IN, reset_mid_packet, with_padding
+from zipccl.sim.cases import builder_sets, illegal_book, length_set, load_data, symbol_mix
+from zipccl.sim.suite import DEC_IN, ENC_IN, reset_mid_packet, with_padding
 
 DATA = load_data()
 SETS = builder_sets(DATA)

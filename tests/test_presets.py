@@ -6,12 +6,11 @@ import json
 
 import numpy as np
 import pytest
-
-from golden import presets
-from golden.codebook import ALPHABET, Codebook, TableError
-from golden.formats import BF16, FP16, FP32
-from golden.streams import decode_serial, decode_split, encode_serial, encode_split
-from golden.theory import TensorStats, zipccl_table
+from zipccl.golden import presets
+from zipccl.golden.codebook import ALPHABET, Codebook, TableError
+from zipccl.golden.formats import BF16, FP16, FP32
+from zipccl.golden.streams import decode_serial, decode_split, encode_serial, encode_split
+from zipccl.golden.theory import TensorStats, zipccl_table
 
 ALL_BYTES = np.arange(ALPHABET, dtype=np.uint8)
 
@@ -44,8 +43,8 @@ def test_a_tampered_table_file_is_refused(tmp_path):
 def test_rebuild_reproduces_the_checked_in_tables(tmp_path):
     """Same layout, and the same expected length on the data to well under 0.01 bit (the capture
     is float32 CPU math, so a different CPU could reorder near-tied ranks)."""
-    from golden import data
-    from golden.baselines import histogram
+    from zipccl.golden import data
+    from zipccl.golden.baselines import histogram
 
     written = presets.rebuild(tmp_path)
     assert [p.name for p in written] == [presets.QLC_FILES[f] for f in presets.QLC_FILES]

@@ -8,9 +8,8 @@ import json
 
 import numpy as np
 import pytest
-
-from golden import report
-from golden.theory import tensor_stats
+from zipccl.golden import report
+from zipccl.golden.theory import tensor_stats
 
 slow = pytest.mark.slow  # ~40 s: the model, four classes, container encodes of 50 M values
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from sim.runner import have_icarus, run_module
+from zipccl.sim.runner import have_icarus, run_module
 
 pytestmark = [
     pytest.mark.rtl,
@@ -18,4 +17,4 @@ pytestmark = [
 def test_axis_top_against_golden(kind: str, lanes: int, tmp_path) -> None:
     top = f"qlc_{kind}_axis" + (f"_x{lanes}" if lanes > 1 else "")
     env = {"ZIPCCL_KIND": kind, "ZIPCCL_LANES": str(lanes), "ZIPCCL_SEED": "3"}
-    run_module(top, "sim.axis_tb", tmp_path, env)
+    run_module(top, "zipccl.sim.axis_tb", tmp_path, env)

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from sim.runner import have_icarus, run_cocotb
-from sim.suite import LEVELS, TOPS
+from zipccl.sim.runner import have_icarus, run_cocotb
+from zipccl.sim.suite import LEVELS, TOPS
 
 FILL_CYCLES = 12  # the deepest pipeline fill and flush (the N-lane blocks' merge and lane stages)
 

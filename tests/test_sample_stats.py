@@ -13,9 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from zipccl import codec
-
-from golden import theory
-from golden.formats import get_format
+from zipccl.golden import theory
+from zipccl.golden.formats import get_format
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 

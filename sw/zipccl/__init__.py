@@ -3,8 +3,9 @@
 The codec (:mod:`zipccl.codec`) writes golden/container.py buffers on CPU or CUDA; the collectives
 (:mod:`zipccl.collectives`) have torch.distributed's signatures; :mod:`zipccl.hooks` plugs them
 into DDP and FSDP2; :class:`Calibrator` (:mod:`zipccl.calibration`) fits a table per layer;
-importing the package registers the ``zipccl`` torch.distributed backend
-(:mod:`zipccl.backend`), through which unchanged training code reaches the collectives.
+importing the package after torch (or using any of its names) registers the ``zipccl``
+torch.distributed backend (:mod:`zipccl.backend`), through which unchanged training code reaches
+the collectives.
 
 Every public name documents its dtypes, arguments, result, exceptions and settings
 (``help(zipccl.compress)``). The codec codes ``torch.bfloat16``, ``float16``, ``float32``,
@@ -21,34 +22,18 @@ Settings, environment variables parsed in :mod:`zipccl.settings`:
   checksum, checked by the receiver);
 * ``ZIPCCL_CACHE_DIR``: where the CUDA kernels' build and the switch's profiles are cached
   (default ``~/.cache/zipccl``).
+
+``zipccl.golden`` (the NumPy reference model, the folder golden/), ``zipccl.hw`` (the Amaranth
+RTL, hw/) and ``zipccl.sim`` (its testbenches, sim/) need no torch: zipccl's own names load on
+first use, or at once when torch is imported already, so importing those does not import torch.
 """
 
-from zipccl.backend import ProcessGroupZipccl
-from zipccl.calibration import Calibrator
-from zipccl.codec import (
-    Compressed,
-    check_errors,
-    compress,
-    compress_into,
-    decompress,
-    default_table,
-    fixed_part_bytes,
-    histogram_table,
-    max_compressed_bytes,
-)
-from zipccl.collectives import (
-    CollectiveMismatchError,
-    PeerError,
-    all_gather,
-    all_gather_into_tensor,
-    all_reduce,
-    all_reduce_strategy,
-    all_to_all_single,
-    broadcast,
-    reduce_scatter_tensor,
-    reference_reduce,
-)
-from zipccl.hooks import FSDP2_HOOKS, ZipAllGather, ZipReduceScatter, ddp_hook
+import importlib
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING or "torch" in sys.modules:  # torch loaded already: load (and register) now
+    from zipccl._public import *  # noqa: F403
 
 __all__ = [
     "FSDP2_HOOKS",
@@ -77,3 +62,12 @@ __all__ = [
     "reduce_scatter_tensor",
     "reference_reduce",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """A public name on first use: the torch-based modules load, the backend registers."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    public = importlib.import_module("zipccl._public")
+    globals().update({n: getattr(public, n) for n in __all__})
+    return globals()[name]

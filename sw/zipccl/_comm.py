@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from golden.formats import FORMATS
+from zipccl.golden.formats import FORMATS
 
 #  Local error codes a rank reports in its descriptor (0 = fine).
 ERRORS = {

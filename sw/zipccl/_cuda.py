@@ -26,9 +26,10 @@ from typing import ClassVar
 
 import torch
 
-from golden import builders, theory
-from golden.codebook import ALPHABET, NUM_REGIONS, Codebook
-from golden.container import (
+from zipccl import _kernel_cache, settings
+from zipccl.golden import builders, theory
+from zipccl.golden.codebook import GPU_TABLE_WORDS, NUM_REGIONS, Codebook
+from zipccl.golden.container import (
     CHECKSUM_AT,
     CHECKSUM_MISMATCH,
     CRC_AT,
@@ -41,9 +42,8 @@ from golden.container import (
     align,
     raw_size,
 )
-from golden.formats import FloatFormat
-from golden.streams import num_blocks
-from zipccl import _kernel_cache, settings
+from zipccl.golden.formats import FloatFormat
+from zipccl.golden.streams import num_blocks
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "codec.cu"  # includes the other files under csrc/
@@ -198,49 +198,16 @@ def available() -> bool:
     return torch.cuda.is_available() and _lib() is not None
 
 
-def byte_escape(table: Codebook) -> bool:
-    """One literal region and every ranked region of width 0 (the ZipCCL exponent layout): the
-    payload is whole escape bytes, which the BF16 fast path handles with byte-wise SIMD."""
-    return table.literal is not None and all(
-        w == 0 for p, w in enumerate(table.widths) if p != table.literal
-    )
-
-
-_byte_escape = functools.lru_cache(maxsize=64)(byte_escape)
-
-
-def _fast_words(table: Codebook) -> list[int]:
-    """The fast-path decoder's table words (codec.cu kFastAt): the literal prefix, prefix -> symbol
-    bytes and prefix -> 0xFF where a prefix has no symbol (illegal in a stream)."""
-    literal = table.literal
-    if literal is None or not byte_escape(table):  # (byte_escape is False without a literal)
-        return [0] * 5
-    sym, bad = [0] * NUM_REGIONS, [0] * NUM_REGIONS
-    for p, base in enumerate(table.bases):
-        if p == table.literal:
-            continue
-        if base < table.num_ranked:
-            sym[p] = table.ranks[base]
-        else:
-            bad[p] = 0xFF
-    return [
-        int(literal),
-        *(int.from_bytes(bytes(v[i : i + 4]), "little") for v in (sym, bad) for i in (0, 4)),
-    ]
+@functools.lru_cache(maxsize=64)
+def _byte_escape(table: Codebook) -> bool:
+    """Codebook.byte_escape, cached: every call's kernel choice asks it."""
+    return table.byte_escape
 
 
 @functools.lru_cache(maxsize=64)
 def _table_words(table: Codebook) -> tuple[int, ...]:
-    """The int32 table image codec.cu reads (encoder codes, regions, ranks, rank count, fast)."""
-    pre, value, length = table.encoder_lut()
-    width = length.astype(int) - 3
-    enc = [int(v) | int(p) << 8 | int(w) << 12 for p, v, w in zip(pre, value, width, strict=True)]
-    rw, base, lit = table.region_table()
-    regions = [int(w) | int(b) << 4 | int(x) << 15 for w, b, x in zip(rw, base, lit, strict=True)]
-    assert len(enc) == ALPHABET and len(regions) == NUM_REGIONS
-    words = [*enc, *regions, *(int(s) for s in table.rank_lut()), table.num_ranked]
-    words += _fast_words(table)
-    return tuple(w - (1 << 32) if w >= 1 << 31 else w for w in words)  # as int32
+    """golden's GPU table image, cached: a collective uploads it per call."""
+    return table.gpu_words()
 
 
 def _kind(fmt: FloatFormat, table: Codebook | None, block: int) -> int:
@@ -526,8 +493,8 @@ def raise_on_flag(code: int) -> None:
 
 
 # ---------------------------------------------------------------------- the device-side codec
-TABLE_WORDS = 526  # table.cuh kTableWords: the int32 words of _table_words
-META_BYTES = 16 + 4 * TABLE_WORDS  # a compressed buffer's record: int64 [bytes, payload], words
+# a compressed buffer's record: int64 [bytes, payload], then the table words
+META_BYTES = 16 + 4 * GPU_TABLE_WORDS
 
 
 @dataclass(frozen=True, eq=False)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from golden.codebook import ALPHABET, PREFIX_BITS, Codebook
-from golden.container import HEADER_BYTES, Sections
-from golden.formats import FloatFormat
-from golden.streams import num_blocks
+from zipccl.golden.codebook import ALPHABET, PREFIX_BITS, Codebook
+from zipccl.golden.container import HEADER_BYTES, Sections
+from zipccl.golden.formats import FloatFormat
+from zipccl.golden.streams import num_blocks
 
 _VIEW = {8: torch.uint8, 16: torch.int16, 32: torch.int32}
 _POW8 = 1 << torch.arange(8)  # bit k of a plane byte holds element k (LSB first)

@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from golden.codebook import (
+from zipccl._torch import _VIEW
+from zipccl.golden.codebook import (
     ALPHABET,
     ENC_PAYLOAD_BITS,
     ENC_PREFIX_SHIFT,
@@ -36,10 +37,9 @@ from golden.codebook import (
     REGION_WIDTH_SHIFT,
     Codebook,
 )
-from golden.container import Sections
-from golden.formats import FloatFormat
-from golden.streams import num_blocks
-from zipccl._torch import _VIEW
+from zipccl.golden.container import Sections
+from zipccl.golden.formats import FloatFormat
+from zipccl.golden.streams import num_blocks
 
 MIN_BLOCK, MAX_BLOCK = 64, 16384  # one block's codewords are one program's vectors
 MAX_WARPS = 16

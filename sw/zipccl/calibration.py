@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from golden import builders, tablefile
-from golden.codebook import ALPHABET, Codebook
-from golden.container import DEFAULT_BLOCK
-from golden.formats import FloatFormat
-from golden.tablefile import Entry, check_key
 from zipccl import codec
+from zipccl.golden import builders, tablefile
+from zipccl.golden.codebook import ALPHABET, Codebook
+from zipccl.golden.container import DEFAULT_BLOCK
+from zipccl.golden.formats import FloatFormat
+from zipccl.golden.tablefile import Entry, check_key
 
 DEFAULT_STEPS = 100
 
@@ -51,7 +51,7 @@ class Calibrator:
     golden.builders.best_table of the sum (the exhaustive search, named after the key), and later
     observations are ignored. :meth:`compress` codes with the key's table once it has one, else
     with the default table. :meth:`save` / :meth:`load` keep the tables in one JSON table set
-    (golden/tablefile.py) that ``python -m hw.generate --table`` can also read per entry.
+    (golden/tablefile.py) that ``python -m zipccl.hw.generate --table`` can also read per entry.
 
     On CUDA every observation copies its histogram to the host (one sync): calibration is meant
     for warm-up steps, and stops at ``steps``.
@@ -186,7 +186,7 @@ class Calibrator:
             path (str or Path): the file to write (replaced if it exists).
 
         Raises:
-            golden.codebook.TableError: (a ValueError) more than 4096 tables, or a file over
+            zipccl.golden.codebook.TableError: (a ValueError) more than 4096 tables, or a file over
                 32 MiB.
             OSError: the file cannot be written.
         """
@@ -204,7 +204,7 @@ class Calibrator:
             Calibrator: every key in the file calibrated, with its table and dtype.
 
         Raises:
-            golden.codebook.TableError: (a ValueError) the file is malformed, too large or of
+            zipccl.golden.codebook.TableError: (a ValueError) the file is malformed, too large or of
                 another format or version (parsed strictly: golden/tablefile.py).
             OSError: the file cannot be read.
             TypeError, ValueError: a bad ``steps``, as for the constructor.

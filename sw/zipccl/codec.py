@@ -48,9 +48,10 @@ import zlib
 import numpy as np
 import torch
 
-from golden import builders, theory
-from golden.codebook import ALPHABET, PREFIX_BITS, Codebook
-from golden.container import (
+from zipccl import _torch, settings
+from zipccl.golden import builders, theory
+from zipccl.golden.codebook import ALPHABET, PREFIX_BITS, Codebook
+from zipccl.golden.container import (
     CHECKSUM_AT,
     CHECKSUM_MISMATCH,
     CRC_AT,
@@ -68,8 +69,7 @@ from golden.container import (
     split_size,
     values_checksum,
 )
-from golden.formats import FloatFormat, get_format
-from zipccl import _torch, settings
+from zipccl.golden.formats import FloatFormat, get_format
 
 __all__ = [
     "Compressed",
@@ -1086,7 +1086,7 @@ def decompress(
         >>> zipccl.decompress(bad)
         Traceback (most recent call last):
             ...
-        golden.streams.StreamError: header checksum mismatch: the buffer is corrupt
+        zipccl.golden.streams.StreamError: header checksum mismatch: the buffer is corrupt
 
     On CUDA, the queued form (nothing waits for the device until :func:`check_errors`)::
 

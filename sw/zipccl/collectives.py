@@ -152,19 +152,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from golden import theory
-from golden.codebook import Codebook
-from golden.container import (
-    CHECKSUM_AT,
-    CHECKSUM_MISMATCH,
-    CRC_AT,
-    DEFAULT_BLOCK,
-    HEADER_BYTES,
-    LAYOUT_SPLIT,
-    PAYLOAD_BYTES_AT,
-    Header,
-)
-from golden.formats import FloatFormat
 from zipccl import _comm, _plans, codec, settings, switch
 from zipccl._comm import (
     CODEC_DTYPES,
@@ -185,6 +172,19 @@ from zipccl._comm import (
     streams_for,
     to_i64,
 )
+from zipccl.golden import theory
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.container import (
+    CHECKSUM_AT,
+    CHECKSUM_MISMATCH,
+    CRC_AT,
+    DEFAULT_BLOCK,
+    HEADER_BYTES,
+    LAYOUT_SPLIT,
+    PAYLOAD_BYTES_AT,
+    Header,
+)
+from zipccl.golden.formats import FloatFormat
 
 ReduceOp = dist.ReduceOp
 # an op argument: torch's stubs type ReduceOp.SUM & co. as ReduceOp.RedOpType, which its bindings
@@ -739,8 +739,8 @@ def _pack(x: torch.Tensor, seg: _Seg, table: Codebook, store: torch.Tensor) -> N
     checksum = settings.value("ZIPCCL_CHECKSUM")
     backend = codec._backend(x.device, DEFAULT_BLOCK)
     if hasattr(backend, "launch_encode"):  # the kernels write golden's header too
-        head = codec._header_template(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, table, checksum)
-        backend.launch_encode(x, fmt, table, DEFAULT_BLOCK, store, head, checksum)
+        template = codec._header_template(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, table, checksum)
+        backend.launch_encode(x, fmt, table, DEFAULT_BLOCK, store, template, checksum)
         return
     payload = backend.encode_into(x, fmt, table, DEFAULT_BLOCK, store)
     check = codec._values_checksum(x) if checksum else None

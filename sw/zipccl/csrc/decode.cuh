@@ -146,8 +146,8 @@ __device__ inline uint32_t dec_round(const uint8_t* buf, typename F::T* out, con
       const uint32_t region = t.region[prefix_of(x.planes[g], k)];
       const uint32_t w = FULL || k < cnt[g] ? region & 15u : 0u;
       const uint32_t val = read_bits(stage, at, w);
-      const bool lit = region >> 15;
-      const uint32_t rank = ((region >> 4) & 0x3ffu) + val;
+      const bool lit = region >> kRegionLiteralShift;
+      const uint32_t rank = ((region >> kRegionBaseShift) & 0x3ffu) + val;
       if ((FULL || k < cnt[g]) && !lit && rank >= nranked) err |= kErrRank;
       const uint32_t sym = lit ? val : t.rank[min(rank, 255u)];
       if constexpr (F::EXP_BITS < 8) {  // FP16: a symbol past its 5-bit exponent field
@@ -303,8 +303,8 @@ constexpr int kSym2 = 8 * 256;
 __device__ inline uint16_t sym2_entry(const int32_t* tab, const DecTab& t, uint32_t nranked,
                                       int i) {
   const uint32_t r = tab[kRegionAt + (i >> 8)], v = i & 0xffu;
-  if (r >> 15) return static_cast<uint16_t>(v);  // literal region: the value is the symbol
-  const uint32_t rank = ((r >> 4) & 0x3ffu) + v;
+  if (r >> kRegionLiteralShift) return static_cast<uint16_t>(v);  // literal region: the value is the symbol
+  const uint32_t rank = ((r >> kRegionBaseShift) & 0x3ffu) + v;
   return rank < nranked ? t.rank[rank] : 0x100;
 }
 

@@ -25,8 +25,9 @@ __device__ inline void enc_load(const typename F::T* in, const Layout& L, long l
 // The fast path's per-symbol word: bits 0, 8, 16 = prefix bits 0, 1, 2; bit 24 = escape. Element
 // k's word shifted left by k lands its bits in the three plane bytes and the escape-mask byte.
 __device__ inline uint32_t spread_word(int32_t code) {
-  const uint32_t p = (static_cast<uint32_t>(code) >> 8) & 7u;
-  return (p & 1u) | ((p >> 1) & 1u) << 8 | ((p >> 2) & 1u) << 16 | (code >> 12 ? 1u << 24 : 0u);
+  const uint32_t p = (static_cast<uint32_t>(code) >> kEncPrefixShift) & 7u;
+  return (p & 1u) | ((p >> 1) & 1u) << 8 | ((p >> 2) & 1u) << 16 |
+         (code >> kEncWidthShift ? 1u << 24 : 0u);
 }
 
 // One round of BF16 under a byte-escape table: exponent and raw bytes by byte permutes, the three
@@ -91,7 +92,7 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
         const uint32_t v = elem<T>(x.w[g], k);
         const uint32_t r = F::raw(v);
         const uint32_t code = s_code[F::sym(v)];
-        const uint32_t p = (code >> 8) & 7u;
+        const uint32_t p = (code >> kEncPrefixShift) & 7u;
 #pragma unroll
         for (int j = 0; j < 3; ++j) pbits[j] |= ((p >> j) & 1u) << k;
 #pragma unroll
@@ -99,7 +100,7 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
           rbytes[j] |= static_cast<unsigned long long>((r >> (8 * j)) & 0xffu) << (8 * k);
 #pragma unroll
         for (int j = 0; j < F::RAWb; ++j) tbits[j] |= ((r >> (8 * F::RAWB + j)) & 1u) << k;
-        nbits[g] += code >> 12;
+        nbits[g] += code >> kEncWidthShift;
       }
     }
     if (cnt[g]) {
@@ -120,7 +121,7 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       if (FULL || k < cnt[g]) {
-        const uint32_t code = s_code[F::sym(elem<T>(x.w[g], k))], w = code >> 12;
+        const uint32_t code = s_code[F::sym(elem<T>(x.w[g], k))], w = code >> kEncWidthShift;
         acc = (acc << w) | (code & 0xffu);
         n += w;
       }

@@ -8,7 +8,8 @@
 namespace {
 
 // golden.codebook's canonical table (8 region descriptors, uint16 rank count, 256 ranks) and
-// golden.container's header fields that hold it; zipccl/_cuda.py checks these against golden.
+// golden.container's header fields that hold it; tests/test_cuda_constants.py checks every
+// constexpr here that golden defines against golden.
 constexpr int kTableBytes = 266;
 constexpr int kLayoutAt = 5, kHashAt = 96, kTableAt = 104;
 constexpr uint8_t kLayoutRaw = 0;
@@ -155,14 +156,18 @@ __device__ inline void hash_stage(uint8_t* stage, uint32_t* msg, bool theory) {
 
 // ------------------------------------------------------------------------------ table words
 
-// Table words (int32): [0,256) encoder: payload | prefix << 8 | width << 12;
-// [256,264) regions: width | base << 4 | literal << 15; [264,520) rank -> symbol; [520] count.
+// Table words (int32), golden.codebook's GPU table image (Codebook.gpu_words; its GPU_*
+// constants): [0,256) encoder: payload | prefix << 8 | width << 12; [256,264) regions:
+// width | base << 4 | literal << 15; [264,520) rank -> symbol; [520] count.
+constexpr int kEncPrefixShift = 8, kEncWidthShift = 12;
+constexpr int kRegionBaseShift = 4, kRegionLiteralShift = 15;
 constexpr int kRegionAt = 256, kRankAt = 264, kCountAt = 520;
 // Byte-escape tables (one literal region, every ranked region of width 0: the ZipCCL exponent
 // layout) also carry, for the BF16 fast-path decoder: [521] literal prefix L, [522..523] prefix ->
 // symbol bytes, [524..525] prefix -> 0xFF if the prefix is illegal.
 constexpr int kFastAt = 521;
-constexpr int kTableWords = kFastAt + 5;
+constexpr int kFastWords = 5;
+constexpr int kTableWords = kFastAt + kFastWords;
 
 // golden.codebook's lookup tables (encoder_lut, region_table, rank_lut) and the fast-path words
 // of the canonical table `tb` (shared memory), written to `words` by the whole CTA; `tb` must be
@@ -182,7 +187,7 @@ __device__ inline void table_words(const uint8_t* tb, int32_t* words) {
   __syncthreads();
   const int lit = s_lit;
   for (int s = threadIdx.x; s < 256; s += blockDim.x) {  // unranked symbols take the literal
-    if (lit >= 0) words[s] = s | lit << 8 | 8 << 12;
+    if (lit >= 0) words[s] = s | lit << kEncPrefixShift | 8 << kEncWidthShift;
     words[kRankAt + s] = s < n ? tb[10 + s] : 0;
   }
   __syncthreads();
@@ -190,12 +195,13 @@ __device__ inline void table_words(const uint8_t* tb, int32_t* words) {
     for (int p = 0; p < 8; ++p) {
       const int w = tb[p] & kWidthMask;
       if (p != lit && s_base[p] <= r && r < s_base[p] + (1 << w))
-        words[tb[10 + r]] = (r - s_base[p]) | p << 8 | w << 12;
+        words[tb[10 + r]] = (r - s_base[p]) | p << kEncPrefixShift | w << kEncWidthShift;
     }
   }
   if (threadIdx.x < 8) {
     const int p = threadIdx.x, base = s_base[p];
-    words[kRegionAt + p] = (tb[p] & kWidthMask) | (base < 256 ? base : 256) << 4 | (p == lit) << 15;
+    words[kRegionAt + p] = (tb[p] & kWidthMask) | (base < 256 ? base : 256) << kRegionBaseShift |
+                           (p == lit) << kRegionLiteralShift;
   }
   if (threadIdx.x == 0) {
     words[kCountAt] = n;
@@ -207,8 +213,8 @@ __device__ inline void table_words(const uint8_t* tb, int32_t* words) {
       if (s_base[p] < n) sym[p / 4] |= static_cast<uint32_t>(tb[10 + s_base[p]]) << (8 * (p % 4));
       else bad[p / 4] |= 0xffu << (8 * (p % 4));
     }
-    const uint32_t fast[5] = {static_cast<uint32_t>(lit), sym[0], sym[1], bad[0], bad[1]};
-    for (int j = 0; j < 5; ++j) words[kFastAt + j] = escape ? static_cast<int32_t>(fast[j]) : 0;
+    const uint32_t fast[kFastWords] = {static_cast<uint32_t>(lit), sym[0], sym[1], bad[0], bad[1]};
+    for (int j = 0; j < kFastWords; ++j) words[kFastAt + j] = escape ? static_cast<int32_t>(fast[j]) : 0;
   }
   __syncthreads();
 }

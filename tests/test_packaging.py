@@ -1,0 +1,103 @@
+"""The installed layout (issue 19): one top-level import name, ``zipccl``, whose ``golden``,
+``hw`` and ``sim`` subpackages need no torch, and which a folder named zipccl (a clone) beside a
+script does not shadow."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ("pyproject.toml", "README.md", "sw", "golden", "hw", "sim")
+
+
+def _python(code: str, cwd: Path, path: Path | None = None) -> str:
+    """stdout of ``code`` in a fresh interpreter (``path`` first on its PYTHONPATH)."""
+    env = {"PATH": "/usr/bin:/bin", **({"PYTHONPATH": str(path)} if path else {})}
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel setuptools builds from a copy of the sources (the checkout stays untouched)."""
+    pytest.importorskip("setuptools")
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=ignore)
+        else:
+            shutil.copy(ROOT / name, src / name)
+    code = f"from setuptools import build_meta; print(build_meta.build_wheel({str(out)!r}))"
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=src, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    return out / run.stdout.split()[-1]
+
+
+def test_the_wheel_installs_one_top_level_name(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"zipccl"}
+    for part in (
+        "zipccl/golden/codebook.py",
+        "zipccl/golden/tables/qlc_e4m3.json",
+        "zipccl/hw/generate.py",
+        "zipccl/sim/cocotb_suite.py",
+        "zipccl/sim/data/minilm.npz",
+        "zipccl/csrc/codec.cu",
+    ):
+        assert part in names
+
+
+def test_a_folder_named_zipccl_beside_a_script_does_not_shadow_it(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """A clone named zipccl has no __init__.py at its top: at most a namespace portion, which
+    the installed regular package outranks wherever it lies on sys.path."""
+    site, app = tmp_path / "site", tmp_path / "app"
+    zipfile.ZipFile(wheel).extractall(site)
+    for part in ("golden", "hw", "sim", "sw/zipccl"):  # a clone's folders, as packages
+        (app / "zipccl" / part).mkdir(parents=True)
+        (app / "zipccl" / part / "__init__.py").touch()
+    code = "import zipccl.golden.codebook as c, zipccl; print(zipccl.__file__, c.__file__)"
+    for found in _python(code, app, site).split():
+        assert Path(found).is_relative_to(site), found
+
+
+def test_zipccl_golden_imports_without_torch(tmp_path: Path) -> None:
+    code = (
+        "import sys, zipccl.golden.container, zipccl.golden.theory, zipccl.golden.builders, zipccl;"
+        "print(len(zipccl.__all__), sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    )
+    count, torch_modules = _python(code, tmp_path, ROOT / "sw").split(" ", 1)
+    assert int(count) > 0 and torch_modules.strip() == "[]"
+
+
+def test_public_names_load_on_first_use(tmp_path: Path) -> None:
+    code = (
+        "import sys, zipccl; assert 'torch' not in sys.modules;"
+        "import zipccl.codec as codec; assert zipccl.compress is codec.compress;"
+        "import torch.distributed as dist; assert 'zipccl' in dist.Backend.backend_list;"
+        "print(sorted(set(dir(zipccl)) & set(zipccl.__all__)) == sorted(zipccl.__all__))"
+    )
+    assert _python(code, tmp_path, ROOT / "sw").strip() == "True"
+
+
+def test_all_is_what_the_public_module_imports() -> None:
+    """__init__'s __all__ and _public's imports are one list written twice: they must agree."""
+    import zipccl
+    from zipccl import _public
+
+    assert sorted(n for n in vars(_public) if not n.startswith("_")) == sorted(zipccl.__all__)
+    assert all(getattr(zipccl, n) is getattr(_public, n) for n in zipccl.__all__)
