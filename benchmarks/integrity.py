@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import zipccl
-
-from golden.container import HEADER_BYTES
+from zipccl.golden.container import HEADER_BYTES
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
 SEED = 20261202
