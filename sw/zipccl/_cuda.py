@@ -418,24 +418,9 @@ def launch_decode(
         )
     size = -1 if payload_bytes is None else payload_bytes
     lay = _layout(fmt, n, block, buf.numel(), size, room, checksum=checksum)
-    lib = _lib()
-    assert lib is not None
-    stream = _stream(buf.device)
-    _check(
-        lib.zipccl_decode(
-            buf.device.index,
-            _kind(fmt, table, block),
-            buf.data_ptr(),
-            at,
-            out.data_ptr(),
-            ctypes.byref(lay),
-            _table_tensor(table, buf.device).data_ptr(),
-            flag.data_ptr(),
-            int(clear),
-            _accumulator(buf.device, stream) if checksum else None,
-            stream,
-        )
-    )
+    tab = _table_tensor(table, buf.device).data_ptr()
+    kind = _kind(fmt, table, block)
+    _queue_decode(buf, at, out, lay, kind, tab, flag, clear, checksum)
 
 
 def launch_raw_decode(
@@ -445,21 +430,38 @@ def launch_raw_decode(
     checksum on the way (the decode kernel's raw branch); a mismatch is OR-ed into ``flag``."""
     _check_dense(buf, out)
     lay = _layout(fmt, out.numel(), MAX_BLOCK, buf.numel(), 0, 0, raw=buf.numel(), checksum=True)
+    _queue_decode(buf, buf.data_ptr(), out, lay, KIND[fmt.name], None, flag, False, True)
+
+
+def _queue_decode(
+    buf: torch.Tensor,
+    payload_at: int,
+    out: torch.Tensor,
+    lay: Layout,
+    kind: int,
+    table_at: int | None,
+    flag: torch.Tensor,
+    clear: bool,
+    checksum: bool,
+) -> None:
+    """One zipccl_decode launch on the buffer's device and current stream (the payload stream
+    and the table words at device addresses)."""
     lib = _lib()
     assert lib is not None
-    stream = _stream(buf.device)
+    device = buf.device
+    stream = _stream(device)
     _check(
         lib.zipccl_decode(
-            buf.device.index,
-            KIND[fmt.name],
+            device.index,
+            kind,
             buf.data_ptr(),
-            buf.data_ptr(),
+            payload_at,
             out.data_ptr(),
             ctypes.byref(lay),
-            None,
+            table_at,
             flag.data_ptr(),
-            0,
-            _accumulator(buf.device, stream),
+            int(clear),
+            _accumulator(device, stream) if checksum else None,
             stream,
         )
     )
@@ -676,23 +678,6 @@ def decompress(
     from its header on the device); ``table`` None: the default table whose words are in the
     record at ``meta``. Problems are OR-ed into ``flag`` (zeroed first when ``clear``), a values
     checksum mismatch too where the plan has one."""
-    device = buf.device
-    at = buf.data_ptr()
-    tab = meta + 16 if table is None else _table_tensor(table, device).data_ptr()
-    stream = _stream(device)
-    assert _LIB is not None  # loaded: the plan p was made with it
-    _check(
-        _LIB.zipccl_decode(
-            device.index,
-            _kind(p.fmt, table, p.block),
-            at,
-            at + p.fixed,
-            out.data_ptr(),
-            ctypes.byref(p.decode),
-            tab,
-            flag.data_ptr(),
-            int(clear),
-            _accumulator(device, stream) if p.checksum else None,
-            stream,
-        )
-    )
+    tab = meta + 16 if table is None else _table_tensor(table, buf.device).data_ptr()
+    kind = _kind(p.fmt, table, p.block)
+    _queue_decode(buf, buf.data_ptr() + p.fixed, out, p.decode, kind, tab, flag, clear, p.checksum)
