@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Final
 
 import torch
 
@@ -44,6 +44,8 @@ from zipccl.golden.container import (
 )
 from zipccl.golden.formats import FloatFormat
 from zipccl.golden.streams import num_blocks
+
+QUEUES: Final = True  # zipccl._codecs: only queues device work
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCE = CSRC / "codec.cu"  # includes the other files under csrc/

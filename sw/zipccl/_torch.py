@@ -7,12 +7,16 @@ so the unsigned arithmetic of golden/ carries over unchanged.
 
 from __future__ import annotations
 
+from typing import Final
+
 import torch
 
 from zipccl.golden.codebook import ALPHABET, PREFIX_BITS, Codebook
 from zipccl.golden.container import HEADER_BYTES, Sections
 from zipccl.golden.formats import FloatFormat
 from zipccl.golden.streams import num_blocks
+
+QUEUES: Final = False  # zipccl._codecs: codes before returning
 
 _VIEW = {8: torch.uint8, 16: torch.int16, 32: torch.int32}
 _POW8 = 1 << torch.arange(8)  # bit k of a plane byte holds element k (LSB first)

@@ -18,6 +18,7 @@ Runs on CUDA tensors, and on CPU tensors under ``TRITON_INTERPRET=1`` (what CI d
 from __future__ import annotations
 
 import functools
+from typing import Final
 
 import torch
 import triton
@@ -40,6 +41,8 @@ from zipccl.golden.codebook import (
 from zipccl.golden.container import Sections
 from zipccl.golden.formats import FloatFormat
 from zipccl.golden.streams import num_blocks
+
+QUEUES: Final = False  # zipccl._codecs: codes before returning
 
 MIN_BLOCK, MAX_BLOCK = 64, 16384  # one block's codewords are one program's vectors
 MAX_WARPS = 16

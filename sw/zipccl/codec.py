@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from zipccl import _torch, settings
+from zipccl._codecs import Codec
 from zipccl.golden import builders, theory
 from zipccl.golden.codebook import ALPHABET, PREFIX_BITS, Codebook
 from zipccl.golden.container import (
@@ -313,7 +314,7 @@ def sample_summary(tensor: torch.Tensor, out: torch.Tensor | None = None) -> tor
         )
     backend = _backend(tensor.device, DEFAULT_BLOCK)
     numel = tensor.numel()
-    if numel and tensor.is_contiguous() and hasattr(backend, "launch_summary"):
+    if numel and tensor.is_contiguous() and backend.QUEUES:
         stride = _sample_stride(numel)  # _sample's length without its view (host time)
         count = min(theory.SAMPLE_SIZE, -(-numel // stride))
         backend.launch_summary(tensor, fmt, stride, count, out)
@@ -649,14 +650,15 @@ def _expected_size(head: Header) -> int:
 
 
 # ---------------------------------------------------------------------- backends
-def _backend(device: torch.device, block: int):  # returns the backend module
+def _backend(device: torch.device, block: int) -> Codec:
     """CUDA tensors: the CUDA C++ kernels (the fast path); ``ZIPCCL_BACKEND=triton`` selects the
-    Triton kernels (also on CPU tensors under TRITON_INTERPRET=1), ``=torch`` the torch ops."""
+    Triton kernels (also on CPU tensors under TRITON_INTERPRET=1), ``=torch`` the torch ops.
+    What each can do: zipccl._codecs."""
     return _backend_for(device.type, block, settings.value("ZIPCCL_BACKEND"))
 
 
 @functools.lru_cache(maxsize=32)
-def _backend_for(device_type: str, block: int, choice: str):  # a collective asks several times
+def _backend_for(device_type: str, block: int, choice: str) -> Codec:  # asked several times a call
     if choice == "triton":
         from zipccl import _triton
 
@@ -864,7 +866,9 @@ def compress_into(
     check = _values_checksum(x) if checksum else None
     payload = None
     if _fixed(fmt, numel, block) < cap:
-        payload = _backend(x.device, block).encode_into(x, fmt, book, block, out)
+        backend = _backend(x.device, block)
+        assert not backend.QUEUES  # (a queued codec took the device path above)
+        payload = backend.encode_into(x, fmt, book, block, out)
     if payload is None or _fixed(fmt, numel, block) + payload >= cap:
         head = Header(LAYOUT_RAW, fmt, shape, block, 0, None, check)
         out[HEADER_BYTES:cap].copy_(x.reshape(-1).view(torch.uint8))
@@ -1152,6 +1156,7 @@ def _decompress_known(c: Compressed, target: torch.Tensor, sync: bool) -> None:
     else:
         assert c.table is not None
         backend = _backend(buf.device, c.block)
+        assert not backend.QUEUES  # (a queued codec took the branch above)
         backend.decode_into(buf, fmt, c.table, c.block, c.payload_bytes, target)
         if not buf.is_cuda:  # one more encode: the host path checks canonical form this way
             _torch.check_canonical(buf, fmt, c.table, c.block, c.payload_bytes, target)

@@ -142,7 +142,6 @@ buffers; the tests run it on gloo (tests/test_collectives_failures.py).
 from __future__ import annotations
 
 import math
-import types
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -153,6 +152,7 @@ import torch
 import torch.distributed as dist
 
 from zipccl import _comm, _plans, codec, settings, switch
+from zipccl._codecs import QueuedCodec
 from zipccl._comm import (
     CODEC_DTYPES,
     SENDING,
@@ -738,7 +738,7 @@ def _pack(x: torch.Tensor, seg: _Seg, table: Codebook, store: torch.Tensor) -> N
     fmt, shape = codec._fmt(x.dtype), (x.numel(),)
     checksum = settings.value("ZIPCCL_CHECKSUM")
     backend = codec._backend(x.device, DEFAULT_BLOCK)
-    if hasattr(backend, "launch_encode"):  # the kernels write golden's header too
+    if backend.QUEUES:  # the kernels write golden's header too
         template = codec._header_template(LAYOUT_SPLIT, fmt, shape, DEFAULT_BLOCK, table, checksum)
         backend.launch_encode(x, fmt, table, DEFAULT_BLOCK, store, template, checksum)
         return
@@ -767,7 +767,7 @@ class _Unpack:
         self.fmt = codec._fmt(dtype)
         self.checksum: bool = settings.value("ZIPCCL_CHECKSUM")  # the pieces carry one
         self.flag = _flag(g.device) if g.cuda else None  # zeroed by the call's first decode
-        self.used: types.ModuleType | None = None  # the backend whose decodes set the flag
+        self.used: QueuedCodec | None = None  # the backend whose decodes set the flag
         self.heads: dict[object, tuple[torch.Tensor, _Seg, Codebook]] = {}
         self.sizes: dict[object, int] = {}  # after settle: every noted piece's payload bytes
 
@@ -785,7 +785,8 @@ class _Unpack:
             return
         self.note(key, got, seg, table)
         backend = codec._backend(got.device, DEFAULT_BLOCK)
-        if self.flag is not None and hasattr(backend, "launch_decode"):
+        if backend.QUEUES:
+            assert self.flag is not None  # (queued codecs run on CUDA groups, which keep a flag)
             backend.launch_decode(
                 got[: seg.fixed],
                 self.fmt,
