@@ -125,7 +125,11 @@ class DietGPU:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/calls.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--sizes", default="0.0625,1,4,16,64,256,1024", help="MiB, comma separated")
     ap.add_argument("--dtypes", default="bfloat16,float8_e4m3fn")
     ap.add_argument("--dietgpu", default="", help="DietGPU's built torch-ops library (.so)")

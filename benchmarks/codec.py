@@ -302,7 +302,11 @@ def report(out: Path) -> None:
 
 def main() -> None:
     faulthandler.enable()
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/codec.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--sizes", default="1,4,16,64,256,1024", help="MiB, comma separated")
     ap.add_argument("--minilm", default=".data/minilm.npz")
     ap.add_argument("--out", default="benchmarks/results/codec")

@@ -45,7 +45,11 @@ def sweep(c: zipccl.Compressed, x: torch.Tensor, flips: int) -> dict[str, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python benchmarks/integrity.py", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/integrity.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--device", default="cuda", help="where to compress and decode (cuda, cpu)")
     ap.add_argument("--flips", type=int, default=2000, help="flips per dtype and mode")
     ap.add_argument("--out", default="benchmarks/results", help="folder for integrity.json")

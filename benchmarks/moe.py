@@ -366,7 +366,11 @@ def write(
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="torchrun --nproc-per-node N benchmarks/moe.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tokens", type=int, help="tokens per rank (default 16384 on cuda, 1024 cpu)")
     ap.add_argument("--hidden", type=int, help="model width (default 4096 on cuda, 256 on cpu)")

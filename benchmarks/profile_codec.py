@@ -44,7 +44,11 @@ def kernel_times(x: torch.Tensor, calls: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/profile_codec.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--mib", type=float, default=1.0, help="tensor size in MiB")
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--once", action="store_true", help="one round trip per case (for ncu)")

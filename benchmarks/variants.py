@@ -83,7 +83,11 @@ def measure(x: torch.Tensor, table: object) -> tuple[dict[str, float], torch.Ten
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/variants.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("variants", nargs="*", type=Path)
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--out", type=Path, default=Path("."))

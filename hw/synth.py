@@ -239,7 +239,11 @@ def generic_cells(top: str, out: Path, keep_memories: bool = False) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m zipccl.hw.synth",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--out", type=Path, default=Path("build/synth"))
     ap.add_argument("--blocks", nargs="+", choices=BLOCKS + GENERIC_BLOCKS, default=list(BLOCKS))
     ap.add_argument("--generic", nargs="*", choices=GENERIC_BLOCKS, default=list(GENERIC_BLOCKS))
