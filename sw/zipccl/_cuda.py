@@ -422,7 +422,7 @@ def launch_decode(
     lay = _layout(fmt, n, block, buf.numel(), size, room, checksum=checksum)
     tab = _table_tensor(table, buf.device).data_ptr()
     kind = _kind(fmt, table, block)
-    _queue_decode(buf, at, out, lay, kind, tab, flag, clear, checksum)
+    _queue_decode(buf, at, out, lay, kind, tab, flag, clear)
 
 
 def launch_raw_decode(
@@ -432,7 +432,7 @@ def launch_raw_decode(
     checksum on the way (the decode kernel's raw branch); a mismatch is OR-ed into ``flag``."""
     _check_dense(buf, out)
     lay = _layout(fmt, out.numel(), MAX_BLOCK, buf.numel(), 0, 0, raw=buf.numel(), checksum=True)
-    _queue_decode(buf, buf.data_ptr(), out, lay, KIND[fmt.name], None, flag, False, True)
+    _queue_decode(buf, buf.data_ptr(), out, lay, KIND[fmt.name], None, flag, False)
 
 
 def _queue_decode(
@@ -444,10 +444,10 @@ def _queue_decode(
     table_at: int | None,
     flag: torch.Tensor,
     clear: bool,
-    checksum: bool,
 ) -> None:
     """One zipccl_decode launch on the buffer's device and current stream (the payload stream
-    and the table words at device addresses)."""
+    and the table words at device addresses); an accumulator goes with a layout that checks
+    the values checksum."""
     lib = _lib()
     assert lib is not None
     device = buf.device
@@ -463,7 +463,7 @@ def _queue_decode(
             table_at,
             flag.data_ptr(),
             int(clear),
-            _accumulator(device, stream) if checksum else None,
+            _accumulator(device, stream) if lay.checksum_at else None,
             stream,
         )
     )
@@ -682,4 +682,4 @@ def decompress(
     checksum mismatch too where the plan has one."""
     tab = meta + 16 if table is None else _table_tensor(table, buf.device).data_ptr()
     kind = _kind(p.fmt, table, p.block)
-    _queue_decode(buf, buf.data_ptr() + p.fixed, out, p.decode, kind, tab, flag, clear, p.checksum)
+    _queue_decode(buf, buf.data_ptr() + p.fixed, out, p.decode, kind, tab, flag, clear)

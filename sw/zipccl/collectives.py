@@ -176,7 +176,6 @@ from zipccl.golden import theory
 from zipccl.golden.codebook import Codebook
 from zipccl.golden.container import (
     CHECKSUM_AT,
-    CHECKSUM_MISMATCH,
     CRC_AT,
     DEFAULT_BLOCK,
     HEADER_BYTES,
@@ -805,8 +804,8 @@ class _Unpack:
         size = _payload_size(head)
         if size <= seg.room:  # else resent raw after settle
             backend.decode_into(got[: seg.fixed + size], self.fmt, table, DEFAULT_BLOCK, size, out)
-            if self.checksum and codec._values_checksum(out) != _stored_checksum(head):
-                raise ValueError(f"corrupt compressed buffer: {CHECKSUM_MISMATCH}")
+            if self.checksum:
+                codec._check_values(out, _stored_checksum(head))
 
     def settle(self, streams: Streams) -> set[object]:
         """After every decode: one copy of the flag and the noted headers to the host; raise
