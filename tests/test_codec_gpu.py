@@ -360,6 +360,38 @@ def test_gpu_corrupt_buffer_sync_and_deferred() -> None:
     zipccl.check_errors()
 
 
+def test_gpu_validating_decodes_after_a_corrupt_one() -> None:
+    """A validating decompress reads its thread's flag in the same call and leaves it zero: after
+    a corrupt buffer raised, good ones pass, on another stream and from a bare buffer too, and a
+    corrupt bare buffer raises as well."""
+    x = gaussian(100_003, torch.bfloat16, seed=62).to(CUDA)
+    bad = zipccl.compress(x)
+    offsets_damaged(bad)
+    good = zipccl.compress(x)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="offsets"):
+            zipccl.decompress(bad)
+        assert torch.equal(zipccl.decompress(good).view(torch.int16), x.view(torch.int16))
+    with pytest.raises(ValueError, match="offsets"):
+        zipccl.decompress(bad.buffer.clone())
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        y = zipccl.decompress(good.buffer.clone())
+    side.synchronize()
+    assert torch.equal(y.view(torch.int16), x.view(torch.int16))
+
+
+def test_gpu_validating_decode_refuses_a_capture() -> None:
+    """sync=True waits for the device, which a CUDA graph capture cannot: a ValueError saying
+    what to capture instead, not a broken capture."""
+    x = gaussian(50_000, torch.bfloat16, seed=63).to(CUDA)
+    c = zipccl.compress(x)
+    y = zipccl.decompress(c)  # warm: kernels and plan built outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match="sync=False"), torch.cuda.graph(graph):
+        zipccl.decompress(c, out=y)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
 def test_gpu_compress_decompress_capture_and_replay(dtype: torch.dtype) -> None:
     """compress -> decompress with the default table in one CUDA graph: replays with new data in

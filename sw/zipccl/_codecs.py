@@ -78,7 +78,8 @@ class QueuedCodec(Protocol):
         clear: bool = False,
         payload: torch.Tensor | None = None,
         checksum: bool = False,
-    ) -> None: ...
+        wait: bool = False,
+    ) -> int: ...
 
     def launch_summary(
         self, x: torch.Tensor, fmt: FloatFormat, stride: int, count: int, out: torch.Tensor

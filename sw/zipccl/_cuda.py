@@ -163,7 +163,7 @@ def _lib() -> ctypes.CDLL | None:
     lib.zipccl_encode.argtypes = [*dev_kind, ptr, ptr, layout, ptr, ptr, ptr, ptr]
     lib.zipccl_decode.argtypes = [
         *dev_kind,
-        *(ptr, ptr, ptr, layout, ptr, ptr, ctypes.c_int, ptr, ptr),
+        *(ptr, ptr, ptr, layout, ptr, ptr, ctypes.c_int, ptr, ptr, ctypes.POINTER(ctypes.c_int)),
     ]
     lib.zipccl_encode.restype = lib.zipccl_decode.restype = ctypes.c_int
     lib.zipccl_compress.argtypes = [
@@ -395,9 +395,11 @@ def launch_decode(
     clear: bool = False,
     payload: torch.Tensor | None = None,
     checksum: bool = False,
-) -> None:
+    wait: bool = False,
+) -> int:
     """Queue the decode kernel; problems are OR-ed into ``flag`` (int32 on the device), which
-    it zeroes first when ``clear``. Nothing syncs: read the flag later (raise_on_flag).
+    it zeroes first when ``clear``. Nothing syncs: read the flag later (raise_on_flag); or, with
+    ``wait``, the call waits for the decode and returns the flag (see :func:`_queue_decode`).
     ``checksum``: the buffer's header carries a values checksum, checked against the output.
 
     ``payload``: the payload stream in a tensor of its own, when ``buf`` holds only the fixed part
@@ -422,17 +424,18 @@ def launch_decode(
     lay = _layout(fmt, n, block, buf.numel(), size, room, checksum=checksum)
     tab = _table_tensor(table, buf.device).data_ptr()
     kind = _kind(fmt, table, block)
-    _queue_decode(buf, at, out, lay, kind, tab, flag, clear)
+    return _queue_decode(buf, at, out, lay, kind, tab, flag, clear, wait)
 
 
 def launch_raw_decode(
-    buf: torch.Tensor, fmt: FloatFormat, out: torch.Tensor, flag: torch.Tensor
-) -> None:
+    buf: torch.Tensor, fmt: FloatFormat, out: torch.Tensor, flag: torch.Tensor, wait: bool = False
+) -> int:
     """Queue the copy of a raw-layout buffer with a values checksum into ``out``, checking the
-    checksum on the way (the decode kernel's raw branch); a mismatch is OR-ed into ``flag``."""
+    checksum on the way (the decode kernel's raw branch); a mismatch is OR-ed into ``flag``
+    (``wait``: as for :func:`launch_decode`)."""
     _check_dense(buf, out)
     lay = _layout(fmt, out.numel(), MAX_BLOCK, buf.numel(), 0, 0, raw=buf.numel(), checksum=True)
-    _queue_decode(buf, buf.data_ptr(), out, lay, KIND[fmt.name], None, flag, False)
+    return _queue_decode(buf, buf.data_ptr(), out, lay, KIND[fmt.name], None, flag, False, wait)
 
 
 def _queue_decode(
@@ -444,14 +447,24 @@ def _queue_decode(
     table_at: int | None,
     flag: torch.Tensor,
     clear: bool,
-) -> None:
+    wait: bool = False,
+) -> int:
     """One zipccl_decode launch on the buffer's device and current stream (the payload stream
     and the table words at device addresses); an accumulator goes with a layout that checks
-    the values checksum."""
+    the values checksum. ``wait``: the same call then waits for the decode and returns the
+    flag, which it leaves zero (one copy through pinned memory and one stream sync; a validating
+    decompress's whole round trip); else returns 0 at once. A wait cannot be captured in a
+    CUDA graph: ValueError."""
     lib = _lib()
     assert lib is not None
     device = buf.device
     stream = _stream(device)
+    if wait and torch._C._cuda_isCurrentStreamCapturing():
+        raise ValueError(
+            "a validating decode (sync=True) waits for the device, which a CUDA graph capture "
+            "cannot: capture decompress(..., sync=False) and call check_errors() after replays"
+        )
+    result = ctypes.c_int(0)
     _check(
         lib.zipccl_decode(
             device.index,
@@ -465,8 +478,10 @@ def _queue_decode(
             int(clear),
             _accumulator(device, stream) if lay.checksum_at else None,
             stream,
+            ctypes.byref(result) if wait else None,
         )
     )
+    return result.value
 
 
 def launch_summary(
@@ -675,11 +690,27 @@ def decompress(
     out: torch.Tensor,
     flag: torch.Tensor,
     clear: bool,
-) -> None:
+    wait: bool = False,
+) -> int:
     """Queue the decode of a buffer that :func:`compress` wrote (layout and payload size read
     from its header on the device); ``table`` None: the default table whose words are in the
     record at ``meta``. Problems are OR-ed into ``flag`` (zeroed first when ``clear``), a values
-    checksum mismatch too where the plan has one."""
+    checksum mismatch too where the plan has one. ``wait``: as for :func:`launch_decode`."""
     tab = meta + 16 if table is None else _table_tensor(table, buf.device).data_ptr()
     kind = _kind(p.fmt, table, p.block)
-    _queue_decode(buf, buf.data_ptr() + p.fixed, out, p.decode, kind, tab, flag, clear)
+    at = buf.data_ptr() + p.fixed
+    return _queue_decode(buf, at, out, p.decode, kind, tab, flag, clear, wait)
+
+
+def wait_flag(device: torch.device) -> torch.Tensor:
+    """The flag of this host thread's validating (``wait``) decodes on ``device``: zero, and
+    left zero by each of them, so that no call clears it first; each waits for its decode, so
+    one flag serves every stream."""
+    kept = getattr(_THREAD, "wait_flags", None)
+    if kept is None:
+        kept = _THREAD.wait_flags = {}
+    flag = kept.get(device.index)
+    if flag is None:
+        flag = kept[device.index] = torch.zeros(1, dtype=torch.int32, device=device)
+        torch.cuda.synchronize(device)  # zero before a decode on any stream reads it
+    return flag

@@ -1082,7 +1082,7 @@ def decompress(
             ``torch.uint8``.
         ValueError: a corrupt or truncated buffer (a bad header is golden.streams.StreamError,
             a ValueError; a values checksum mismatch says so); ``out`` of another dtype, element
-            count or device.
+            count or device; ``sync=True`` on CUDA inside a CUDA graph capture.
 
     Example::
 
@@ -1133,12 +1133,19 @@ def _decompress_on_device(c: Compressed, target: torch.Tensor, sync: bool) -> No
     """A buffer the device compressed: its layout and payload size are read there."""
     book = None if c._table is _FROM_HEADER else c._table
     meta, at = c._meta  # type: ignore[misc]
-    device = target.device
-    flag = torch.empty(1, dtype=torch.int32, device=device) if sync else _pending_flag(device)
     assert _cuda is not None  # loaded: the device compressed c with it
-    _cuda.decompress(c._storage, c._plan, book, meta.data_ptr() + at, target, flag, sync)
-    if sync:
-        _cuda.raise_on_flag(int(flag.item()))
+    flag = _decode_flag(_cuda, target.device, sync)
+    code = _cuda.decompress(
+        c._storage, c._plan, book, meta.data_ptr() + at, target, flag, False, sync
+    )
+    _cuda.raise_on_flag(code)
+
+
+def _decode_flag(cuda, device: torch.device, sync: bool) -> torch.Tensor:
+    """Where a CUDA decode records problems: a validating one (``sync``, which waits and reads
+    it in the same call) in its thread's flag, a queued one in the device's pending flag
+    (:func:`check_errors`); both are zero between calls."""
+    return cuda.wait_flag(device) if sync else _pending_flag(device)
 
 
 def _decompress_known(c: Compressed, target: torch.Tensor, sync: bool) -> None:
@@ -1147,18 +1154,16 @@ def _decompress_known(c: Compressed, target: torch.Tensor, sync: bool) -> None:
     buf, fmt = c.buffer, _fmt(c.dtype)
     cuda = _device_codec(buf.device, c.block)
     if cuda is not None and (c.layout == "split" or c.checksummed):
-        device = buf.device
-        flag = torch.zeros(1, dtype=torch.int32, device=device) if sync else _pending_flag(device)
+        flag = _decode_flag(cuda, buf.device, sync)
         if c.layout == "raw":
-            cuda.launch_raw_decode(buf, fmt, target, flag)
+            code = cuda.launch_raw_decode(buf, fmt, target, flag, wait=sync)
         else:
             assert c.table is not None
             table, checked = c.table, c.checksummed
-            cuda.launch_decode(
-                buf, fmt, table, c.block, c.payload_bytes, target, flag, checksum=checked
+            code = cuda.launch_decode(
+                buf, fmt, table, c.block, c.payload_bytes, target, flag, checksum=checked, wait=sync
             )
-        if sync:
-            cuda.raise_on_flag(int(flag.item()))
+        cuda.raise_on_flag(code)
         return
     if c.layout == "raw":
         target.view(-1).view(torch.uint8).copy_(buf[HEADER_BYTES:])

@@ -14,9 +14,9 @@
 // the staircase table for FP8) into the buffer's table words and the header stage (FP8's table hash
 // is left to one extra encode CTA); (2) encode: planes straight into the container, each block's
 // payload into its fixed slot of a scratch area, its byte count, and an atomic add into its tile's
-// sum (tiles of 256 blocks); (3) finish: every CTA sums the tile sums, places its blocks' uint64
-// offsets and payloads, CTA 0 writes the header (payload size, CRC-32) and the sizes, and where the
-// split layout would not be smaller the tensor is stored raw instead. Decompress is one launch:
+// sum (tiles of 256 blocks); (3) finish: every CTA sums the tile sums, one writes the header
+// (payload size, CRC-32) and the sizes while the others place their blocks' uint64 offsets and
+// payloads, and where the split layout would not be smaller the tensor is stored raw instead. Decompress is one launch:
 // each warp reads its block's offsets, stages the payload and checks the block for consistency,
 // reporting problems through an error flag; a buffer compress wrote is decoded by its own header
 // (raw or split, payload size).
@@ -134,8 +134,8 @@ int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab
   if (e != cudaSuccess) return e;
   const long long copiers = L->raw_size >> 18;  // CTAs to share a raw store, 256 KiB each
   const long long groups = (L->nb + kGroup - 1) / kGroup;
-  const unsigned finishers =
-      resident_grid(finish_kernel, 32 * kGroup, 0, groups > copiers ? groups : copiers);
+  const unsigned finishers =  // and one CTA for the header
+      resident_grid(finish_kernel, 32 * kGroup, 0, groups > copiers ? groups : copiers) + 1;
   return launch_after(finish_kernel, finishers, 32 * kGroup, 0, s,
                       static_cast<const uint8_t*>(in), o, *L, w, head, raw_head, size);
 }
@@ -263,23 +263,42 @@ extern "C" int zipccl_compress(int device, int kind, const void* in, void* out, 
   });
 }
 
+// Waits for `s` and stores the device word `flag` in `*result`, through a pinned word of the
+// calling thread (one copy and one wait; torch's .item() stages through pageable memory), and
+// zeroes the flag where it was set, so that a flag kept for such reads stays zero between them.
+// The pinned word is the thread's for the process's lifetime.
+static cudaError_t read_flag(int* flag, int* result, cudaStream_t s) {
+  thread_local int* pinned = nullptr;
+  cudaError_t e = cudaSuccess;
+  if (!pinned)
+    e = cudaHostAlloc(reinterpret_cast<void**>(&pinned), sizeof(int), cudaHostAllocPortable);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(pinned, flag, sizeof(int), cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess) return e;
+  *result = *pinned;
+  if (*result) e = cudaMemsetAsync(flag, 0, sizeof(int), s);
+  return e == cudaSuccess && *result ? cudaStreamSynchronize(s) : e;
+}
+
 // `pay` is the payload stream (L->payload_cap bytes); L->payload_bytes < 0 takes its size from
 // the header at `buf`. clear != 0 zeroes the flag first; else problems are OR-ed into it. Where
 // L->checksum_at, the decoded values are checked against the header's checksum, with `acc` (16
-// bytes, zero) as the accumulator, which the decode leaves zero.
+// bytes, zero) as the accumulator, which the decode leaves zero. `result` not null: the call
+// also waits for the decode and stores the flag there (read_flag: the flag is left zero).
 extern "C" int zipccl_decode(int device, int kind, const void* buf, const void* pay, void* out,
                              const Layout* L, const int32_t* tab, int* flag, int clear,
-                             void* acc, void* stream) {
+                             void* acc, void* stream, int* result) {
   const OnDevice on(device);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (clear) {
     cudaError_t e = cudaMemsetAsync(flag, 0, sizeof(int), s);
     if (e != cudaSuccess) return e;
   }
-  return by_kind(kind, [&](auto f, auto z) {
+  const int e = by_kind(kind, [&](auto f, auto z) {
     return launch_decode<decltype(f), decltype(z)::value>(buf, pay, out, L, tab, flag,
                                                          static_cast<SumAcc*>(acc), s);
   });
+  return e == cudaSuccess && result ? read_flag(flag, result, s) : e;
 }
 
 // The raw layout with a values checksum for a tensor too small for the split one (L->raw_size

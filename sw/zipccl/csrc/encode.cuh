@@ -173,6 +173,17 @@ __host__ __device__ inline Work work_of(void* work, long long nb) {
           reinterpret_cast<uint32_t*>(w + counts_at(nb)), w + scratch_at(nb)};
 }
 
+// Block b's values into the SM's L1, by one warp: an encoder's warp asks for its first block
+// while the table kernel before it still runs, so that its rounds' loads after the wait hit L1.
+template <class F>
+__device__ inline void prefetch_block(const typename F::T* in, const Layout& L, long long b) {
+  if (b >= L.nb) return;
+  const long long first = b * L.block, n = L.n - first < L.block ? L.n - first : L.block;
+  const auto* p = reinterpret_cast<const uint8_t*>(in + first);
+  for (long long at = 128 * (threadIdx.x & 31); at < n * sizeof(typename F::T); at += 32 * 128)
+    prefetch_l1(p + at);
+}
+
 // Each warp codes whole blocks: planes into the container, the payload into the block's scratch
 // slot, its byte count into `counts` and the tile's sum. `head_to_hash`: a header stage whose
 // table hash is still to be written (a default table's, see theory_kernel and staircase_kernel);
@@ -187,21 +198,22 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
   __shared__ uint32_t s_lut[256];  // Z: spread words; else the encoder words
   extern __shared__ uint4 s_stage[];
   static_assert(16 * kShaBlocks <= 256, "the hashing CTA's message fits in s_lut");
+  const int hashing = head_to_hash != nullptr;  // a default table comes unhashed
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, words = stage_words(L.block);
+  const long long first = static_cast<long long>(blockIdx.x - hashing) * (blockDim.x >> 5) + warp;
+  if (!hashing || blockIdx.x) prefetch_block<F>(in, L, first);  // not the table kernel's output
   wait_for_predecessor();  // the table kernel's table and zeroed sums
   let_dependents_start();
-  const int hashing = head_to_hash != nullptr;  // a default table comes unhashed
   if (hashing && blockIdx.x == 0) {
     hash_stage(head_to_hash, s_lut, !F::BYTE_CODED);
     return;
   }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, words = stage_words(L.block);
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;
   for (int i = threadIdx.x; i < 256; i += blockDim.x) s_lut[i] = Z ? spread_word(tab[i]) : tab[i];
   __syncthreads();
   Summer<CK> sum;
   const long long warps = static_cast<long long>(gridDim.x - hashing) * (blockDim.x >> 5);
-  for (long long b = static_cast<long long>(blockIdx.x - hashing) * (blockDim.x >> 5) + warp;
-       b < L.nb; b += warps) {
+  for (long long b = first; b < L.nb; b += warps) {
     if constexpr (!Z) {
       for (int i = lane; i < words; i += 32) stage[i] = 0u;
       __syncwarp();
@@ -262,15 +274,16 @@ __device__ inline unsigned long long cta_scan(unsigned long long v, unsigned lon
 }
 
 constexpr int kMaxHeader = 512;  // zipccl/_cuda.py checks golden's header fits
+static_assert(kMaxHeader <= kCrcSpan, "warp_crc32 covers a whole header");
 
 // Header bytes [0, L.crc_at) from `head` (golden's header with payload_bytes 0 and, where
 // L.checksum_at, the checksum flag and a zero checksum) with the payload size and the checksum
-// patched in, then their CRC-32 at L.crc_at. Every thread of the CTA must call it.
+// patched in, then their CRC-32 at L.crc_at (warp 0). Every thread of the CTA must call it.
 __device__ inline void write_header(uint8_t* out, const Layout& L, const uint8_t* head,
                                     unsigned long long total, unsigned long long checksum) {
-  __shared__ Crc8 s_crc;
+  __shared__ CrcTable s_crc;
   __shared__ uint8_t s_head[kMaxHeader];
-  crc_tables(s_crc);
+  crc_table(s_crc);
   for (int i = threadIdx.x; i < L.crc_at; i += blockDim.x) {
     const long long f = i - L.size_field_at, c = i - L.checksum_at;
     s_head[i] = f >= 0 && f < 8                     ? static_cast<uint8_t>(total >> (8 * f))
@@ -278,9 +291,9 @@ __device__ inline void write_header(uint8_t* out, const Layout& L, const uint8_t
                                                     : head[i];
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const uint32_t c = crc32(s_crc, s_head, static_cast<int>(L.crc_at));
-    for (int k = 0; k < 4; ++k) s_head[L.crc_at + k] = static_cast<uint8_t>(c >> (8 * k));
+  if (threadIdx.x < 32) {
+    const uint32_t c = warp_crc32(s_crc, s_head, static_cast<int>(L.crc_at));
+    if (threadIdx.x < 4) s_head[L.crc_at + threadIdx.x] = static_cast<uint8_t>(c >> (8 * threadIdx.x));
   }
   __syncthreads();
   for (int i = threadIdx.x; i < L.crc_at + 4; i += blockDim.x) out[i] = s_head[i];
@@ -292,13 +305,14 @@ __device__ inline bool store_raw(const Layout& L, unsigned long long total) {
 }
 
 // The encoder's last step, with no CTA waiting on another. Every CTA sums the tile sums (the
-// payload size); each group of kGroup blocks (one per warp) then learns its base (the tiles and
-// the tile's counts before it) and each warp gives its block its uint64 offset and moves its
-// payload from the scratch slot. CTA 0 writes the size to `work.total` and to `size` ([buffer
-// bytes, payload bytes]), zeroes the alignment gaps and writes the header from `head` (golden's
-// split header with payload_bytes 0). Where store_raw, the tensor's bytes under `raw_head` are
-// stored instead; where the payload overflows the buffer (a collective's room), no payload is
-// placed. Where L.checksum_at, the header gets the values checksum the encoder summed.
+// payload size). The last CTA writes the size to `work.total` and to `size` ([buffer bytes,
+// payload bytes]), zeroes the alignment gaps and writes the header from `head` (golden's split
+// header with payload_bytes 0), while the others place the payloads: each group of kGroup blocks
+// (one per warp) learns its base (the tiles and the tile's counts before it) and each warp gives
+// its block its uint64 offset and moves its payload from the scratch slot. Where store_raw, the
+// tensor's bytes under `raw_head` are stored instead, by every CTA; where the payload overflows
+// the buffer (a collective's room), no payload is placed. Where L.checksum_at, the header gets the
+// values checksum the encoder summed.
 constexpr int kGroup = 8;
 __global__ void __launch_bounds__(32 * kGroup)
 finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
@@ -311,7 +325,8 @@ finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const L
   cta_scan(all, all);
   const bool raw = store_raw(L, all);
   const bool fits = !raw && L.payload_at + static_cast<long long>(all) <= L.capacity;
-  if (blockIdx.x == 0) {
+  const unsigned placers = gridDim.x - 1;  // the last CTA writes the header
+  if (blockIdx.x == placers) {
     if (threadIdx.x == 0) {
       *work.total = all;
       if (size) size[0] = raw ? L.raw_size : L.payload_at + static_cast<long long>(all);
@@ -330,10 +345,10 @@ finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const L
   }
   if (raw) {
     grid_copy(out + L.crc_at + 4, in, L.raw_size - L.crc_at - 4);
-  } else if (fits) {
+  } else if (fits && blockIdx.x < placers) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (long long first = static_cast<long long>(blockIdx.x) * kGroup; first < L.nb;
-         first += static_cast<long long>(gridDim.x) * kGroup) {
+         first += static_cast<long long>(placers) * kGroup) {
       const long long tile = first / kTile;  // kTile is a multiple of kGroup
       unsigned long long before = 0;
       for (long long t = threadIdx.x; t < tile; t += blockDim.x) before += work.tiles[t];

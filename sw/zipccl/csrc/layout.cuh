@@ -134,6 +134,11 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
+// A hint: the line of `p` into the SM's L1.
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+}
+
 template <typename T>
 __device__ inline void store8(T* p, int cnt, const uint32_t v[8]) {
   if (cnt == 8 && aligned(p, sizeof(T) == 1 ? 8 : 16)) {

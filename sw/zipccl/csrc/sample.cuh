@@ -49,7 +49,7 @@ __device__ inline Sums slot_sums(const typename F::T* __restrict__ in, long long
         if (d == 0.0) {
           s.zeros += 1.0;
         } else if (isfinite(d)) {
-          s.sq += d * d;
+          s.sq = fma(d, d, s.sq);  // fused: the bits do not depend on the compiler's choice
           s.live += 1.0;
         }
       }
@@ -96,6 +96,56 @@ summary_kernel(const typename F::T* __restrict__ in, long long stride, long long
   for (int i = threadIdx.x; i < 256; i += blockDim.x) out[3 + i] = s_hist[i];
 }
 
+// theory_kernel's sample slots blockIdx.x * 32 + lane, with slot_sums' bits (summary_kernel's),
+// in warp 0: 8 warps load, warp w the values 8w..8w+7 of every slot of each pass of kSampleSize
+// (so an SM has 64 loads in flight, not one warp's), keeping a value's d where it counts (finite,
+// non-zero; else 0, which leaves the sum as it is) and counting apart; then warp 0 adds each
+// slot's squares in slot_sums' order from shared memory. Every thread of the CTA calls it.
+constexpr int kTheoryThreads = 256;
+constexpr int kSampleWarps = kTheoryThreads / 32;
+constexpr int kSlotValues = kSampleSize / kSlots;  // a slot's values per pass
+constexpr int kWarpValues = kSlotValues / kSampleWarps;
+template <class F>
+__device__ inline Sums cta_slot_sums(const typename F::T* __restrict__ in, long long stride,
+                                     long long count) {
+  __shared__ double s_d[kSlotValues][32];
+  __shared__ unsigned s_live[kSampleWarps][32], s_zeros[kSampleWarps][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const long long slot = blockIdx.x * 32ll + lane;
+  Sums s{0.0, 0.0, 0.0};
+  for (long long pass = 0; pass < count; pass += kSampleSize) {  // one pass: count <= kSampleSize
+    uint32_t v[kWarpValues];
+#pragma unroll
+    for (int k = 0; k < kWarpValues; ++k) {
+      const long long i = pass + slot + static_cast<long long>(warp * kWarpValues + k) * kSlots;
+      v[k] = i < count ? static_cast<uint32_t>(in[i * stride]) : 0u;
+    }
+    unsigned live = 0, zeros = 0;
+#pragma unroll
+    for (int k = 0; k < kWarpValues; ++k) {
+      const long long i = pass + slot + static_cast<long long>(warp * kWarpValues + k) * kSlots;
+      const bool sampled = i < count;
+      const double d = value_of<F>(v[k]);
+      const bool counts = sampled && d != 0.0 && isfinite(d);
+      zeros += sampled && d == 0.0;
+      live += counts;
+      s_d[warp * kWarpValues + k][lane] = counts ? d : 0.0;
+    }
+    s_live[warp][lane] = live;
+    s_zeros[warp][lane] = zeros;
+    __syncthreads();
+    if (warp == 0) {
+      for (int k = 0; k < kSlotValues; ++k) s.sq = fma(s_d[k][lane], s_d[k][lane], s.sq);
+      for (int w = 0; w < kSampleWarps; ++w) {
+        s.live += s_live[w][lane];
+        s.zeros += s_zeros[w][lane];
+      }
+    }
+    __syncthreads();
+  }
+  return s;
+}
+
 // The end of a table built on the device (`tb`, shared memory, complete): the kernels' table
 // words into `words`, and the header stage: the template `head` with the table's bytes and
 // `hash` in their fields. Every thread of the CTA calls it.
@@ -123,9 +173,9 @@ __device__ inline void zero_counts(unsigned long long* __restrict__ counts, long
 }
 
 struct TheoryControl {
-  unsigned ticket;  // sampling warps done
+  unsigned ticket;  // sampling CTAs done
   unsigned pad;
-  double part[kSlots / 32][3];  // each sampling warp's sums
+  double part[kSlots / 32][3];  // each sampling CTA's sums (its 32 slots')
 };
 
 // golden.theory.top_symbols: the kTop most probable of the 256 bins into `ranks`, best first
@@ -168,11 +218,11 @@ __device__ inline void theory_top(double p, uint8_t* ranks) {
 // codec.default_table on the device: golden.theory.zipccl_table from the sample's statistics
 // (RMS of the finite non-zero values, zero share), as table words in `words` and as the header
 // template `head` (table bytes zero) completed with the table and its hash in `stage`. Launched
-// as kSlots / 32 CTAs whose first warp reads 32 sample slots (the sample is strided: one SM alone
-// reads it at a fraction of the memory's speed); the last CTA to finish (a ticket, no waiting)
-// adds the warps' sums in summary_kernel's order and builds the table, one bin per thread.
-constexpr int kTheoryThreads = 256;
+// as kSlots / 32 CTAs that each read 32 sample slots (cta_slot_sums; the sample is strided: one SM
+// alone reads it at a fraction of the memory's speed); the last CTA to finish (a ticket, no
+// waiting) adds the slots' sums in summary_kernel's order and builds the table, one bin per thread.
 static_assert(kTheoryThreads == 256, "theory_top: one bin per thread");
+static_assert(kWarpValues * kSampleWarps == kSlotValues, "cta_slot_sums: whole warps");
 template <class F>
 __global__ void __launch_bounds__(kTheoryThreads)
 theory_kernel(const typename F::T* __restrict__ in, long long stride, long long count,
@@ -186,10 +236,9 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
   const int tid = threadIdx.x, lane = tid & 31;
   let_dependents_start();  // the encoder's CTAs wait for this kernel's end, not for its launch
   zero_counts(counts, count_words);
+  const Sums mine = cta_slot_sums<F>(in, stride, count);
   if (tid < 32) {
-    const Sums w = warp_sums(
-        slot_sums<F, false, kSampleSize / kSlots>(in, stride, count, blockIdx.x * 32ll + lane,
-                                                     nullptr));
+    const Sums w = warp_sums(mine);
     if (lane == 0) {
       ctl->part[blockIdx.x][0] = w.sq;
       ctl->part[blockIdx.x][1] = w.live;
@@ -202,13 +251,13 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
   if (!s_last) return;
   __threadfence();  // the other CTAs' sums are visible
   if (tid == 0) ctl->ticket = 0;  // every CTA has taken its ticket: zero for the next call
-  if (tid < 32) {
-    volatile double(*part)[3] = ctl->part;
-    for (int i = 0; i < 3; ++i) {  // lane w loads warp w's sum; added in order, as sum_warps does
-      const double mine = part[lane][i];
-      part[lane][i] = 0.0;  // the control is zero between calls, whichever kernel comes next
+  if (tid < 32) {  // lane w loads CTA w's sums (one round trip), added in sum_warps' order
+    double part[3];
+    for (int i = 0; i < 3; ++i) part[i] = __ldcg(&ctl->part[lane][i]);
+    for (int i = 0; i < 3; ++i) {
+      ctl->part[lane][i] = 0.0;  // the control is zero between calls, whichever kernel comes next
       double total = 0.0;
-      for (int v = 0; v < kSlots / 32; ++v) total += __shfl_sync(kFull, mine, v);
+      for (int v = 0; v < kSlots / 32; ++v) total += __shfl_sync(kFull, part[i], v);
       if (lane == 0) s_sums[i] = total;
     }
   }
