@@ -20,7 +20,7 @@ import subprocess
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Final
 
@@ -451,10 +451,10 @@ def _queue_decode(
 ) -> int:
     """One zipccl_decode launch on the buffer's device and current stream (the payload stream
     and the table words at device addresses); an accumulator goes with a layout that checks
-    the values checksum. ``wait``: the same call then waits for the decode and returns the
-    flag, which it leaves zero (one copy through pinned memory and one stream sync; a validating
-    decompress's whole round trip); else returns 0 at once. A wait cannot be captured in a
-    CUDA graph: ValueError."""
+    the values checksum. ``wait``: the same call then waits for the decode (one stream sync: the
+    kernel stores a notice in mapped host memory where it reports a problem, and only then is the
+    flag copied) and returns the flag, which must be zero and is left zero; else returns 0 at
+    once. A wait cannot be captured in a CUDA graph: ValueError."""
     lib = _lib()
     assert lib is not None
     device = buf.device
@@ -537,6 +537,20 @@ class Plan:
     raw_head: torch.Tensor  # golden's raw header, complete (without a checksum)
     staircases: torch.Tensor  # FP8's default-table family on the device (_staircases)
     checksum: bool  # the buffers carry the values checksum (the headers' flag is set)
+    # the launch's per-plan arguments, made once (each costs host time per call)
+    encode_ref: object = field(init=False, repr=False)  # ctypes.byref(encode)
+    split_head_at: int = field(init=False, repr=False)
+    raw_head_at: int = field(init=False, repr=False)
+    staircases_at: int = field(init=False, repr=False)
+    staircase_rows: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        put = functools.partial(object.__setattr__, self)
+        put("encode_ref", ctypes.byref(self.encode))
+        put("split_head_at", self.split_head.data_ptr())
+        put("raw_head_at", self.raw_head.data_ptr())
+        put("staircases_at", self.staircases.data_ptr())
+        put("staircase_rows", self.staircases.numel() // NUM_REGIONS)
 
     @property
     def split_possible(self) -> bool:
@@ -630,8 +644,8 @@ def seal_raw(x: torch.Tensor, p: Plan, out: torch.Tensor) -> None:
             x.device.index,
             x.data_ptr(),
             out.data_ptr(),
-            ctypes.byref(p.encode),
-            p.raw_head.data_ptr(),
+            p.encode_ref,
+            p.raw_head_at,
             _stream(x.device),
         )
     )
@@ -644,21 +658,20 @@ def compress(
     header: bytes | None,
     out: torch.Tensor,
     meta: int,
+    device: torch.device,
 ) -> None:
-    """Queue codec.compress of the contiguous ``x`` into ``out`` (>= p.cap bytes): one call that
-    launches every kernel, no host sync. ``meta``: the device address of a META_BYTES record that
-    gets [buffer bytes, payload bytes] and, for ``table`` None, the default table's words (built
-    on the device: golden.theory's table, or FP8's staircase table); a given ``table`` comes with
-    its split ``header`` template."""
-    device = x.device
+    """Queue codec.compress of the contiguous ``x`` (on ``device``) into ``out`` (>= p.cap
+    bytes): one call that launches every kernel, no host sync. ``meta``: the device address of a
+    META_BYTES record that gets [buffer bytes, payload bytes] and, for ``table`` None, the
+    default table's words (built on the device: golden.theory's table, or FP8's staircase
+    table); a given ``table`` comes with its split ``header`` template."""
     stream = _stream(device)
     if table is None:
-        tab, head = None, p.split_head.data_ptr()
+        tab, head = None, p.split_head_at
     else:
         tab = _table_tensor(table, device).data_ptr()
         assert header is not None  # a given table comes with its header template
         head = _header_tensor(header, device).data_ptr()
-    rows = p.staircases
     assert _LIB is not None  # loaded: the plan p was made with it
     _check(
         _LIB.zipccl_compress(
@@ -666,14 +679,14 @@ def compress(
             _kind(p.fmt, table, p.block),
             x.data_ptr(),
             out.data_ptr(),
-            ctypes.byref(p.encode),
+            p.encode_ref,
             tab,
             meta + 16,
             _scratch(device, stream, p).data_ptr(),
             head,
-            p.raw_head.data_ptr(),
-            rows.data_ptr(),
-            rows.numel() // NUM_REGIONS,
+            p.raw_head_at,
+            p.staircases_at,
+            p.staircase_rows,
             p.stride,
             p.count,
             meta,

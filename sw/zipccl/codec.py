@@ -519,7 +519,8 @@ class Compressed:
         self._storage, self._sizes, self._table = storage, sizes, table
         self._meta, self._plan = meta, plan  # the device's size record; _cuda.Plan
         self._checksum = checksum  # the header's values checksum; True: on the device; None: none
-        self.dtype, self.shape, self.block = dtype, torch.Size(shape), block
+        self.dtype, self.block = dtype, block
+        self.shape = shape if type(shape) is torch.Size else torch.Size(shape)
         self.numel = self.shape.numel()
 
     def _read_sizes(self) -> tuple[int, int]:
@@ -782,14 +783,15 @@ def _compress_on_device(
     choose the layout; the sizes stay on the device."""
     if not x.is_contiguous():
         x = x.contiguous()
-    plan = cuda.plan(fmt, x.shape, block, x.device, checksum)
+    device, shape = x.device, x.shape  # (each read builds a new object: host time matters)
+    plan = cuda.plan(fmt, shape, block, device, checksum)
     check = True if checksum else None
     if out is None:
-        out = torch.empty(plan.meta_at + cuda.META_BYTES, dtype=torch.uint8, device=x.device)
+        out = torch.empty(plan.meta_at + cuda.META_BYTES, dtype=torch.uint8, device=device)
         meta = (out, plan.meta_at)
     else:
         _check_out(x, out, plan.cap)
-        meta = (torch.empty(cuda.META_BYTES, dtype=torch.uint8, device=x.device), 0)
+        meta = (torch.empty(cuda.META_BYTES, dtype=torch.uint8, device=device), 0)
     if not plan.split_possible:
         if checksum:
             cuda.seal_raw(x, plan, out)
@@ -804,9 +806,9 @@ def _compress_on_device(
         if book is None
         else _header_template(LAYOUT_SPLIT, fmt, x.shape, block, book, checksum)
     )
-    cuda.compress(x, plan, book, header, out, meta[0].data_ptr() + meta[1])
+    cuda.compress(x, plan, book, header, out, meta[0].data_ptr() + meta[1], device)
     table_of = _FROM_HEADER if book is None else book
-    return Compressed(out, x.dtype, x.shape, block, None, table_of, meta, plan, check)
+    return Compressed(out, x.dtype, shape, block, None, table_of, meta, plan, check)
 
 
 def compress_into(

@@ -92,12 +92,12 @@ struct Summer {
 };
 
 // The decoder's check, by the grid's last CTA to finish: the summed checksum against the header's
-// (at `expect`), kErrChecksum into `flag` where they differ. `acc` is zero before the grid starts;
+// (at `expect`), kErrChecksum reported where they differ. `acc` is zero before the grid starts;
 // the last CTA leaves it zero again for the next decode. Every thread of every CTA must call it
 // once.
 template <bool ON>
 __device__ inline void verify_sum(const Summer<ON>& sum, SumAcc* acc, const uint8_t* expect,
-                                  int* flag) {
+                                  const Report& report) {
   if constexpr (ON) {
     __shared__ bool s_last;
     sum.commit(acc);
@@ -111,7 +111,7 @@ __device__ inline void verify_sum(const Summer<ON>& sum, SumAcc* acc, const uint
       atomicExch(&acc->done, 0u);
       unsigned long long want = 0;
       for (int k = 0; k < 8; ++k) want |= static_cast<unsigned long long>(expect[k]) << (8 * k);
-      if (checksum_of(pairs, low) != want) atomicOr(flag, kErrChecksum);
+      if (checksum_of(pairs, low) != want) report(kErrChecksum);
     }
   }
 }

@@ -16,10 +16,11 @@
 // payload into its fixed slot of a scratch area, its byte count, and an atomic add into its tile's
 // sum (tiles of 256 blocks); (3) finish: every CTA sums the tile sums, one writes the header
 // (payload size, CRC-32) and the sizes while the others place their blocks' uint64 offsets and
-// payloads, and where the split layout would not be smaller the tensor is stored raw instead. Decompress is one launch:
-// each warp reads its block's offsets, stages the payload and checks the block for consistency,
-// reporting problems through an error flag; a buffer compress wrote is decoded by its own header
-// (raw or split, payload size).
+// payloads, and where the split layout would not be smaller the tensor is stored raw instead.
+// Decompress is one launch: each warp reads its block's offsets, stages the payload and checks
+// the block for consistency, reporting problems through an error flag (and, for a validating
+// call, a notice in host memory); a buffer compress wrote is decoded by its own header (raw or
+// split, payload size).
 //
 // BF16 under a byte-escape table (the ZipCCL exponent layout) has its own path (Z = true). Its
 // encoder gets bytes by permutes, and an element's three plane bytes and escape mask by one table
@@ -143,7 +144,7 @@ int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab
 // `acc`: the checksum's accumulator (zero; left zero) where L->checksum_at.
 template <class F, bool Z = false>
 int launch_decode(const void* buf, const void* pay, void* out, const Layout* L, const int32_t* tab,
-                  int* flag, SumAcc* acc, cudaStream_t s) {
+                  const Report& report, SumAcc* acc, cudaStream_t s) {
   const int warps = warps_for(L->block), threads = 32 * warps;
   const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4;
   const long long ctas = (L->nb + warps - 1) / warps;
@@ -151,7 +152,7 @@ int launch_decode(const void* buf, const void* pay, void* out, const Layout* L, 
   const auto kernel = L->checksum_at ? decode_kernel<F, Z, true> : decode_kernel<F, Z, false>;
   kernel<<<resident_grid(kernel, threads, smem, ctas), threads, smem, s>>>(
       static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(pay),
-      static_cast<typename F::T*>(out), *L, tab, flag, acc);
+      static_cast<typename F::T*>(out), *L, tab, report, acc);
   return cudaGetLastError();
 }
 
@@ -263,28 +264,45 @@ extern "C" int zipccl_compress(int device, int kind, const void* in, void* out, 
   });
 }
 
-// Waits for `s` and stores the device word `flag` in `*result`, through a pinned word of the
-// calling thread (one copy and one wait; torch's .item() stages through pageable memory), and
-// zeroes the flag where it was set, so that a flag kept for such reads stays zero between them.
-// The pinned word is the thread's for the process's lifetime.
+// Copies the device word `flag` to `*result` through a pinned word of the calling thread and
+// zeroes the flag, waiting for `s` (a validating decode that found something).
 static cudaError_t read_flag(int* flag, int* result, cudaStream_t s) {
   thread_local int* pinned = nullptr;
   cudaError_t e = cudaSuccess;
   if (!pinned)
     e = cudaHostAlloc(reinterpret_cast<void**>(&pinned), sizeof(int), cudaHostAllocPortable);
   if (e == cudaSuccess) e = cudaMemcpyAsync(pinned, flag, sizeof(int), cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaMemsetAsync(flag, 0, sizeof(int), s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-  if (e != cudaSuccess) return e;
-  *result = *pinned;
-  if (*result) e = cudaMemsetAsync(flag, 0, sizeof(int), s);
-  return e == cudaSuccess && *result ? cudaStreamSynchronize(s) : e;
+  if (e == cudaSuccess) *result = *pinned;
+  return e;
+}
+
+// The calling thread's notice word for validating decodes (Report::notice): mapped pinned memory
+// the kernel stores into, and the host reads after its stream sync; its device address in `dev`.
+// Each validating call waits for its decode, so the thread's word is free again when it returns.
+static cudaError_t notice_word(volatile int** host, int** dev) {
+  thread_local int* word = nullptr;
+  thread_local int* device_word = nullptr;
+  if (!word) {
+    cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&word), sizeof(int),
+                                  cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e == cudaSuccess)
+      e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_word), word, 0);
+    if (e != cudaSuccess) return e;
+  }
+  *host = word;
+  *dev = device_word;
+  return cudaSuccess;
 }
 
 // `pay` is the payload stream (L->payload_cap bytes); L->payload_bytes < 0 takes its size from
 // the header at `buf`. clear != 0 zeroes the flag first; else problems are OR-ed into it. Where
 // L->checksum_at, the decoded values are checked against the header's checksum, with `acc` (16
-// bytes, zero) as the accumulator, which the decode leaves zero. `result` not null: the call
-// also waits for the decode and stores the flag there (read_flag: the flag is left zero).
+// bytes, zero) as the accumulator, which the decode leaves zero. `result` not null (a validating
+// decode): the call also waits for the decode and stores the flag there, reading the device word
+// (and zeroing it) only where the kernel stored a notice; one stream sync in all when nothing was
+// found. The flag must then be zero.
 extern "C" int zipccl_decode(int device, int kind, const void* buf, const void* pay, void* out,
                              const Layout* L, const int32_t* tab, int* flag, int clear,
                              void* acc, void* stream, int* result) {
@@ -294,11 +312,21 @@ extern "C" int zipccl_decode(int device, int kind, const void* buf, const void* 
     cudaError_t e = cudaMemsetAsync(flag, 0, sizeof(int), s);
     if (e != cudaSuccess) return e;
   }
-  const int e = by_kind(kind, [&](auto f, auto z) {
-    return launch_decode<decltype(f), decltype(z)::value>(buf, pay, out, L, tab, flag,
+  volatile int* notice = nullptr;
+  Report report{flag, nullptr};
+  if (result) {
+    const cudaError_t e = notice_word(&notice, &report.notice);
+    if (e != cudaSuccess) return e;
+    *notice = 0;
+  }
+  cudaError_t e = static_cast<cudaError_t>(by_kind(kind, [&](auto f, auto z) {
+    return launch_decode<decltype(f), decltype(z)::value>(buf, pay, out, L, tab, report,
                                                          static_cast<SumAcc*>(acc), s);
-  });
-  return e == cudaSuccess && result ? read_flag(flag, result, s) : e;
+  }));
+  if (e != cudaSuccess || !result) return e;
+  e = cudaStreamSynchronize(s);
+  *result = 0;
+  return e == cudaSuccess && *notice ? read_flag(flag, result, s) : e;
 }
 
 // The raw layout with a values checksum for a tensor too small for the split one (L->raw_size

@@ -518,7 +518,7 @@ template <class F, bool Z, bool CK>
 __global__ void __launch_bounds__(32 * kMaxWarps, (F::BYTE_CODED || Z) ? 4 : 1)
 decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
               typename F::T* __restrict__ out, const Layout L, const int32_t* __restrict__ tab,
-              int* __restrict__ flag, SumAcc* __restrict__ acc) {
+              const Report report, SumAcc* __restrict__ acc) {
   __shared__ DecTab t;
   __shared__ uint16_t s_sym2[F::BYTE_CODED ? kSym2 : 1];
   constexpr bool kSpread = Z || F::BYTE_CODED;
@@ -530,7 +530,7 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
   Summer<CK> sum;
   if (L.raw_size > 0 && buf[kLayoutAt] == kLayoutRaw) {  // uniform: the tensor's bytes follow
     grid_copy<CK>(reinterpret_cast<uint8_t*>(out), buf + head, L.raw_size - head, &sum);
-    verify_sum(sum, acc, buf + L.checksum_at, flag);
+    verify_sum(sum, acc, buf + L.checksum_at, report);
     return;
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -579,7 +579,7 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
   const unsigned long long size = L.payload_bytes >= 0
       ? static_cast<unsigned long long>(L.payload_bytes) : load_bytes(buf + L.size_field_at, 8);
   if (size > static_cast<unsigned long long>(L.payload_cap)) {  // uniform across the grid
-    if (threadIdx.x == 0 && blockIdx.x == 0) atomicOr(flag, kErrRoom);
+    if (threadIdx.x == 0 && blockIdx.x == 0) report(kErrRoom);
     return;
   }
   int err = 0;
@@ -654,8 +654,8 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
     }
     __syncwarp();  // the stage is read out before the next block is staged
   }
-  if (err) atomicOr(flag, err);
-  verify_sum(sum, acc, buf + L.checksum_at, flag);
+  if (err) report(err);
+  verify_sum(sum, acc, buf + L.checksum_at, report);
 }
 
 }  // namespace

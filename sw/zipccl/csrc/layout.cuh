@@ -42,6 +42,18 @@ constexpr int kErrChecksum = 64;  // the decoded values' checksum is not the hea
 constexpr int kErrGaps = 128;  // alignment gap bytes are not zero (not the encoder's buffer)
 constexpr int kErrSymbol = 256;  // a decoded symbol past the format's exponent field (FP16)
 
+// Where a decode reports problems: their bits OR-ed into the device word `bits` and, where
+// `notice` is set (a mapped pinned host word: a validating decompress), a 1 stored there, so
+// that the host, once its stream sync returns, copies `bits` only when something was found.
+struct Report {
+  int* bits;
+  int* notice;
+  __device__ void operator()(int err) const {
+    atomicOr(bits, err);
+    if (notice) *reinterpret_cast<volatile int*>(notice) = 1;
+  }
+};
+
 // The table words (kRegionAt, kRankAt, kCountAt, kFastAt) are laid out in table.cuh.
 
 // Warps per CTA and stage words per warp for a block size: a block's payload is at most `block`
