@@ -21,6 +21,7 @@ __device__ inline double value_of(uint32_t x) {
 // same bits on every run, whether one CTA or many read the slots.
 constexpr int kSlots = 1024;
 constexpr int kSampleSize = 65536;  // golden.theory.SAMPLE_SIZE: the most values a sample holds
+constexpr int kTableThreads = 256;  // theory_kernel's and staircase_kernel's CTAs
 struct Sums {  // the finite non-zero values' squares, their count, the zero count (FP8: zero)
   double sq, live, zeros;
 };
@@ -101,7 +102,7 @@ summary_kernel(const typename F::T* __restrict__ in, long long stride, long long
 // (so an SM has 64 loads in flight, not one warp's), keeping a value's d where it counts (finite,
 // non-zero; else 0, which leaves the sum as it is) and counting apart; then warp 0 adds each
 // slot's squares in slot_sums' order from shared memory. Every thread of the CTA calls it.
-constexpr int kTheoryThreads = 256;
+constexpr int kTheoryThreads = kTableThreads;
 constexpr int kSampleWarps = kTheoryThreads / 32;
 constexpr int kSlotValues = kSampleSize / kSlots;  // a slot's values per pass
 constexpr int kWarpValues = kSlotValues / kSampleWarps;
@@ -146,17 +147,28 @@ __device__ inline Sums cta_slot_sums(const typename F::T* __restrict__ in, long 
   return s;
 }
 
+// A table kernel's thread's bytes of the header template (its table and hash fields zero):
+// bytes threadIdx.x + 256 k, read when the kernel starts, so that their latency hides behind the
+// sampling rather than adding to the last CTA's publish_table.
+constexpr int kHeadPerThread = kMaxHeader / kTableThreads;
+static_assert(kHeadPerThread * kTableThreads == kMaxHeader, "whole header bytes per thread");
+struct HeadBytes { uint8_t b[kHeadPerThread]; };
+__device__ inline HeadBytes load_head(const uint8_t* __restrict__ head) {
+  HeadBytes h;
+  for (int k = 0; k < kHeadPerThread; ++k) h.b[k] = head[threadIdx.x + kTableThreads * k];
+  return h;
+}
+
 // The end of a table built on the device (`tb`, shared memory, complete): the kernels' table
-// words into `words`, and the header stage: the template `head` with the table's bytes and
-// `hash` in their fields. Every thread of the CTA calls it.
-__device__ inline void publish_table(const uint8_t* tb, unsigned long long hash,
-                                     const uint8_t* __restrict__ head, uint8_t* __restrict__ stage,
-                                     int32_t* __restrict__ words) {
+// words into `words`, and the header stage: the template with the table's bytes in their field
+// (the hash field stays zero: the encode kernel writes it, hash_stage). Every thread of the CTA
+// calls it.
+__device__ inline void publish_table(const uint8_t* tb, const HeadBytes& head,
+                                     uint8_t* __restrict__ stage, int32_t* __restrict__ words) {
   table_words(tb, words);
-  for (int i = threadIdx.x; i < kMaxHeader; i += blockDim.x) {
-    const int t = i - kTableAt, h = i - kHashAt;
-    stage[i] = t >= 0 && t < kTableBytes ? tb[t]
-             : h >= 0 && h < 8 ? static_cast<uint8_t>(hash >> (8 * h)) : head[i];
+  for (int k = 0; k < kHeadPerThread; ++k) {
+    const int i = threadIdx.x + kTableThreads * k, t = i - kTableAt;
+    stage[i] = t >= 0 && t < kTableBytes ? tb[t] : head.b[k];
   }
 }
 
@@ -235,6 +247,7 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
   auto* ctl = reinterpret_cast<TheoryControl*>(stage + kMaxHeader);
   const int tid = threadIdx.x, lane = tid & 31;
   let_dependents_start();  // the encoder's CTAs wait for this kernel's end, not for its launch
+  const HeadBytes template_bytes = load_head(head);
   zero_counts(counts, count_words);
   const Sums mine = cta_slot_sums<F>(in, stride, count);
   if (tid < 32) {
@@ -276,7 +289,7 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
   theory_top(s_prob[tid], s_tb + 10);  // golden.theory.top_symbols: the 7 best bins
   if (tid == 0) s_tb[0] = 8 | kLiteralFlag, s_tb[8] = kTop;  // zipccl_layout: p0 escapes
   __syncthreads();
-  publish_table(s_tb, 0, head, stage, words);  // the encode kernel hashes it (hash_stage)
+  publish_table(s_tb, template_bytes, stage, words);
 }
 
 // ------------------------------------------------------------------------------ FP8 table
@@ -310,7 +323,7 @@ __device__ inline unsigned block_scan256(unsigned v, unsigned* warp_total) {
 // histogram a share of the sample each (many loads in flight: the sample is strided); the last
 // CTA ranks the symbols (count descending, ties to the smaller symbol), scores every row by its
 // exact bit total, one row per thread, and takes the first row of the least total.
-constexpr int kStairThreads = 256;
+constexpr int kStairThreads = kTableThreads;
 template <class F>
 __global__ void __launch_bounds__(kStairThreads)
 staircase_kernel(const typename F::T* __restrict__ in, long long stride, long long count,
@@ -327,6 +340,7 @@ staircase_kernel(const typename F::T* __restrict__ in, long long stride, long lo
   auto* ctl = reinterpret_cast<StairControl*>(stage + kMaxHeader);
   const int tid = threadIdx.x;
   let_dependents_start();  // as theory_kernel
+  const HeadBytes template_bytes = load_head(head);
   zero_counts(counts, count_words);
   s_hist[tid] = 0;
   __syncthreads();
@@ -398,7 +412,7 @@ staircase_kernel(const typename F::T* __restrict__ in, long long stride, long lo
   __syncthreads();
   if (tid < s_ranked) s_tb[10 + tid] = static_cast<uint8_t>(s_order[tid]);
   __syncthreads();
-  publish_table(s_tb, 0, head, stage, words);  // the encode kernel hashes it (hash_stage)
+  publish_table(s_tb, template_bytes, stage, words);
 }
 
 }  // namespace
