@@ -334,7 +334,7 @@ extern "C" int zipccl_decode(int device, int kind, const void* buf, const void* 
 extern "C" int zipccl_seal_raw(int device, const void* in, void* out, const Layout* L,
                                const void* raw_head, void* stream) {
   const OnDevice on(device);
-  seal_raw_kernel<<<1, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+  seal_raw_kernel<<<1, kHeadThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out), *L,
       static_cast<const uint8_t*>(raw_head));
   return cudaGetLastError();

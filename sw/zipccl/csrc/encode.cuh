@@ -276,24 +276,42 @@ __device__ inline unsigned long long cta_scan(unsigned long long v, unsigned lon
 constexpr int kMaxHeader = 512;  // zipccl/_cuda.py checks golden's header fits
 static_assert(kMaxHeader <= kCrcSpan, "warp_crc32 covers a whole header");
 
+// A thread's bytes of a header template in device memory, threadIdx.x + kHeadThreads * k, for
+// the kernels that write a header with CTAs of kHeadThreads (the table kernels, finish_kernel's
+// header CTA, seal_raw_kernel): read into registers early, so that their latency hides behind
+// other loads instead of adding to the header's own chain.
+constexpr int kHeadThreads = 256;
+constexpr int kHeadPerThread = kMaxHeader / kHeadThreads;
+static_assert(kHeadPerThread * kHeadThreads == kMaxHeader, "whole header bytes per thread");
+struct HeadBytes { uint8_t b[kHeadPerThread]; };
+__device__ inline HeadBytes load_head(const uint8_t* __restrict__ head) {
+  HeadBytes h;
+  for (int k = 0; k < kHeadPerThread; ++k) h.b[k] = head[threadIdx.x + kHeadThreads * k];
+  return h;
+}
+
 // Header bytes [0, L.crc_at) from `head` (golden's header with payload_bytes 0 and, where
 // L.checksum_at, the checksum flag and a zero checksum) with the payload size and the checksum
-// patched in, then their CRC-32 at L.crc_at (warp 0). Every thread of the CTA must call it.
-__device__ inline void write_header(uint8_t* out, const Layout& L, const uint8_t* head,
+// patched in, then their CRC-32 at L.crc_at (warp 0). Every thread of the CTA (kHeadThreads)
+// must call it.
+__device__ inline void write_header(uint8_t* out, const Layout& L, const HeadBytes& head,
                                     unsigned long long total, unsigned long long checksum) {
   __shared__ CrcTable s_crc;
   __shared__ uint8_t s_head[kMaxHeader];
   crc_table(s_crc);
-  for (int i = threadIdx.x; i < L.crc_at; i += blockDim.x) {
+  for (int k = 0; k < kHeadPerThread; ++k) {
+    const int i = threadIdx.x + kHeadThreads * k;
     const long long f = i - L.size_field_at, c = i - L.checksum_at;
-    s_head[i] = f >= 0 && f < 8                     ? static_cast<uint8_t>(total >> (8 * f))
-                : L.checksum_at && c >= 0 && c < 8 ? static_cast<uint8_t>(checksum >> (8 * c))
-                                                    : head[i];
+    if (i < L.crc_at)
+      s_head[i] = f >= 0 && f < 8                     ? static_cast<uint8_t>(total >> (8 * f))
+                  : L.checksum_at && c >= 0 && c < 8 ? static_cast<uint8_t>(checksum >> (8 * c))
+                                                      : head.b[k];
   }
   __syncthreads();
   if (threadIdx.x < 32) {
     const uint32_t c = warp_crc32(s_crc, s_head, static_cast<int>(L.crc_at));
-    if (threadIdx.x < 4) s_head[L.crc_at + threadIdx.x] = static_cast<uint8_t>(c >> (8 * threadIdx.x));
+    const int k = threadIdx.x;
+    if (k < 4) s_head[L.crc_at + k] = static_cast<uint8_t>(c >> (8 * k));
   }
   __syncthreads();
   for (int i = threadIdx.x; i < L.crc_at + 4; i += blockDim.x) out[i] = s_head[i];
@@ -314,18 +332,24 @@ __device__ inline bool store_raw(const Layout& L, unsigned long long total) {
 // the buffer (a collective's room), no payload is placed. Where L.checksum_at, the header gets the
 // values checksum the encoder summed.
 constexpr int kGroup = 8;
+static_assert(32 * kGroup == kHeadThreads, "finish_kernel's header CTA");
 __global__ void __launch_bounds__(32 * kGroup)
 finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
               Work work, const uint8_t* __restrict__ head, const uint8_t* __restrict__ raw_head,
               long long* __restrict__ size) {
-  wait_for_predecessor();  // the encoder's sums, counts and payloads
+  wait_for_predecessor();  // the encoder's sums, counts and payloads (and the hashed header stage)
+  const unsigned placers = gridDim.x - 1;  // the last CTA writes the header
+  HeadBytes split_bytes{}, raw_bytes{};
+  if (blockIdx.x == placers) {  // loaded beside the tile sums: which one is needed comes later
+    if (head) split_bytes = load_head(head);
+    raw_bytes = load_head(raw_head);
+  }
   const long long nt = num_tiles(L.nb);
   unsigned long long all = 0;
   for (long long t = threadIdx.x; t < nt; t += blockDim.x) all += work.tiles[t];
   cta_scan(all, all);
   const bool raw = store_raw(L, all);
   const bool fits = !raw && L.payload_at + static_cast<long long>(all) <= L.capacity;
-  const unsigned placers = gridDim.x - 1;  // the last CTA writes the header
   if (blockIdx.x == placers) {
     if (threadIdx.x == 0) {
       *work.total = all;
@@ -334,11 +358,11 @@ finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const L
     }
     const unsigned long long checksum = checksum_of(work.sum->pairs, work.sum->low);
     if (raw && L.checksum_at) {
-      write_header(out, L, raw_head, 0, checksum);
+      write_header(out, L, raw_bytes, 0, checksum);
     } else if (raw) {
       for (int i = threadIdx.x; i < L.crc_at + 4; i += blockDim.x) out[i] = raw_head[i];
     } else {
-      if (head) write_header(out, L, head, all, checksum);
+      if (head) write_header(out, L, split_bytes, all, checksum);
       for (int g = 0; g < L.ngaps; ++g)
         for (long long i = L.gap_lo[g] + threadIdx.x; i < L.gap_hi[g]; i += blockDim.x) out[i] = 0;
     }
@@ -370,10 +394,11 @@ finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const L
 // A tensor too small for the split layout, stored raw with a values checksum: one CTA copies its
 // bytes, sums them, and writes `raw_head` (golden's raw header with the checksum flag) with the
 // checksum and the CRC.
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kHeadThreads)
 seal_raw_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
                 const uint8_t* __restrict__ raw_head) {
   __shared__ SumAcc s_sum;
+  const HeadBytes template_bytes = load_head(raw_head);
   if (threadIdx.x == 0) s_sum = SumAcc{0, 0, 0};
   __syncthreads();
   Summer<true> sum;
@@ -381,7 +406,7 @@ seal_raw_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const
   grid_copy<true>(out + head, in, L.raw_size - head, &sum);
   sum.commit(&s_sum);
   __syncthreads();
-  write_header(out, L, raw_head, 0, checksum_of(s_sum.pairs, s_sum.low));
+  write_header(out, L, template_bytes, 0, checksum_of(s_sum.pairs, s_sum.low));
 }
 
 }  // namespace

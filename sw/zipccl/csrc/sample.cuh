@@ -21,7 +21,6 @@ __device__ inline double value_of(uint32_t x) {
 // same bits on every run, whether one CTA or many read the slots.
 constexpr int kSlots = 1024;
 constexpr int kSampleSize = 65536;  // golden.theory.SAMPLE_SIZE: the most values a sample holds
-constexpr int kTableThreads = 256;  // theory_kernel's and staircase_kernel's CTAs
 struct Sums {  // the finite non-zero values' squares, their count, the zero count (FP8: zero)
   double sq, live, zeros;
 };
@@ -102,7 +101,7 @@ summary_kernel(const typename F::T* __restrict__ in, long long stride, long long
 // (so an SM has 64 loads in flight, not one warp's), keeping a value's d where it counts (finite,
 // non-zero; else 0, which leaves the sum as it is) and counting apart; then warp 0 adds each
 // slot's squares in slot_sums' order from shared memory. Every thread of the CTA calls it.
-constexpr int kTheoryThreads = kTableThreads;
+constexpr int kTheoryThreads = kHeadThreads;
 constexpr int kSampleWarps = kTheoryThreads / 32;
 constexpr int kSlotValues = kSampleSize / kSlots;  // a slot's values per pass
 constexpr int kWarpValues = kSlotValues / kSampleWarps;
@@ -147,27 +146,16 @@ __device__ inline Sums cta_slot_sums(const typename F::T* __restrict__ in, long 
   return s;
 }
 
-// A table kernel's thread's bytes of the header template (its table and hash fields zero):
-// bytes threadIdx.x + 256 k, read when the kernel starts, so that their latency hides behind the
-// sampling rather than adding to the last CTA's publish_table.
-constexpr int kHeadPerThread = kMaxHeader / kTableThreads;
-static_assert(kHeadPerThread * kTableThreads == kMaxHeader, "whole header bytes per thread");
-struct HeadBytes { uint8_t b[kHeadPerThread]; };
-__device__ inline HeadBytes load_head(const uint8_t* __restrict__ head) {
-  HeadBytes h;
-  for (int k = 0; k < kHeadPerThread; ++k) h.b[k] = head[threadIdx.x + kTableThreads * k];
-  return h;
-}
-
 // The end of a table built on the device (`tb`, shared memory, complete): the kernels' table
-// words into `words`, and the header stage: the template with the table's bytes in their field
-// (the hash field stays zero: the encode kernel writes it, hash_stage). Every thread of the CTA
-// calls it.
+// words into `words`, and the header stage: the template `head` (its table and hash fields zero,
+// read when the kernel started, so that its latency hid behind the sampling) with the table's
+// bytes in their field (the hash field stays zero: the encode kernel writes it, hash_stage).
+// Every thread of the CTA calls it.
 __device__ inline void publish_table(const uint8_t* tb, const HeadBytes& head,
                                      uint8_t* __restrict__ stage, int32_t* __restrict__ words) {
   table_words(tb, words);
   for (int k = 0; k < kHeadPerThread; ++k) {
-    const int i = threadIdx.x + kTableThreads * k, t = i - kTableAt;
+    const int i = threadIdx.x + kHeadThreads * k, t = i - kTableAt;
     stage[i] = t >= 0 && t < kTableBytes ? tb[t] : head.b[k];
   }
 }
@@ -323,7 +311,7 @@ __device__ inline unsigned block_scan256(unsigned v, unsigned* warp_total) {
 // histogram a share of the sample each (many loads in flight: the sample is strided); the last
 // CTA ranks the symbols (count descending, ties to the smaller symbol), scores every row by its
 // exact bit total, one row per thread, and takes the first row of the least total.
-constexpr int kStairThreads = kTableThreads;
+constexpr int kStairThreads = kHeadThreads;
 template <class F>
 __global__ void __launch_bounds__(kStairThreads)
 staircase_kernel(const typename F::T* __restrict__ in, long long stride, long long count,
