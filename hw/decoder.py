@@ -162,16 +162,23 @@ class QLCDecoder(wiring.Component):
             m.d.sync += [s1_valid.eq(parse), s1_last.eq(last), s1_count.eq(count)]
             m.d.sync += [h.eq(v) for h, v in zip(s1_heads, heads, strict=True)]
 
-        # stage 2: region lookup, payload extract, the region's ranks in the table
+        # stage 2: region lookup, payload extract, the region's ranks in the table (each
+        # region's count of ranks, ``room``, kept in a register: a table write settles in it
+        # before the next packet's first code reaches this stage)
+        rooms = [Signal(RANK_COUNT_BITS, name=f"room{p}") for p in range(len(regions))]
+        for reg, room in zip(regions, rooms, strict=True):
+            base = RegionEntry(reg).base
+            m.d.sync += room.eq(Mux(base < num_ranked, num_ranked - base, 0))
         with m.If(s2_free):
             m.d.sync += [s2_valid.eq(s1_valid), s2_last.eq(s1_last), s2_count.eq(s1_count)]
         for j in lane_range:
             region = Signal(REGION_WORD_BITS, name=f"region_of{j}")
+            room = Signal(RANK_COUNT_BITS, name=f"room_of{j}")
             entry = RegionEntry(region)
             with m.Switch(s1_heads[j][MAX_WIDTH:]):
-                for p, reg in enumerate(regions):
+                for p, (reg, room_p) in enumerate(zip(regions, rooms, strict=True)):
                     with m.Case(p):
-                        m.d.comb += region.eq(reg)
+                        m.d.comb += [region.eq(reg), room.eq(room_p)]
             shift = Signal(range(MAX_WIDTH + 1), name=f"shift{j}")
             m.d.comb += shift.eq(MAX_WIDTH - entry.width)
             with m.If(s2_free):
@@ -179,7 +186,7 @@ class QLCDecoder(wiring.Component):
                     s2_lit[j].eq(entry.literal),
                     s2_pay[j].eq(s1_heads[j][:MAX_WIDTH] >> shift),
                     s2_base[j].eq(entry.base),
-                    s2_room[j].eq(Mux(entry.base < num_ranked, num_ranked - entry.base, 0)),
+                    s2_room[j].eq(room),
                 ]
 
             # stage 3: rank and legality in parallel; the rank LUT read is stage 3's register
@@ -273,7 +280,9 @@ class QLCDecoder(wiring.Component):
             for limit, by in ends_by.items():
                 if limit - MAX_CODE_LENGTH < k <= limit - PREFIX_BITS:
                     by[k] = Signal(name=f"ends_by{limit}_{k}")
-                    m.d.sync += by[k].eq(coming <= limit - PREFIX_BITS - k)
+                    # an 8:1 select by the prefix, as the width is: no compare after it
+                    fits = Cat(RegionEntry(r).width <= limit - PREFIX_BITS - k for r in regions)
+                    m.d.sync += by[k].eq(fits.bit_select(prefix, 1))
         is_length = [[width == n - PREFIX_BITS for n in LENGTHS] for width in widths]
 
         def ends_within(start: Value, limit: int) -> Value:
@@ -358,21 +367,18 @@ class QLCDecoder(wiring.Component):
             fits_late.eq(~parse & ~skip & ~take_n & ~pops & fits_end),
         ]
 
-        # the padding skipped: the rest of the beat holding pos, from the stream bit at pos
-        behind = pos  # thermometer: bit j set when pos <= j
+        # the padding skipped: the rest of the beat holding pos, from the stream bit at pos. That
+        # beat is b0 on the clock after ``skip`` (b0 drops only then, or b0 dropped with it), so
+        # the skip clock registers the thermometer of pos within its beat (bit j: pos <= j)
+        # and the next clock ANDs it with b0
+        behind = Cat(Cat(pos[k::beat]).any() for k in range(beat))  # pos within its beat
         shift = 1
-        while shift < reach:
-            behind = behind | (behind << shift)[:reach]
+        while shift < beat:
+            behind = behind | (behind << shift)[:beat]
             shift *= 2
-        behind_wide = Cat(behind, behind[-1].replicate(2 * beat - reach))
-        beat_of_pos = Cat(C((1 << beat) - 1, beat), pops.replicate(beat))
-        # registered before the OR; no count is taken while it is checked
-        padding, checking = Signal(2 * beat), Signal()
-        m.d.sync += [
-            padding.eq(behind_wide[: 2 * beat] & beat_of_pos & window[: 2 * beat]),
-            checking.eq(skip & ~aligned),
-        ]
-        padding_set = checking & padding.any()
+        padding, checking = Signal(beat), Signal()
+        m.d.sync += [padding.eq(behind), checking.eq(skip & ~aligned)]
+        padding_set = checking & (padding & bs[0][::-1]).any()
 
         heads = [select_bits(at, window, MAX_CODE_LENGTH) for at in lane_starts[:n_lanes]]
 
