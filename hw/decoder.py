@@ -70,9 +70,10 @@ RANK_BITS = 10  # base (<= 256) + payload (<= 255)
 LENGTHS = range(PREFIX_BITS, MAX_CODE_LENGTH + 1)  # 3..11 bits
 
 
-def one_hot_step(at: Value, is_length: list[list[Value]]) -> Value:
+def one_hot_step(at: Value, is_length: list[Value]) -> Value:
     """Where one code from each set position of the one-hot ``at`` ends: bit ``j`` of the result
-    is set when ``at[k]`` is and the code at ``k`` is ``j - k`` bits long."""
+    is set when ``at[k]`` is and the code at ``k`` is ``j - k`` bits long (``is_length[k]``: bit
+    ``n - 3`` set when that code is n bits long)."""
     reach = []
     for j in range(len(at) + MAX_CODE_LENGTH):
         terms = [
@@ -283,7 +284,9 @@ class QLCDecoder(wiring.Component):
                     # an 8:1 select by the prefix, as the width is: no compare after it
                     fits = Cat(RegionEntry(r).width <= limit - PREFIX_BITS - k for r in regions)
                     m.d.sync += by[k].eq(fits.bit_select(prefix, 1))
-        is_length = [[width == n - PREFIX_BITS for n in LENGTHS] for width in widths]
+        is_length = [Signal(len(LENGTHS), name=f"is_length_at{k}") for k in range(starts_below)]
+        for width, lengths in zip(widths, is_length, strict=True):
+            m.d.comb += lengths.eq(Cat(width == n - PREFIX_BITS for n in LENGTHS))
 
         def ends_within(start: Value, limit: int) -> Value:
             """The code at the one-hot ``start`` ends at or before bit ``limit``."""
@@ -293,19 +296,18 @@ class QLCDecoder(wiring.Component):
         # the loop: N one-hot code steps from pos
         lane_starts = [pos]
         for _ in range(n_lanes):
-            lane_starts.append(one_hot_step(lane_starts[-1], is_length))
+            start = Signal(len(lane_starts[-1]) + MAX_CODE_LENGTH, name=f"start{len(lane_starts)}")
+            m.d.comb += start.eq(one_hot_step(lane_starts[-1], is_length))
+            lane_starts.append(start)
         count = Signal(range(n_lanes + 1))
         if n_lanes == 1:
             m.d.comb += count.eq(1)
         else:
             m.d.comb += count.eq(Mux(last, remaining[: n_lanes.bit_length()], n_lanes))
-        end, final_start = (
-            reduce(
-                operator.or_,
-                [Mux(count == k, lane_starts[k - d], 0) for k in range(1, n_lanes + 1)],
-            )
-            for d in (0, 1)
-        )
+        end, final_start = Signal(len(lane_starts[-1])), Signal(len(lane_starts[-2]))
+        for ends, d in ((end, 0), (final_start, 1)):
+            picks = [Mux(count == k, lane_starts[k - d], 0) for k in range(1, n_lanes + 1)]
+            m.d.comb += ends.eq(reduce(operator.or_, picks))
         # parse when N codes of 11 bits surely lie in the beats held (registered), or on the
         # previous clock's exact check
         sure = Signal()

@@ -221,7 +221,7 @@ def test_one_hot_step_moves_each_position_by_its_code_length() -> None:
     rng = np.random.default_rng(4)
     n = 40
     widths = [int(w) for w in rng.integers(0, MAX_WIDTH + 1, n)]
-    is_length = [[C(w == length - PREFIX_BITS, 1) for length in LENGTHS] for w in widths]
+    is_length = [C(1 << w, len(LENGTHS)) for w in widths]
     at = Signal(n)
     m = Module()
     reached = Signal(n + MAX_CODE_LENGTH)
