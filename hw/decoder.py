@@ -268,6 +268,7 @@ class QLCDecoder(wiring.Component):
         room = MAX_CODE_LENGTH * n_lanes  # N codes of 11 bits
         limits = {
             beat - 1,  # a code ending past it crosses b0's end
+            2 * beat - 1,  # ... or b1's, when pos was already past b0's
             *(h * beat for h in range(1, slots)),  # the exact fit check
             *(h * beat - room + d for h in range(1, slots) for d in (0, beat)),  # sure next clock
         }
@@ -328,7 +329,12 @@ class QLCDecoder(wiring.Component):
             (held == h) & ends_within(final_start, h * beat) for h in range(1, slots)
         ).any()
         # after a parse, the next pos is past b0's end when the last code crosses it
-        crossing = ~ends_within(final_start, beat - 1)
+        # (from past b0's end -- b0 drops this clock -- N codes can end past b1's when 22 N > beat)
+        crossing = Mux(
+            pops,
+            ~ends_within(final_start, 2 * beat - 1) if reach + room > 2 * beat else C(0, 1),
+            ~ends_within(final_start, beat - 1),
+        )
 
         def sure_after(in_beats: list[Value]) -> Value:
             """Next clock's ``sure``, given per h = 1..slots-1 that pos then leaves N codes
@@ -340,7 +346,7 @@ class QLCDecoder(wiring.Component):
         limit_for = [h * beat - room for h in range(1, slots)]
         m.d.sync += [
             pos.eq(Mux(pops, moved_wide[beat : beat + reach], moved_wide[:reach])),
-            pops.eq(Mux(parse, ~pops & crossing, skip & ~aligned)),
+            pops.eq(Mux(parse, crossing, skip & ~aligned)),
             skip.eq(parse & last),
             sure.eq(
                 Mux(
