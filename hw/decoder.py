@@ -70,24 +70,23 @@ RANK_BITS = 10  # base (<= 256) + payload (<= 255)
 LENGTHS = range(PREFIX_BITS, MAX_CODE_LENGTH + 1)  # 3..11 bits
 
 
-def one_hot_step(at: Value, is_length: list[Value]) -> Value:
+def one_hot_step(at: Value, length_at: list[Value]) -> Value:
     """Where one code from each set position of the one-hot ``at`` ends: bit ``j`` of the result
-    is set when ``at[k]`` is and the code at ``k`` is ``j - k`` bits long (``is_length[k]``: bit
-    ``n - 3`` set when that code is n bits long)."""
-    reach = []
-    for j in range(len(at) + MAX_CODE_LENGTH):
-        terms = [
-            at[j - n] & is_length[j - n][n - PREFIX_BITS] for n in LENGTHS if 0 <= j - n < len(at)
-        ]
-        reach.append(Cat(*terms).any() if terms else C(0, 1))
-    return Cat(*reach)
+    is set when ``at[k]`` is and the code at ``k`` is ``j - k`` bits long (``length_at[n - 3]``:
+    bit k set when the code at k is n bits long).
+
+    Per position j an OR of the terms ``at[j - n] & length_at[n - 3][j - n]``, written as one
+    vector AND and constant shift per code length: the same gates as one expression per bit,
+    but compact Verilog and fast simulation."""
+    return reduce(
+        operator.or_, ((at & length_at[n - PREFIX_BITS][: len(at)]) << n for n in LENGTHS)
+    )[: len(at) + MAX_CODE_LENGTH]
 
 
 def select_bits(at: Value, window: Value, width: int) -> Value:
-    """The ``width`` window bits from the one-hot position ``at``, the first at the top."""
-    return Cat(
-        *(Cat(*(at[k] & window[k + i] for k in range(len(at)))).any() for i in range(width))
-    )[::-1]
+    """The ``width`` window bits from the one-hot position ``at``, the first at the top (bit i:
+    the OR of ``at & window`` shifted by i, one vector AND per bit)."""
+    return Cat(*((at & window[i : i + len(at)]).any() for i in range(width)))[::-1]
 
 
 def at_most(at: Value, limit: int) -> Value:
@@ -260,11 +259,47 @@ class QLCDecoder(wiring.Component):
         m.d.sync += [b.eq(nb) for b, nb in zip(bs, nexts, strict=True)]
         m.d.sync += held.eq(left + enter)
 
-        # the region width at every offset a code can start at, for next clock's window
-        window = Cat(*(b[::-1] for b in bs))  # bit k: the k-th stream bit from b0's top
-        upcoming = Cat(*(b[::-1] for b in nexts))
-        planes = [Cat(RegionEntry(r).width[t] for r in regions) for t in range(WIDTH_BITS)]
-        widths = [Signal(WIDTH_BITS, name=f"width_at{k}") for k in range(starts_below)]
+        # the region width at every offset a code can start at, for next clock's window; each
+        # per-offset quantity is a vector over the offsets (bit k: offset k), so the logic is a
+        # few whole-vector ANDs and ORs (the same gates as per-offset selects, but the generated
+        # Verilog and both simulators handle one vector op much faster than hundreds of bits)
+        window, upcoming = Signal(slots * beat), Signal(slots * beat)
+        m.d.comb += [  # bit k: the k-th stream bit from b0's top
+            window.eq(Cat(*(b[::-1] for b in bs))),
+            upcoming.eq(Cat(*(b[::-1] for b in nexts))),
+        ]
+        prefix_bits = [upcoming[i : i + starts_below] for i in range(PREFIX_BITS)]  # MSB first
+        names = [  # names[r], bit k: the 3 bits at offset k name region r (an 8:1 select's decode)
+            reduce(
+                operator.and_,
+                (
+                    bit if r >> (PREFIX_BITS - 1 - i) & 1 else ~bit
+                    for i, bit in enumerate(prefix_bits)
+                ),
+            )
+            for r in range(len(regions))
+        ]
+
+        def select(per_region: list[Value], lo: int, hi: int) -> Value:
+            """Offsets lo..hi-1 (bit k - lo): the bits of ``per_region`` of the region named at
+            offset k."""
+            return reduce(
+                operator.or_,
+                (name[lo:hi] & v for name, v in zip(names, per_region, strict=True)),
+            )
+
+        # widths[t], bit k: bit t of the width at offset k (registered)
+        widths = [Signal(starts_below, name=f"width{t}_at") for t in range(WIDTH_BITS)]
+        m.d.sync += [
+            w.eq(
+                select(
+                    [RegionEntry(r).width[t].replicate(starts_below) for r in regions],
+                    0,
+                    starts_below,
+                )
+            )
+            for t, w in enumerate(widths)
+        ]
         room = MAX_CODE_LENGTH * n_lanes  # N codes of 11 bits
         limits = {
             beat - 1,  # a code ending past it crosses b0's end
@@ -272,33 +307,47 @@ class QLCDecoder(wiring.Component):
             *(h * beat for h in range(1, slots)),  # the exact fit check
             *(h * beat - room + d for h in range(1, slots) for d in (0, beat)),  # sure next clock
         }
-        # ends_by[limit][k]: the code at k ends at or before bit ``limit`` (registered with the
-        # widths; kept only for the offsets where that depends on the width)
-        ends_by: dict[int, dict[int, Signal]] = {limit: {} for limit in limits}
-        for k, width in enumerate(widths):
-            prefix = upcoming[k : k + PREFIX_BITS][::-1]
-            coming = Cat(plane.bit_select(prefix, 1) for plane in planes)
-            m.d.sync += width.eq(coming)
-            for limit, by in ends_by.items():
-                if limit - MAX_CODE_LENGTH < k <= limit - PREFIX_BITS:
-                    by[k] = Signal(name=f"ends_by{limit}_{k}")
-                    # an 8:1 select by the prefix, as the width is: no compare after it
-                    fits = Cat(RegionEntry(r).width <= limit - PREFIX_BITS - k for r in regions)
-                    m.d.sync += by[k].eq(fits.bit_select(prefix, 1))
-        is_length = [Signal(len(LENGTHS), name=f"is_length_at{k}") for k in range(starts_below)]
-        for width, lengths in zip(widths, is_length, strict=True):
-            m.d.comb += lengths.eq(Cat(width == n - PREFIX_BITS for n in LENGTHS))
+        # ends_by[limit] = (lo, flags), flag k - lo: the code at offset k ends at or before bit
+        # ``limit`` (registered with the widths; only for the offsets lo.. where that depends
+        # on the width, an 8:1 select by the prefix as the width is: no compare after it)
+        ends_by: dict[int, tuple[int, Signal]] = {}
+        for limit in sorted(limits):
+            lo = max(limit - MAX_CODE_LENGTH + 1, 0)
+            hi = min(limit - PREFIX_BITS + 1, starts_below)
+            if hi <= lo:
+                continue
+            fits = [  # per region, which of the offsets lo..hi-1 its codes fit from
+                Cat(RegionEntry(r).width <= limit - PREFIX_BITS - k for k in range(lo, hi))
+                for r in regions
+            ]
+            flags = Signal(hi - lo, name=f"ends_by{limit}")
+            m.d.sync += flags.eq(select(fits, lo, hi))
+            ends_by[limit] = lo, flags
+        # length_at[n - 3], bit k: the code at offset k is n bits long
+        length_at = [Signal(starts_below, name=f"length{n}_at") for n in LENGTHS]
+        m.d.comb += [
+            at.eq(
+                reduce(
+                    operator.and_,
+                    (w if (n - PREFIX_BITS) >> t & 1 else ~w for t, w in enumerate(widths)),
+                )
+            )
+            for n, at in zip(LENGTHS, length_at, strict=True)
+        ]
 
         def ends_within(start: Value, limit: int) -> Value:
             """The code at the one-hot ``start`` ends at or before bit ``limit``."""
-            varies = Cat(start[k] & by for k, by in ends_by[limit].items() if k < len(start))
-            return at_most(start, limit - MAX_CODE_LENGTH) | varies.any()
+            sure = at_most(start, limit - MAX_CODE_LENGTH)
+            if limit not in ends_by or ends_by[limit][0] >= len(start):
+                return sure
+            lo, flags = ends_by[limit]
+            return sure | (start[lo : lo + len(flags)] & flags[: len(start) - lo]).any()
 
         # the loop: N one-hot code steps from pos
         lane_starts = [pos]
         for _ in range(n_lanes):
             start = Signal(len(lane_starts[-1]) + MAX_CODE_LENGTH, name=f"start{len(lane_starts)}")
-            m.d.comb += start.eq(one_hot_step(lane_starts[-1], is_length))
+            m.d.comb += start.eq(one_hot_step(lane_starts[-1], length_at))
             lane_starts.append(start)
         count = Signal(range(n_lanes + 1))
         if n_lanes == 1:
@@ -379,7 +428,8 @@ class QLCDecoder(wiring.Component):
         # beat is b0 on the clock after ``skip`` (b0 drops only then, or b0 dropped with it), so
         # the skip clock registers the thermometer of pos within its beat (bit j: pos <= j)
         # and the next clock ANDs it with b0
-        behind = Cat(Cat(pos[k::beat]).any() for k in range(beat))  # pos within its beat
+        # pos within its beat
+        behind = reduce(operator.or_, (pos[h : h + beat] for h in range(0, reach, beat)))
         shift = 1
         while shift < beat:
             behind = behind | (behind << shift)[:beat]

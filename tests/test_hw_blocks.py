@@ -221,11 +221,14 @@ def test_one_hot_step_moves_each_position_by_its_code_length() -> None:
     rng = np.random.default_rng(4)
     n = 40
     widths = [int(w) for w in rng.integers(0, MAX_WIDTH + 1, n)]
-    is_length = [C(1 << w, len(LENGTHS)) for w in widths]
+    length_at = [  # bit k of plane n - 3: the code at k is n bits long
+        C(sum(1 << k for k, w in enumerate(widths) if w == length - PREFIX_BITS), n)
+        for length in LENGTHS
+    ]
     at = Signal(n)
     m = Module()
     reached = Signal(n + MAX_CODE_LENGTH)
-    m.d.comb += reached.eq(one_hot_step(at, is_length))
+    m.d.comb += reached.eq(one_hot_step(at, length_at))
     cases = [[k] for k in range(n)] + [
         sorted(int(k) for k in rng.choice(n, 3, replace=False)) for _ in range(8)
     ]
