@@ -233,7 +233,7 @@ class QLCDecoder(wiring.Component):
         last = Signal()  # remaining <= lanes: this parse ends the packet
         bs = [Signal(beat, name=f"b{k}") for k in range(slots)]
         held = Signal(range(slots + 1))
-        pos = Signal(reach, init=1)  # one-hot bit offset of the next code from b0's top
+        pos = Signal(reach, init=1)  # one-hot bit offset of the next code from b0's start
         fits_late, skip = Signal(), Signal()
 
         # the window: drop the beat behind pos (pos >= beat, kept as a register); the input beat
@@ -251,7 +251,8 @@ class QLCDecoder(wiring.Component):
             *(nb.eq(Mux(pops, nxt, b)) for nb, b, nxt in zip(nexts, bs, after, strict=True)),
         ]
         with m.If(self.i.ready):
-            m.d.sync += [incoming.eq(self.i.payload), incoming_valid.eq(self.i.valid)]
+            # bit-reversed on entry (wiring only): bit k of a held beat is its k-th stream bit
+            m.d.sync += [incoming.eq(self.i.payload[::-1]), incoming_valid.eq(self.i.valid)]
         with m.If(enter), m.Switch(left):
             for k in range(slots):
                 with m.Case(k):
@@ -262,12 +263,9 @@ class QLCDecoder(wiring.Component):
         # the region width at every offset a code can start at, for next clock's window; each
         # per-offset quantity is a vector over the offsets (bit k: offset k), so the logic is a
         # few whole-vector ANDs and ORs (the same gates as per-offset selects, but the generated
-        # Verilog and both simulators handle one vector op much faster than hundreds of bits)
-        window, upcoming = Signal(slots * beat), Signal(slots * beat)
-        m.d.comb += [  # bit k: the k-th stream bit from b0's top
-            window.eq(Cat(*(b[::-1] for b in bs))),
-            upcoming.eq(Cat(*(b[::-1] for b in nexts))),
-        ]
+        # Verilog and both simulators handle one vector op much faster than hundreds of bits; the
+        # beats are held in stream order so that the offsets' bits are plain slices)
+        window, upcoming = Cat(*bs), Cat(*nexts)  # bit k: the k-th stream bit from b0's start
         prefix_bits = [upcoming[i : i + starts_below] for i in range(PREFIX_BITS)]  # MSB first
         names = [  # names[r], bit k: the 3 bits at offset k name region r (an 8:1 select's decode)
             reduce(
@@ -436,7 +434,7 @@ class QLCDecoder(wiring.Component):
             shift *= 2
         padding, checking = Signal(beat), Signal()
         m.d.sync += [padding.eq(behind), checking.eq(skip & ~aligned)]
-        padding_set = checking & (padding & bs[0][::-1]).any()
+        padding_set = checking & (padding & bs[0]).any()
 
         heads = [select_bits(at, window, MAX_CODE_LENGTH) for at in lane_starts[:n_lanes]]
 
