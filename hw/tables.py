@@ -19,6 +19,7 @@ from zipccl.golden.codebook import (
     ENC_PREFIX_SHIFT,
     ENC_WIDTH_SHIFT,
     ENC_WORD_BITS,
+    MAX_CODE_LENGTH,
     PREFIX_BITS,
     RANK_COUNT_BITS,
     REGION_BASE_BITS,
@@ -124,3 +125,17 @@ class DecoderTables:
                     m.d.sync += reg.eq(tw.payload.data)
         with m.If(take & (tw.payload.mem == Mem.COUNT)):
             m.d.sync += self.num_ranked.eq(tw.payload.data)
+
+
+def words_per_beat(lanes: int) -> int:
+    """Smallest power of two of 32-bit words that holds ``lanes`` 11-bit codes."""
+    if lanes < 1:
+        raise ValueError(f"lanes must be >= 1, got {lanes}")
+    words = 1
+    while WORD_BITS * words < MAX_CODE_LENGTH * lanes:
+        words *= 2
+    return words
+
+
+def lane_layout(lanes: int) -> data.StructLayout:
+    return data.StructLayout({"data": 8 * lanes, "count": range(lanes + 1), "last": 1})

@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
         "--level",
         choices=["auto", *LEVELS],
         default="auto",
-        help="auto: full, but smoke for the 8-lane decoder and the multi-lane loopbacks",
+        help="auto: full, but quick for the 2- and 4-lane decoders, smoke for the 8-lane decoder "
+        "and the multi-lane loopbacks",
     )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tops", nargs="+", choices=list(TOPS), default=list(TOPS))
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, top in enumerate(args.tops, 1):
         level = args.level
         if level == "auto":
-            level = "smoke" if TOPS[top].heavy else "full"
+            level = TOPS[top].auto
         began = time.monotonic()
         print(f"[{k}/{len(args.tops)}] {top} ({level}) ...", end=" ", flush=True)
         try:

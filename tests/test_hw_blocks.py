@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from amaranth import C, Module, Signal
+from amaranth.sim import Simulator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from zipccl.golden.codebook import Codebook
+from zipccl.golden.codebook import MAX_CODE_LENGTH, MAX_WIDTH, PREFIX_BITS, Codebook
 from zipccl.golden.streams import encode_codewords, pack_serial
-from zipccl.hw.decoder import QLCDecoder
+from zipccl.hw.decoder import LENGTHS, QLCDecoder, one_hot_step
 from zipccl.hw.encoder import QLCEncoder
 from zipccl.hw.loopback import QLCLoopback
 from zipccl.hw.tables import WORD_BITS
@@ -211,3 +213,34 @@ def test_many_tiny_packets(top: str, in_rate: float, out_rate: float) -> None:
 
     st_ = run_amaranth(BLOCKS[top](), body)
     assert st_.symbols == sum(len(p) for p in packets), f"seed {seed}"
+
+
+def test_one_hot_step_moves_each_position_by_its_code_length() -> None:
+    """The decoder's loop step: a set position k moves to k + 3 + the width at k, every one of
+    several set positions at once (the multi-lane chain relies on it), nothing else is set."""
+    rng = np.random.default_rng(4)
+    n = 40
+    widths = [int(w) for w in rng.integers(0, MAX_WIDTH + 1, n)]
+    length_at = [  # bit k of plane n - 3: the code at k is n bits long
+        C(sum(1 << k for k, w in enumerate(widths) if w == length - PREFIX_BITS), n)
+        for length in LENGTHS
+    ]
+    at = Signal(n)
+    m = Module()
+    reached = Signal(n + MAX_CODE_LENGTH)
+    m.d.comb += reached.eq(one_hot_step(at, length_at))
+    cases = [[k] for k in range(n)] + [
+        sorted(int(k) for k in rng.choice(n, 3, replace=False)) for _ in range(8)
+    ]
+    got = []
+
+    async def testbench(ctx) -> None:
+        for ks in cases:
+            ctx.set(at, sum(1 << k for k in ks))
+            got.append(ctx.get(reached))
+
+    sim = Simulator(m)
+    sim.add_testbench(testbench)
+    sim.run()
+    want = [sum({1 << k + PREFIX_BITS + widths[k] for k in ks}) for ks in cases]
+    assert got == want
