@@ -598,6 +598,15 @@ def plan(
 _THREAD = threading.local()
 
 
+def _kept(name: str) -> dict:
+    """This host thread's dict ``name`` of device buffers kept between calls (created empty)."""
+    kept = getattr(_THREAD, name, None)
+    if kept is None:
+        kept = {}
+        setattr(_THREAD, name, kept)
+    return kept
+
+
 SCRATCH_WORK_AT = 2048  # codec.cu kScratchWorkAt: header stage and theory control come first
 
 
@@ -610,9 +619,7 @@ def _scratch(device: torch.device, stream: int, p: Plan) -> torch.Tensor:
     size = SCRATCH_WORK_AT + p.work_bytes
     if torch._C._cuda_isCurrentStreamCapturing():
         return torch.zeros(size, dtype=torch.uint8, device=device)
-    kept = getattr(_THREAD, "scratch", None)
-    if kept is None:
-        kept = _THREAD.scratch = {}
+    kept = _kept("scratch")
     key = (device.index, stream)
     scratch = kept.get(key)
     if scratch is None or scratch.numel() < size:
@@ -626,9 +633,7 @@ def _accumulator(device: torch.device, stream: int) -> int:
     from the graph's pool per call (zeroed inside the graph). Returns its address."""
     if torch._C._cuda_isCurrentStreamCapturing():
         return torch.zeros(4, dtype=torch.int32, device=device).data_ptr()
-    kept = getattr(_THREAD, "accumulators", None)
-    if kept is None:
-        kept = _THREAD.accumulators = {}
+    kept = _kept("accumulators")
     key = (device.index, stream)
     if key not in kept:
         kept[key] = torch.zeros(4, dtype=torch.int32, device=device)
@@ -719,9 +724,7 @@ def wait_flag(device: torch.device) -> torch.Tensor:
     """The flag of this host thread's validating (``wait``) decodes on ``device``: zero, and
     left zero by each of them, so that no call clears it first; each waits for its decode, so
     one flag serves every stream."""
-    kept = getattr(_THREAD, "wait_flags", None)
-    if kept is None:
-        kept = _THREAD.wait_flags = {}
+    kept = _kept("wait_flags")
     flag = kept.get(device.index)
     if flag is None:
         flag = kept[device.index] = torch.zeros(1, dtype=torch.int32, device=device)
