@@ -436,6 +436,29 @@ def test_gpu_calls_in_any_order_share_one_scratch() -> None:
         assert torch.equal(c.buffer.cpu(), zipccl.compress(x, table).buffer), (x.dtype, x.numel())
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float32])
+def test_gpu_back_to_back_compresses_reuse_their_graph(dtype: torch.dtype) -> None:
+    """Calls of one plan replay one recorded graph with their own parameters (codec.cu
+    run_chain): queued back to back with no sync, so each call's parameters are set while earlier
+    replays still run, alternating two streams (a graph each) and the default table with a given
+    one (a memset node instead of the table kernel), every buffer is the CPU's."""
+    n = 300_001
+    xs = [gaussian(n, dtype, seed=90 + i, scale=3.0**i) for i in range(8)]
+    given = zipccl.default_table(xs[0])
+    streams = [torch.cuda.current_stream(), torch.cuda.Stream()]
+    streams[1].wait_stream(streams[0])
+    queued = []
+    for i, x in enumerate(xs):
+        table = given if i % 4 >= 2 else None
+        with torch.cuda.stream(streams[i % 2]):
+            xg = x.to(CUDA, non_blocking=True)
+            queued.append((zipccl.compress(xg), zipccl.compress(xg, table), xg, table, x))
+    torch.cuda.synchronize()
+    for i, (default, chosen, _, table, x) in enumerate(queued):
+        assert torch.equal(default.buffer.cpu(), zipccl.compress(x).buffer), (dtype, i)
+        assert torch.equal(chosen.buffer.cpu(), zipccl.compress(x, table).buffer), (dtype, i)
+
+
 def test_gpu_threads_do_not_share_scratch() -> None:
     """Two host threads compressing on the default stream each get their own scratch."""
     import threading

@@ -110,6 +110,27 @@ class Layout(ctypes.Structure):
     ]
 
 
+class CompressPlan(ctypes.Structure):
+    """Mirror of ``struct CompressPlan`` in codec.cu: a Plan's arguments of zipccl_compress, the
+    same for every call (passed by one pointer: each ctypes argument costs host time)."""
+
+    _fields_: ClassVar[list[tuple[str, type]]] = [
+        ("layout", ctypes.POINTER(Layout)),
+        ("split_head", ctypes.c_void_p),
+        ("raw_head", ctypes.c_void_p),
+        ("rows", ctypes.c_void_p),
+        ("stride", ctypes.c_longlong),
+        ("count", ctypes.c_longlong),
+        ("device", ctypes.c_int),
+        ("nrows", ctypes.c_int),
+    ]
+
+
+# zipccl_compress's answer (codec.cu kCapturing) when the stream is being captured and the call
+# brought the scratch that uncaptured calls share: it is then called with a scratch of its own
+CAPTURING = 0x40000000
+
+
 def supports(block: int) -> bool:
     return block <= MAX_BLOCK
 
@@ -167,21 +188,9 @@ def _lib() -> ctypes.CDLL | None:
     ]
     lib.zipccl_encode.restype = lib.zipccl_decode.restype = ctypes.c_int
     lib.zipccl_compress.argtypes = [
-        *dev_kind,
-        ptr,
-        ptr,
-        layout,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        ptr,
+        ctypes.POINTER(CompressPlan),
         ctypes.c_int,
-        ctypes.c_longlong,
-        ctypes.c_longlong,
-        ptr,
-        ptr,
+        *(ptr, ptr, ptr, ptr, ctypes.c_int, ptr, ptr, ptr),
     ]
     lib.zipccl_compress.restype = ctypes.c_int
     lib.zipccl_seal_raw.argtypes = [ctypes.c_int, ptr, ptr, layout, ptr, ptr]
@@ -282,11 +291,15 @@ def _staircases(device: torch.device) -> torch.Tensor:
     return rows
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(device: torch.device) -> int:
     """The current stream's raw handle; torch's private one-call getter where it exists (the
     public ``torch.cuda.current_stream()`` builds a Stream object: ~10 µs per call)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(device.index) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 @functools.lru_cache(maxsize=256)
@@ -537,20 +550,27 @@ class Plan:
     raw_head: torch.Tensor  # golden's raw header, complete (without a checksum)
     staircases: torch.Tensor  # FP8's default-table family on the device (_staircases)
     checksum: bool  # the buffers carry the values checksum (the headers' flag is set)
-    # the launch's per-plan arguments, made once (each costs host time per call)
+    device_index: int
+    # the launches' per-plan arguments, made once (each costs host time per call)
     encode_ref: object = field(init=False, repr=False)  # ctypes.byref(encode)
-    split_head_at: int = field(init=False, repr=False)
-    raw_head_at: int = field(init=False, repr=False)
-    staircases_at: int = field(init=False, repr=False)
-    staircase_rows: int = field(init=False, repr=False)
+    args: CompressPlan = field(init=False, repr=False)
+    args_ref: object = field(init=False, repr=False)  # ctypes.byref(args)
 
     def __post_init__(self) -> None:
         put = functools.partial(object.__setattr__, self)
         put("encode_ref", ctypes.byref(self.encode))
-        put("split_head_at", self.split_head.data_ptr())
-        put("raw_head_at", self.raw_head.data_ptr())
-        put("staircases_at", self.staircases.data_ptr())
-        put("staircase_rows", self.staircases.numel() // NUM_REGIONS)
+        args = CompressPlan(
+            ctypes.pointer(self.encode),
+            self.split_head.data_ptr(),
+            self.raw_head.data_ptr(),
+            self.staircases.data_ptr(),
+            self.stride,
+            self.count,
+            self.device_index,
+            self.staircases.numel() // NUM_REGIONS,
+        )
+        put("args", args)
+        put("args_ref", ctypes.byref(args))
 
     @property
     def split_possible(self) -> bool:
@@ -592,6 +612,7 @@ def plan(
         raw_head=_header_tensor(raw, device),
         staircases=_staircases(device),
         checksum=checksum,
+        device_index=device.index,
     )
 
 
@@ -610,21 +631,23 @@ def _kept(name: str) -> dict:
 SCRATCH_WORK_AT = 2048  # codec.cu kScratchWorkAt: header stage and theory control come first
 
 
-def _scratch(device: torch.device, stream: int, p: Plan) -> torch.Tensor:
-    """Scratch for one compress, allocated zeroed: its table-kernel control must be zero when a
-    call starts, and the kernels leave it so (codec.cu zipccl_compress). Reused per host thread
-    and stream, whose calls run in order on the device; inside a CUDA graph capture each call
-    takes a new one from the graph's pool (zeroed inside the graph), so replays share nothing
-    with other work."""
-    size = SCRATCH_WORK_AT + p.work_bytes
-    if torch._C._cuda_isCurrentStreamCapturing():
-        return torch.zeros(size, dtype=torch.uint8, device=device)
+def _scratch(device: int, stream: int, p: Plan) -> int:
+    """Scratch for the compresses of this host thread on one stream, which run in order on the
+    device (the address): allocated zeroed, since its table-kernel control must be zero when a
+    call starts, and the kernels leave it so (codec.cu zipccl_compress). A call inside a CUDA
+    graph capture takes :func:`_fresh_scratch` instead (the launcher says when)."""
     kept = _kept("scratch")
-    key = (device.index, stream)
-    scratch = kept.get(key)
-    if scratch is None or scratch.numel() < size:
-        scratch = kept[key] = torch.zeros(size, dtype=torch.uint8, device=device)
-    return scratch
+    scratch = kept.get((device, stream))
+    if scratch is None or scratch.numel() < SCRATCH_WORK_AT + p.work_bytes:
+        scratch = kept[device, stream] = _fresh_scratch(p)
+    return scratch.data_ptr()
+
+
+def _fresh_scratch(p: Plan) -> torch.Tensor:
+    """A zeroed scratch of one call's own; inside a capture, from the graph's pool and zeroed
+    inside the graph, so that replays share nothing with other work."""
+    size = SCRATCH_WORK_AT + p.work_bytes
+    return torch.zeros(size, dtype=torch.uint8, device=p.split_head.device)
 
 
 def _accumulator(device: torch.device, stream: int) -> int:
@@ -650,7 +673,7 @@ def seal_raw(x: torch.Tensor, p: Plan, out: torch.Tensor) -> None:
             x.data_ptr(),
             out.data_ptr(),
             p.encode_ref,
-            p.raw_head_at,
+            p.args.raw_head,
             _stream(x.device),
         )
     )
@@ -672,32 +695,21 @@ def compress(
     table); a given ``table`` comes with its split ``header`` template."""
     stream = _stream(device)
     if table is None:
-        tab, head = None, p.split_head_at
+        tab = head = None
     else:
         tab = _table_tensor(table, device).data_ptr()
         assert header is not None  # a given table comes with its header template
         head = _header_tensor(header, device).data_ptr()
+    kind = _kind(p.fmt, table, p.block)
     assert _LIB is not None  # loaded: the plan p was made with it
-    _check(
-        _LIB.zipccl_compress(
-            device.index,
-            _kind(p.fmt, table, p.block),
-            x.data_ptr(),
-            out.data_ptr(),
-            p.encode_ref,
-            tab,
-            meta + 16,
-            _scratch(device, stream, p).data_ptr(),
-            head,
-            p.raw_head_at,
-            p.staircases_at,
-            p.staircase_rows,
-            p.stride,
-            p.count,
-            meta,
-            stream,
-        )
+    at = x.data_ptr(), out.data_ptr(), meta
+    rc = _LIB.zipccl_compress(
+        p.args_ref, kind, *at, _scratch(p.device_index, stream, p), 0, tab, head, stream
     )
+    if rc == CAPTURING:
+        scratch = _fresh_scratch(p).data_ptr()
+        rc = _LIB.zipccl_compress(p.args_ref, kind, *at, scratch, 1, tab, head, stream)
+    _check(rc)
 
 
 def decompress(

@@ -9,7 +9,8 @@
 // *stage*, big-endian 32-bit words: stream byte i at stage byte i ^ 3) and copied out.
 //
 // Compress (zipccl_compress) is three launches (a memset and two with a given table), none of which
-// waits for the host or for another block: (1) when no table is given, the default table from a
+// waits for the host or for another block, queued as one cached CUDA graph whose parameters each
+// call sets (launch.cuh: a third of three launches' host time): (1) when no table is given, the default table from a
 // strided sample, built on the device (sample.cuh, table.cuh: golden.theory's for exponent formats,
 // the staircase table for FP8) into the buffer's table words and the header stage (FP8's table hash
 // is left to one extra encode CTA); (2) encode: planes straight into the container, each block's
@@ -36,91 +37,28 @@
 //
 // Files: layout.cuh (Layout, format traits, load/store helpers), table.cuh (device-side tables,
 // CRC-32, SHA-256), warp.cuh (warp primitives), encode.cuh, decode.cuh, sample.cuh (sample
-// summary, theory table); this file has the launchers and the exported entry points.
-#include <mutex>
+// summary, theory table), launch.cuh (grids, dependent launches, the call graphs); this file has
+// the launchers and the exported entry points.
 #include <type_traits>
 
 #include "decode.cuh"
 #include "encode.cuh"
+#include "launch.cuh"
 #include "sample.cuh"
 
 namespace {
 
 // ------------------------------------------------------------------------------ launchers
 
-// Persistent grids: as many CTAs as can be resident at once (never more than needed).
-// The occupancy query costs microseconds of host time per call, so the answer is remembered per
-// (kernel, device, threads, shared memory): kernels of one signature share this instantiation's
-// table, and their occupancies differ. One process sees few of each. (ctypes releases
-// the GIL around the launchers, hence the lock.)
-template <typename K>
-unsigned resident_grid(K kernel, int threads, size_t smem, long long ctas) {
-  struct Seen { const void* kernel; int dev, threads; size_t smem; long long grid; };
-  static Seen seen[32];
-  static int nseen = 0;
-  static std::mutex lock;
-  const std::lock_guard<std::mutex> hold(lock);
-  int dev = 0;
-  cudaGetDevice(&dev);
-  long long grid = 0;
-  for (int i = 0; i < nseen; ++i)
-    if (seen[i].kernel == reinterpret_cast<const void*>(kernel) && seen[i].dev == dev &&
-        seen[i].threads == threads && seen[i].smem == smem)
-      grid = seen[i].grid;
-  if (!grid) {
-    int per_sm = 1, sms = 1;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    grid = static_cast<long long>(per_sm > 0 ? per_sm : 1) * sms;
-    if (nseen < 32) {
-      seen[nseen++] = {reinterpret_cast<const void*>(kernel), dev, threads, smem, grid};
-    }
-  }
-  return static_cast<unsigned>(grid < ctas ? grid : ctas);
-}
-
-// Whether `device` runs programmatic dependent launches (compute capability 9.0 and up).
-bool dependent_launch(int device) {
-  static int known[64];  // 0 unknown, 1 no, 2 yes; a race only repeats the query
-  if (device < 0 || device >= 64) return false;
-  if (!known[device]) {
-    int major = 0;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    known[device] = major >= 9 ? 2 : 1;
-  }
-  return known[device] == 2;
-}
-
-// `kernel` on `s`, allowed to start before the kernel before it on the stream has finished
-// (warp.cuh wait_for_predecessor: its CTAs wait for it), where the device can; else a plain
-// launch. The kernels of one compress call are a chain, and this hides all but the first
-// launch's latency.
-template <typename... Params, typename... Args>
-cudaError_t launch_after(void (*kernel)(Params...), unsigned grid, unsigned threads, size_t smem,
-                         cudaStream_t s, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  int device = 0;
-  cudaGetDevice(&device);
-  cfg.attrs = attr;
-  cfg.numAttrs = dependent_launch(device) ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
-}
-
 // The encoder's launches once its table is ready (and its tile sums zero): encode, finish.
 // `head_to_hash`: the header stage `head` when its table hash is still to be computed (one more
 // encode CTA does it), else null. `after_table`: a table kernel runs just before (the encode may
 // start before it ends); else a memset does.
 template <class F, bool Z>
-int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab, void* work,
-                  const uint8_t* head, const uint8_t* raw_head, long long* size, cudaStream_t s,
-                  uint8_t* head_to_hash = nullptr, bool after_table = false) {
+cudaError_t launch_encode(Chain& chain, const void* in, void* out, const Layout* L,
+                          const int32_t* tab, void* work, const uint8_t* head,
+                          const uint8_t* raw_head, long long* size,
+                          uint8_t* head_to_hash = nullptr, bool after_table = false) {
   const int warps = warps_for(L->block), threads = 32 * warps;
   const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4;
   const long long ctas = (L->nb + warps - 1) / warps;
@@ -129,15 +67,14 @@ int launch_encode(const void* in, void* out, const Layout* L, const int32_t* tab
   const auto kernel = L->checksum_at ? encode_kernel<F, Z, true> : encode_kernel<F, Z, false>;
   const unsigned grid = resident_grid(kernel, threads, smem, ctas) + !!head_to_hash;
   const auto* x = static_cast<const typename F::T*>(in);
-  cudaError_t e = after_table
-      ? launch_after(kernel, grid, threads, smem, s, x, o, *L, tab, w, head_to_hash)
-      : (kernel<<<grid, threads, smem, s>>>(x, o, *L, tab, w, head_to_hash), cudaGetLastError());
+  cudaError_t e = chain.kernel(kernel, grid, threads, smem, after_table, x, o, *L, tab, w,
+                               head_to_hash);
   if (e != cudaSuccess) return e;
   const long long copiers = L->raw_size >> 18;  // CTAs to share a raw store, 256 KiB each
   const long long groups = (L->nb + kGroup - 1) / kGroup;
   const unsigned finishers =  // and one CTA for the header
       resident_grid(finish_kernel, 32 * kGroup, 0, groups > copiers ? groups : copiers) + 1;
-  return launch_after(finish_kernel, finishers, 32 * kGroup, 0, s,
+  return chain.kernel(finish_kernel, finishers, 32 * kGroup, 0, true,
                       static_cast<const uint8_t*>(in), o, *L, w, head, raw_head, size);
 }
 
@@ -159,6 +96,7 @@ int launch_decode(const void* buf, const void* pay, void* out, const Layout* L, 
 // Calls `run(format, fast)` for a kernel kind (zipccl/_cuda.py KIND): 0 bfloat16, 1 float16,
 // 2 float32, 3 FP8 (both formats code the whole byte), 4 bfloat16 under a byte-escape table
 // (the fast path, fast = true).
+constexpr int kKinds = 5;
 template <class Run>
 int by_kind(int kind, Run&& run) {
   switch (kind) {
@@ -170,26 +108,6 @@ int by_kind(int kind, Run&& run) {
     default: return cudaErrorInvalidValue;
   }
 }
-
-// The launchers run on `device` (the tensors' device), switching the host thread's current device
-// for the call only where it differs.
-class OnDevice {
- public:
-  explicit OnDevice(int device) {
-    cudaGetDevice(&prev_);
-    if (prev_ != device) cudaSetDevice(device);
-  }
-  ~OnDevice() {
-    int now = prev_;
-    cudaGetDevice(&now);
-    if (now != prev_) cudaSetDevice(prev_);
-  }
-  OnDevice(const OnDevice&) = delete;
-  OnDevice& operator=(const OnDevice&) = delete;
-
- private:
-  int prev_ = 0;
-};
 
 }  // namespace
 
@@ -207,61 +125,101 @@ extern "C" int zipccl_encode(int device, int kind, const void* in, void* out, co
   cudaError_t e = cudaMemsetAsync(work, 0, counts_at(L->nb), s);  // a new work area
   if (e != cudaSuccess) return e;
   const uint8_t* h = static_cast<const uint8_t*>(head);
+  Chain chain(s);
   return by_kind(kind, [&](auto f, auto z) {
-    return launch_encode<decltype(f), decltype(z)::value>(in, out, L, tab, work, h, nullptr,
-                                                         nullptr, s);
+    return launch_encode<decltype(f), decltype(z)::value>(chain, in, out, L, tab, work, h,
+                                                         nullptr, nullptr);
   });
 }
 
-// codec.compress's kernels in one call, none of which waits for the host. `scratch`: the header
-// stage (kMaxHeader bytes), the table kernel's control, then the encoder's work area at
-// kScratchWorkAt. The control is zero between calls (zipccl/_cuda.py allocates the scratch
-// zeroed; the table kernels leave it zero and zero the encoder's tile sums); with a given table
-// one memset zeroes what must start at zero instead. `tab`: a given table's
-// words; null builds the default table on the device from the `count` values `stride` apart into
-// `words`, and completes the header template `head` with it in the stage: golden.theory's table
-// (theory_kernel) for exponent formats, FP8's staircase table (staircase_kernel, the `nrows`
-// layouts at `rows`) for byte-coded ones.
-// The buffer takes the raw layout (`raw_head`, L->raw_size) where the split one is not smaller;
-// `size` gets [buffer bytes, payload bytes].
+// A Plan's arguments of zipccl_compress (zipccl/_cuda.py CompressPlan): the same for every call.
+struct CompressPlan {
+  const Layout* L;
+  const void* split_head;  // golden's split-layout header, payload size and table zero
+  const void* raw_head;    // golden's raw-layout header, complete (but for a values checksum)
+  const void* rows;        // FP8's staircase layouts (golden.builders.staircase_layouts)
+  long long stride, count;  // the theory sample: `count` values `stride` apart
+  int device, nrows;
+};
+
+// A compress call's size record (zipccl/_cuda.py META_BYTES): the buffer's bytes and payload
+// bytes, then the default table's words.
+struct SizeRecord {
+  long long bytes, payload;
+  int32_t words[kTableWords];
+};
+
+// zipccl_compress's answer when `stream` is being captured and the call brought the scratch
+// its calls share: a captured call needs a scratch of its own (zipccl/_cuda.py CAPTURING).
+constexpr int kCapturing = 0x40000000;
+
+// codec.compress's kernels in one call, none of which waits for the host, queued from a cached
+// graph (launch.cuh run_chain). `scratch`: the header stage (kMaxHeader bytes), the table kernel's
+// control, then the encoder's work area at kScratchWorkAt. The control is zero between calls
+// (zipccl/_cuda.py allocates the scratch zeroed; the table kernels leave it zero and zero the
+// encoder's tile sums); with a given table one memset zeroes what must start at zero instead.
+// `fresh`: the scratch is this call's own (inside a stream capture it must be). `tab`: a given
+// table's words, with its header template `head`; null builds the default table on the device
+// from the plan's sample into the record's words, and completes the plan's split header with it
+// in the stage: golden.theory's table (theory_kernel) for exponent formats, FP8's staircase table
+// (staircase_kernel) for byte-coded ones. The buffer takes the raw layout where the split one is
+// not smaller; `record` gets the sizes.
 constexpr long long kScratchWorkAt = 2048;
 static_assert(kMaxHeader + sizeof(TheoryControl) <= kScratchWorkAt &&
                   kMaxHeader + sizeof(StairControl) <= kScratchWorkAt, "scratch layout");
+static_assert(sizeof(SizeRecord) == 16 + 4 * kTableWords, "the size record has no padding");
 
-extern "C" int zipccl_compress(int device, int kind, const void* in, void* out, const Layout* L,
-                               const int32_t* tab, int32_t* words, void* scratch,
-                               const void* head, const void* raw_head, const void* rows,
-                               int nrows, long long stride, long long count, long long* size,
-                               void* stream) {
-  const OnDevice on(device);
+extern "C" int zipccl_compress(const CompressPlan* P, int kind, const void* in, void* out,
+                               SizeRecord* record, void* scratch, int fresh, const int32_t* tab,
+                               const void* head, void* stream) {
+  if (kind < 0 || kind >= kKinds) return cudaErrorInvalidValue;  // (before any CUDA call)
+  const OnDevice on(P->device);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(s, &capture);
+  if (e != cudaSuccess) return e;
+  if (capture != cudaStreamCaptureStatusNone && !fresh) return kCapturing;
+  if (!tab && (P->stride <= 0 || P->count <= 0)) return cudaErrorInvalidValue;
+  const Layout* L = P->L;
   uint8_t* stage = static_cast<uint8_t*>(scratch);
   void* work = stage + kScratchWorkAt;
   auto* counts = static_cast<unsigned long long*>(work);
   const long long count_words = counts_at(L->nb) / 8;
-  if (tab) {  // no table kernel to zero the tile sums
-    cudaError_t e = cudaMemsetAsync(scratch, 0, kScratchWorkAt + counts_at(L->nb), s);
-    if (e != cudaSuccess) return e;
-  }
-  const uint8_t* h = static_cast<const uint8_t*>(head);
-  const uint8_t* rh = static_cast<const uint8_t*>(raw_head);
-  return by_kind(kind, [&](auto f, auto z) {
-    using F = decltype(f);
-    const auto* x = static_cast<const typename F::T*>(in);
-    if constexpr (F::BYTE_CODED) {
-      if (!tab && (!rows || nrows <= 0 || nrows > 0xffff)) return int(cudaErrorInvalidValue);
-      if (!tab)
-        staircase_kernel<F><<<kSlots / 32, kStairThreads, 0, s>>>(
-            x, stride, count, static_cast<const uint8_t*>(rows), nrows, h, stage, words, counts,
-            count_words);
-    } else if (!tab) {
-      theory_kernel<F><<<kSlots / 32, kTheoryThreads, 0, s>>>(x, stride, count, h, stage, words,
-                                                               counts, count_words);
+  const auto* h = static_cast<const uint8_t*>(tab ? head : P->split_head);
+  const auto* rh = static_cast<const uint8_t*>(P->raw_head);
+  int32_t* words = record->words;
+  long long* size = &record->bytes;
+  const auto queue = [&](Chain& chain) -> cudaError_t {
+    if (tab) {  // no table kernel to zero the tile sums
+      const cudaError_t z = chain.zero(scratch, kScratchWorkAt + counts_at(L->nb));
+      if (z != cudaSuccess) return z;
     }
-    return launch_encode<F, decltype(z)::value>(in, out, L, tab ? tab : words, work,
-                                                tab ? h : stage, rh, size, s,
-                                                tab ? nullptr : stage, !tab);
-  });
+    return static_cast<cudaError_t>(by_kind(kind, [&](auto f, auto z) -> int {
+      using F = decltype(f);
+      const auto* x = static_cast<const typename F::T*>(in);
+      cudaError_t t = cudaSuccess;
+      if constexpr (F::BYTE_CODED) {
+        const auto* rows = static_cast<const uint8_t*>(P->rows);
+        if (!tab && (!rows || P->nrows <= 0 || P->nrows > 0xffff)) return cudaErrorInvalidValue;
+        if (!tab)
+          t = chain.kernel(staircase_kernel<F>, kSlots / 32, kStairThreads, 0, false, x,
+                           P->stride, P->count, rows, P->nrows, h, stage, words, counts,
+                           count_words);
+      } else if (!tab) {
+        t = chain.kernel(theory_kernel<F>, kSlots / 32, kTheoryThreads, 0, false, x, P->stride,
+                         P->count, h, stage, words, counts, count_words);
+      }
+      if (t != cudaSuccess) return t;
+      return launch_encode<F, decltype(z)::value>(chain, in, out, L, tab ? tab : words, work,
+                                                  tab ? h : stage, rh, size,
+                                                  tab ? nullptr : stage, !tab);
+    }));
+  };
+  if (capture != cudaStreamCaptureStatusNone) {
+    Chain chain(s);
+    return queue(chain);
+  }
+  return run_chain(GraphKey{s, P->device, kind, tab != nullptr, *L}, s, queue);
 }
 
 // Copies the device word `flag` to `*result` through a pinned word of the calling thread and
