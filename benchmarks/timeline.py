@@ -74,6 +74,7 @@ STAMPS = [
     ),
     Stamp(7, "encode: last CTA past its wait", E, "wait_for_predecessor();  // the table kernel's"),
     Stamp(8, "encode: table hashed", E, "hash_stage(head_to_hash, s_lut, !F::BYTE_CODED);"),
+    Stamp(15, "encode: header's CRC-32 staged", E, "crc_stage(head_to_hash, *reinterpret_cast"),
     Stamp(
         9, "encode: last warp's rounds done", E, "const uint32_t nbytes = (bits + 7u) >> 3;", False
     ),
@@ -90,7 +91,7 @@ STAMPS = [
         "MAX",
         True,
     ),
-    Stamp(13, "finish: header's CRC-32", E, "i += blockDim.x) out[i] = s_head[i];", False),
+    Stamp(13, "finish: header written", E, "if (head) write_header(out, L, split_bytes, all,"),
     Stamp(14, "finish: last CTA end", E, "}\n\n// A tensor too small", False),
 ]
 

@@ -206,6 +206,9 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
   let_dependents_start();
   if (hashing && blockIdx.x == 0) {
     hash_stage(head_to_hash, s_lut, !F::BYTE_CODED);
+    __syncthreads();  // the hash is in place, s_lut free again
+    static_assert(sizeof(CrcTable) <= sizeof(s_lut), "the CRC table fits in s_lut");
+    crc_stage(head_to_hash, *reinterpret_cast<CrcTable*>(s_lut));
     return;
   }
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;
@@ -290,31 +293,29 @@ __device__ inline HeadBytes load_head(const uint8_t* __restrict__ head) {
   return h;
 }
 
-// Header bytes [0, L.crc_at) from `head` (golden's header with payload_bytes 0 and, where
-// L.checksum_at, the checksum flag and a zero checksum) with the payload size and the checksum
-// patched in, then their CRC-32 at L.crc_at (warp 0). Every thread of the CTA (kHeadThreads)
-// must call it.
+// The header from `head` (golden's header with payload_bytes 0 and, where L.checksum_at, the
+// checksum flag and a zero checksum, with the CRC-32 of those bytes) with the payload size and the
+// checksum patched in and the CRC fixed up for them (warp_crc_field). Every thread of the CTA
+// (kHeadThreads) must call it; the last warp's last lanes hold the template's CRC bytes.
+static_assert(kMaxHeader == kHeaderBytes && kCrcAt == kHeaderBytes - 4, "the CRC ends the header");
 __device__ inline void write_header(uint8_t* out, const Layout& L, const HeadBytes& head,
                                     unsigned long long total, unsigned long long checksum) {
-  __shared__ CrcTable s_crc;
-  __shared__ uint8_t s_head[kMaxHeader];
-  crc_table(s_crc);
   for (int k = 0; k < kHeadPerThread; ++k) {
-    const int i = threadIdx.x + kHeadThreads * k;
-    const long long f = i - L.size_field_at, c = i - L.checksum_at;
-    if (i < L.crc_at)
-      s_head[i] = f >= 0 && f < 8                     ? static_cast<uint8_t>(total >> (8 * f))
-                  : L.checksum_at && c >= 0 && c < 8 ? static_cast<uint8_t>(checksum >> (8 * c))
-                                                      : head.b[k];
+    const int i = threadIdx.x + kHeadThreads * k, f = i - kSizeFieldAt, c = i - kChecksumAt;
+    if (i < kCrcAt)
+      out[i] = f >= 0 && f < 8                     ? static_cast<uint8_t>(total >> (8 * f))
+               : L.checksum_at && c >= 0 && c < 8 ? static_cast<uint8_t>(checksum >> (8 * c))
+                                                   : head.b[k];
   }
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    const uint32_t c = warp_crc32(s_crc, s_head, static_cast<int>(L.crc_at));
-    const int k = threadIdx.x;
-    if (k < 4) s_head[L.crc_at + k] = static_cast<uint8_t>(c >> (8 * k));
+  if (threadIdx.x >= kHeadThreads - 32) {
+    const int lane = threadIdx.x & 31, j = lane - 28;  // lane 28 + j: the CRC's byte j
+    uint32_t crc = 0;
+    for (int b = 0; b < 4; ++b)
+      crc |= static_cast<uint32_t>(__shfl_sync(kFull, head.b[kHeadPerThread - 1], 28 + b)) << (8 * b);
+    crc ^= warp_crc_field(kSizeCrc, total);
+    if (L.checksum_at) crc ^= warp_crc_field(kChecksumCrc, checksum);
+    if (j >= 0) out[kCrcAt + j] = static_cast<uint8_t>(crc >> (8 * j));
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < L.crc_at + 4; i += blockDim.x) out[i] = s_head[i];
 }
 
 // Whether the buffer gets the raw layout: where L allows it and the split one is not smaller.

@@ -229,7 +229,7 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
               const uint8_t* __restrict__ head, uint8_t* __restrict__ stage,
               int32_t* __restrict__ words, unsigned long long* __restrict__ counts,
               long long count_words) {
-  __shared__ double s_cdf[257], s_prob[256], s_sums[3];
+  __shared__ double s_cdf[257], s_prob[256], s_sums[3], s_part[kSlots / 32][3];
   __shared__ uint8_t s_tb[kTableBytes];
   __shared__ bool s_last;
   auto* ctl = reinterpret_cast<TheoryControl*>(stage + kMaxHeader);
@@ -252,15 +252,14 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
   if (!s_last) return;
   __threadfence();  // the other CTAs' sums are visible
   if (tid == 0) ctl->ticket = 0;  // every CTA has taken its ticket: zero for the next call
-  if (tid < 32) {  // lane w loads CTA w's sums (one round trip), added in sum_warps' order
-    double part[3];
-    for (int i = 0; i < 3; ++i) part[i] = __ldcg(&ctl->part[lane][i]);
+  static_assert(kSlots / 32 == 32, "one sampling CTA's sums per lane");
+  if (tid < 32) {  // lane w loads CTA w's sums (one round trip); lane i < 3 adds component i
     for (int i = 0; i < 3; ++i) {
+      s_part[lane][i] = __ldcg(&ctl->part[lane][i]);
       ctl->part[lane][i] = 0.0;  // the control is zero between calls, whichever kernel comes next
-      double total = 0.0;
-      for (int v = 0; v < kSlots / 32; ++v) total += __shfl_sync(kFull, part[i], v);
-      if (lane == 0) s_sums[i] = total;
     }
+    __syncwarp();
+    if (lane < 3) s_sums[lane] = sum_warps(s_part, lane);  // (three chains at once, not in turn)
   }
   for (int i = tid; i < kTableBytes; i += blockDim.x) s_tb[i] = 0;
   __syncthreads();

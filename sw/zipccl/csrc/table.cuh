@@ -81,6 +81,43 @@ __device__ inline uint32_t warp_crc32(const CrcTable& c, const uint8_t* p, int l
   return v ^ 0xffffffffu;
 }
 
+// A header's CRC-32 with an 8-byte little-endian field changed from zero, without reading the
+// header again: the CRC is affine in the message, so the change is the XOR of a term per set bit
+// of the field (the register that bit leaves, from a zero register, moved past the bytes after the
+// field), made at compile time. Header templates carry the CRC of their bytes with the payload
+// size and values checksum zero; the kernels that fill those fields in fix the CRC up.
+constexpr int kHeaderBytes = 512, kCrcAt = kHeaderBytes - 4;  // golden.container's header
+constexpr int kSizeFieldAt = 24;  // golden.container.PAYLOAD_BYTES_AT
+constexpr int kChecksumAt = 376;  // golden.container.CHECKSUM_AT: the table's end, 8-aligned
+static_assert(kChecksumAt == (kTableAt + kTableBytes + 7) / 8 * 8 && kChecksumAt + 8 <= kCrcAt &&
+                  kCrcAt <= kCrcSpan, "header fields");
+
+struct CrcField { uint32_t bit[64]; };
+__host__ __device__ constexpr CrcField crc_field(int at) {
+  CrcField f{};
+  const uint32_t after = crc_zeros(kCrcAt - at - 8);
+  for (int k = 0; k < 64; ++k) {
+    uint32_t v = 0;
+    for (int b = 0; b < 64; ++b) {
+      v ^= b == k ? 1u : 0u;
+      v = v & 1u ? (v >> 1) ^ kCrcPoly : v >> 1;
+    }
+    f.bit[k] = crc_mul(v, after);
+  }
+  return f;
+}
+__constant__ CrcField kSizeCrc = crc_field(kSizeFieldAt);
+__constant__ CrcField kChecksumCrc = crc_field(kChecksumAt);
+
+// What `value` in field `f` changes in the CRC, in every lane (every lane of the warp calls it).
+__device__ inline uint32_t warp_crc_field(const CrcField& f, unsigned long long value) {
+  const int lane = threadIdx.x & 31;
+  uint32_t v = (value >> lane & 1u ? f.bit[lane] : 0u) ^
+               (value >> (lane + 32) & 1u ? f.bit[lane + 32] : 0u);
+  for (int d = 16; d; d >>= 1) v ^= __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+}
+
 // ------------------------------------------------------------------------------ SHA-256
 
 __constant__ uint32_t kSha[64] = {
@@ -183,6 +220,18 @@ __device__ inline void hash_stage(uint8_t* stage, uint32_t* msg, bool theory) {
       key |= static_cast<unsigned long long>(stage[kTableAt + 10 + r]) << (8 * r);
     const unsigned long long hash = theory ? theory_hash64(msg, key) : table_sha64(msg);
     for (int h = 0; h < 8; ++h) stage[kHashAt + h] = static_cast<uint8_t>(hash >> (8 * h));
+  }
+}
+
+// The stage's CRC-32 field, for its bytes now complete (table and hash in place; payload size and
+// checksum zero), by the CTA that hashed it; `c`: shared scratch for the byte table. Every thread
+// of the CTA calls it, after the hash is written (a barrier).
+__device__ inline void crc_stage(uint8_t* stage, CrcTable& c) {
+  crc_table(c);
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const uint32_t crc = warp_crc32(c, stage, kCrcAt);
+    if (threadIdx.x < 4) stage[kCrcAt + threadIdx.x] = static_cast<uint8_t>(crc >> (8 * threadIdx.x));
   }
 }
 
