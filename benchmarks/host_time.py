@@ -2,8 +2,9 @@
 
     python benchmarks/host_time.py --out OUT [--sizes 1,16] [--dtypes bfloat16] [--runs 2000]
 
-Each figure is the median, over ``--runs`` calls, of one layer's own time on the host from entry
-to return, with the device idle before each call (``torch.cuda.synchronize`` outside the timing):
+Each figure is the median, over ``--runs`` calls in five rounds that take the layers in turn, of
+one layer's own time on the host from entry to return, with the device idle before each call
+(``torch.cuda.synchronize`` outside the timing):
 
 - ``compress``: ``zipccl.compress(x)``, the public call;
 - ``compress_into``: ``zipccl.compress_into(x, out)`` (no buffer allocation);
@@ -34,17 +35,21 @@ from timing import MIB
 from zipccl import _cuda, codec
 
 
-def host_median(fn: Callable[[], object], runs: int) -> float:
-    """Median microseconds from entry to return of ``fn`` with an idle device."""
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(runs):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+def host_medians(calls: dict[str, Callable[[], object]], runs: int, rounds: int = 5) -> dict:
+    """Median microseconds from entry to return of each call with an idle device, taken in
+    ``rounds`` interleaved rounds, so that a drift in the host's speed touches every layer alike."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for fn in calls.values():
+        for _ in range(20):
+            fn()
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            for _ in range(runs // rounds):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    return {f"{name}_host_us": statistics.median(t) * 1e6 for name, t in times.items()}
 
 
 def python_loop_seconds() -> float:
@@ -83,7 +88,7 @@ def layers(x: torch.Tensor, runs: int) -> dict[str, float]:
         "torch_op": lambda: y.zero_(),
         "decompress": lambda: zipccl.decompress(c, out=y, sync=False),
     }
-    row = {f"{name}_host_us": host_median(fn, runs) for name, fn in calls.items()}
+    row = host_medians(calls, runs)
     zipccl.decompress(zipccl.compress(x), out=y)
     assert torch.equal(y.view(torch.uint8), x.view(torch.uint8)), "round trip"
     return row

@@ -73,8 +73,7 @@ STAMPS = [
         6, "encode: first CTA in", E, "wait_for_predecessor();  // the table kernel's", False, "MIN"
     ),
     Stamp(7, "encode: last CTA past its wait", E, "wait_for_predecessor();  // the table kernel's"),
-    Stamp(8, "encode: table hashed", E, "hash_stage(head_to_hash, s_lut, !F::BYTE_CODED);"),
-    Stamp(15, "encode: header's CRC-32 staged", E, "crc_stage(head_to_hash, *reinterpret_cast"),
+    Stamp(8, "encode: header stage sealed", E, "seal_stage(head_to_hash, s_lut, !F::BYTE_CODED);"),
     Stamp(
         9, "encode: last warp's rounds done", E, "const uint32_t nbytes = (bits + 7u) >> 3;", False
     ),

@@ -10,18 +10,18 @@
 //
 // Compress (zipccl_compress) is three launches (a memset and two with a given table), none of which
 // waits for the host or for another block, queued as one cached CUDA graph whose parameters each
-// call sets (launch.cuh: a third of three launches' host time): (1) when no table is given, the default table from a
-// strided sample, built on the device (sample.cuh, table.cuh: golden.theory's for exponent formats,
-// the staircase table for FP8) into the buffer's table words and the header stage (FP8's table hash
-// is left to one extra encode CTA); (2) encode: planes straight into the container, each block's
-// payload into its fixed slot of a scratch area, its byte count, and an atomic add into its tile's
-// sum (tiles of 256 blocks); (3) finish: every CTA sums the tile sums, one writes the header
-// (payload size, CRC-32) and the sizes while the others place their blocks' uint64 offsets and
-// payloads, and where the split layout would not be smaller the tensor is stored raw instead.
-// Decompress is one launch: each warp reads its block's offsets, stages the payload and checks
-// the block for consistency, reporting problems through an error flag (and, for a validating
-// call, a notice in host memory); a buffer compress wrote is decoded by its own header (raw or
-// split, payload size).
+// call sets (launch.cuh: a third of three launches' host time): (1) when no table is given, the
+// default table from a strided sample, built on the device (sample.cuh, table.cuh: golden.theory's
+// for exponent formats, the staircase table for FP8) into the buffer's table words and the header
+// stage (its hash and the header's CRC-32 are left to one extra encode CTA); (2) encode: planes
+// straight into the container, each block's payload into its fixed slot of a scratch area, its byte
+// count, and an atomic add into its tile's sum (tiles of 256 blocks); (3) finish: every CTA sums
+// the tile sums, one writes the header (payload size, checksum, the CRC-32 fixed up for them) and
+// the sizes while the others place their blocks' uint64 offsets and payloads, and where the split
+// layout would not be smaller the tensor is stored raw instead. Decompress is one launch: each warp
+// reads its block's offsets, stages the payload and checks the block for consistency, reporting
+// problems through an error flag (and, for a validating call, a notice in host memory); a buffer
+// compress wrote is decoded by its own header (raw or split, payload size).
 //
 // BF16 under a byte-escape table (the ZipCCL exponent layout) has its own path (Z = true). Its
 // encoder gets bytes by permutes, and an element's three plane bytes and escape mask by one table

@@ -185,12 +185,12 @@ __device__ inline void prefetch_block(const typename F::T* in, const Layout& L, 
 }
 
 // Each warp codes whole blocks: planes into the container, the payload into the block's scratch
-// slot, its byte count into `counts` and the tile's sum. `head_to_hash`: a header stage whose
-// table hash is still to be written (a default table's, see theory_kernel and staircase_kernel);
-// CTA 0 then computes it (hash_stage) while the other CTAs encode. CK: the values checksum is
-// summed into `work.sum` on the way. The BF16 fast path is held to 64 registers (four CTAs an SM,
-// as before the hashing CTA's code joined it); the others keep the compiler's own choice (asking
-// for at least one CTA an SM is not the same: it made FP8's encoder 6 % slower).
+// slot, its byte count into `counts` and the tile's sum. `head_to_hash`: a header stage whose table
+// hash is still to be written (a default table's, see theory_kernel and staircase_kernel); CTA 0
+// then computes it and the stage's CRC-32 (seal_stage) while the other CTAs encode. CK: the values
+// checksum is summed into `work.sum` on the way. The BF16 fast path is held to 64 registers (four
+// CTAs an SM, as before the hashing CTA's code joined it); the others keep the compiler's own
+// choice (asking for at least one CTA an SM is not the same: it made FP8's encoder 6 % slower).
 template <class F, bool Z, bool CK>
 __global__ void __launch_bounds__(32 * kMaxWarps, Z ? 4 : 0)
 encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
@@ -205,10 +205,7 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
   wait_for_predecessor();  // the table kernel's table and zeroed sums
   let_dependents_start();
   if (hashing && blockIdx.x == 0) {
-    hash_stage(head_to_hash, s_lut, !F::BYTE_CODED);
-    __syncthreads();  // the hash is in place, s_lut free again
-    static_assert(sizeof(CrcTable) <= sizeof(s_lut), "the CRC table fits in s_lut");
-    crc_stage(head_to_hash, *reinterpret_cast<CrcTable*>(s_lut));
+    seal_stage(head_to_hash, s_lut, !F::BYTE_CODED);
     return;
   }
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;
@@ -310,8 +307,9 @@ __device__ inline void write_header(uint8_t* out, const Layout& L, const HeadByt
   if (threadIdx.x >= kHeadThreads - 32) {
     const int lane = threadIdx.x & 31, j = lane - 28;  // lane 28 + j: the CRC's byte j
     uint32_t crc = 0;
+    const uint8_t last = head.b[kHeadPerThread - 1];
     for (int b = 0; b < 4; ++b)
-      crc |= static_cast<uint32_t>(__shfl_sync(kFull, head.b[kHeadPerThread - 1], 28 + b)) << (8 * b);
+      crc |= static_cast<uint32_t>(__shfl_sync(kFull, last, 28 + b)) << (8 * b);
     crc ^= warp_crc_field(kSizeCrc, total);
     if (L.checksum_at) crc ^= warp_crc_field(kChecksumCrc, checksum);
     if (j >= 0) out[kCrcAt + j] = static_cast<uint8_t>(crc >> (8 * j));

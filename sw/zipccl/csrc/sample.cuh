@@ -146,10 +146,10 @@ __device__ inline Sums cta_slot_sums(const typename F::T* __restrict__ in, long 
   return s;
 }
 
-// The end of a table built on the device (`tb`, shared memory, complete): the kernels' table
-// words into `words`, and the header stage: the template `head` (its table and hash fields zero,
-// read when the kernel started, so that its latency hid behind the sampling) with the table's
-// bytes in their field (the hash field stays zero: the encode kernel writes it, hash_stage).
+// The end of a table built on the device (`tb`, shared memory, complete): the kernels' table words
+// into `words`, and the header stage: the template `head` (its table and hash fields zero, read
+// when the kernel started, so that its latency hid behind the sampling) with the table's bytes in
+// their field (the hash field stays zero: the encode kernel writes it and the CRC, seal_stage).
 // Every thread of the CTA calls it.
 __device__ inline void publish_table(const uint8_t* tb, const HeadBytes& head,
                                      uint8_t* __restrict__ stage, int32_t* __restrict__ words) {
@@ -305,7 +305,7 @@ __device__ inline unsigned block_scan256(unsigned v, unsigned* warp_total) {
 // as table words in `words` and the header in `stage` (theory_kernel's contract), but for the
 // table's hash: FP8 tables change with every histogram, so no cache saves the SHA-256, and one
 // thread takes longer over it than the rest of this kernel; the encode kernel computes it in one
-// extra CTA instead (hash_stage), beside the encoding.
+// extra CTA instead (seal_stage), beside the encoding.
 // `rows`: golden.builders.staircase_layouts(), `nrows` rows of 8 widths. kSlots / 32 CTAs
 // histogram a share of the sample each (many loads in flight: the sample is strided); the last
 // CTA ranks the symbols (count descending, ties to the smaller symbol), scores every row by its

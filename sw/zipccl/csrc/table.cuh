@@ -20,7 +20,7 @@ constexpr int kPrefixBits = 3;  // golden.codebook.PREFIX_BITS: a code's prefix
 // ------------------------------------------------------------------------------ CRC-32
 
 // zlib's CRC-32 (reflected polynomial 0xEDB88320) of a header, by one warp instead of one
-// thread (a byte a step is one serial chain of 508 shared-memory lookups: 4.6 us). The CRC is
+// thread (a byte a step is one serial chain of 508 lookups: 4.6 us). The CRC is
 // linear: with the register's initial ones moved into the message (its first 4 bytes
 // complemented) and 4 zero bytes put in front (a zero register ignores them), the 512 bytes split
 // into 32 chunks of 16; lane l computes its chunk's CRC from a zero register, moves it past the
@@ -55,26 +55,16 @@ __host__ __device__ constexpr CrcShifts crc_shifts() {
 }
 __constant__ CrcShifts kCrcShifts = crc_shifts();
 
-struct CrcTable { uint32_t t[256]; };  // the byte-at-a-time table
-
-// Every thread of the CTA calls it; the table is complete after the next barrier.
-__device__ inline void crc_table(CrcTable& c) {
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-    uint32_t v = static_cast<uint32_t>(i);
-    for (int k = 0; k < 8; ++k) v = v & 1u ? kCrcPoly ^ (v >> 1) : v >> 1;
-    c.t[i] = v;
-  }
-}
-
 // CRC-32 of the `len` bytes at `p` (4 <= len <= kCrcSpan), in every lane; every lane of the warp
-// calls it.
-__device__ inline uint32_t warp_crc32(const CrcTable& c, const uint8_t* p, int len) {
+// calls it. Bit by bit (no table to build): it runs beside the table's hash, off the chain.
+__device__ inline uint32_t warp_crc32(const uint8_t* p, int len) {
   const int lane = threadIdx.x & 31, front = kCrcSpan - len;
   uint32_t v = 0;
-  for (int q = lane * kCrcChunk; q < (lane + 1) * kCrcChunk; ++q) {
-    const int i = q - front;
-    const uint32_t byte = i < 0 ? 0u : p[i] ^ (i < 4 ? 0xffu : 0u);
-    v = c.t[(v ^ byte) & 0xffu] ^ (v >> 8);
+#pragma unroll
+  for (int q = 0; q < kCrcChunk; ++q) {
+    const int i = lane * kCrcChunk + q - front;
+    v ^= i < 0 ? 0u : p[i] ^ (i < 4 ? 0xffu : 0u);
+    for (int k = 0; k < 8; ++k) v = v & 1u ? (v >> 1) ^ kCrcPoly : v >> 1;
   }
   v = crc_mul(v, kCrcShifts.after[lane]);
   for (int d = 16; d; d >>= 1) v ^= __shfl_xor_sync(0xffffffffu, v, d);
@@ -108,6 +98,7 @@ __host__ __device__ constexpr CrcField crc_field(int at) {
 }
 __constant__ CrcField kSizeCrc = crc_field(kSizeFieldAt);
 __constant__ CrcField kChecksumCrc = crc_field(kChecksumAt);
+__constant__ CrcField kHashCrc = crc_field(kHashAt);
 
 // What `value` in field `f` changes in the CRC, in every lane (every lane of the warp calls it).
 __device__ inline uint32_t warp_crc_field(const CrcField& f, unsigned long long value) {
@@ -209,29 +200,33 @@ __device__ inline unsigned long long theory_hash64(const uint32_t* msg, unsigned
   return hash;
 }
 
-// The hash field of a header stage whose table is in place, by one CTA (thread 0 hashes; `msg` is
-// shared scratch of 16 * kShaBlocks words): table_sha64 of the stage's table bytes, or, for a
-// ZipCCL theory table (`theory`), theory_hash64's cached hash, keyed by its seven ranks.
-__device__ inline void hash_stage(uint8_t* stage, uint32_t* msg, bool theory) {
+// The hash and CRC-32 fields of a header stage whose table is in place (payload size and checksum
+// zero), by one CTA (`msg`: shared scratch of 16 * kShaBlocks words). Thread 0 hashes: table_sha64
+// of the stage's table bytes or, for a ZipCCL theory table (`theory`), theory_hash64's cached
+// hash, keyed by its seven ranks. Meanwhile warp 1 (warp 0 after the hash in a one-warp CTA)
+// takes the CRC of the stage with its hash field still zero; the hash then moves it (kHashCrc).
+// Every thread of the CTA calls it.
+__device__ inline void seal_stage(uint8_t* stage, uint32_t* msg, bool theory) {
+  __shared__ unsigned long long s_hash;
+  __shared__ uint32_t s_crc;
   sha_message(stage + kTableAt, msg);
   if (threadIdx.x == 0) {
     unsigned long long key = 0;
     for (int r = 0; r < kTop; ++r)
       key |= static_cast<unsigned long long>(stage[kTableAt + 10 + r]) << (8 * r);
-    const unsigned long long hash = theory ? theory_hash64(msg, key) : table_sha64(msg);
-    for (int h = 0; h < 8; ++h) stage[kHashAt + h] = static_cast<uint8_t>(hash >> (8 * h));
+    s_hash = theory ? theory_hash64(msg, key) : table_sha64(msg);
   }
-}
-
-// The stage's CRC-32 field, for its bytes now complete (table and hash in place; payload size and
-// checksum zero), by the CTA that hashed it; `c`: shared scratch for the byte table. Every thread
-// of the CTA calls it, after the hash is written (a barrier).
-__device__ inline void crc_stage(uint8_t* stage, CrcTable& c) {
-  crc_table(c);
+  if (threadIdx.x >> 5 == (blockDim.x > 32 ? 1 : 0)) {
+    const uint32_t crc = warp_crc32(stage, kCrcAt);
+    if ((threadIdx.x & 31) == 0) s_crc = crc;
+  }
   __syncthreads();
   if (threadIdx.x < 32) {
-    const uint32_t crc = warp_crc32(c, stage, kCrcAt);
-    if (threadIdx.x < 4) stage[kCrcAt + threadIdx.x] = static_cast<uint8_t>(crc >> (8 * threadIdx.x));
+    const unsigned long long hash = s_hash;
+    const uint32_t crc = s_crc ^ warp_crc_field(kHashCrc, hash);
+    const int lane = threadIdx.x;
+    if (lane < 8) stage[kHashAt + lane] = static_cast<uint8_t>(hash >> (8 * lane));
+    if (lane < 4) stage[kCrcAt + lane] = static_cast<uint8_t>(crc >> (8 * lane));
   }
 }
 
