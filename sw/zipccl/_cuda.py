@@ -42,7 +42,7 @@ from zipccl.golden.container import (
     align,
     raw_size,
 )
-from zipccl.golden.formats import FloatFormat
+from zipccl.golden.formats import FloatFormat, get_format
 from zipccl.golden.streams import num_blocks
 
 QUEUES: Final = True  # zipccl._codecs: only queues device work
@@ -578,7 +578,6 @@ class Plan:
         return self.fixed < self.cap
 
 
-@functools.lru_cache(maxsize=256)
 def plan(
     fmt: FloatFormat,
     shape: tuple[int, ...],
@@ -586,6 +585,16 @@ def plan(
     device: torch.device,
     checksum: bool = False,
 ) -> Plan:
+    """The Plan of ``fmt`` tensors of ``shape`` in blocks of ``block`` on ``device``, made once
+    (cached by the format's name: a FloatFormat hashes all its fields on every lookup)."""
+    return _plan(fmt.name, shape, block, device, checksum)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(
+    name: str, shape: tuple[int, ...], block: int, device: torch.device, checksum: bool
+) -> Plan:
+    fmt = get_format(name)
     n = 1
     for d in shape:
         n *= d
