@@ -3,9 +3,10 @@
 No torch headers are involved (building a torch extension takes about a minute; this builds in
 seconds), so the shared library is plain CUDA with ``extern "C"`` launchers that take raw device
 pointers, the device index and torch's current stream. Each public codec call is one ctypes call
-that launches all of its kernels (:func:`compress`, :func:`decompress`); the per-shape constants
-are a cached :class:`Plan`. The build is cached per source hash and GPU architecture in a private
-directory (zipccl._kernel_cache, ``$ZIPCCL_CACHE_DIR``, default ``~/.cache/zipccl``).
+that launches all of its kernels (:func:`compress`, :func:`decompress`; a compress from a cached
+CUDA graph of its launches, csrc/launch.cuh); the per-shape constants are a cached :class:`Plan`.
+The build is cached per source hash and GPU architecture in a private directory
+(zipccl._kernel_cache, ``$ZIPCCL_CACHE_DIR``, default ``~/.cache/zipccl``).
 """
 
 from __future__ import annotations
