@@ -222,17 +222,14 @@ extern "C" int zipccl_compress(const CompressPlan* P, int kind, const void* in, 
   return run_chain(GraphKey{s, P->device, kind, tab != nullptr, *L}, s, queue);
 }
 
-// Copies the device word `flag` to `*result` through a pinned word of the calling thread and
-// zeroes the flag, waiting for `s` (a validating decode that found something).
-static cudaError_t read_flag(int* flag, int* result, cudaStream_t s) {
-  thread_local int* pinned = nullptr;
-  cudaError_t e = cudaSuccess;
-  if (!pinned)
-    e = cudaHostAlloc(reinterpret_cast<void**>(&pinned), sizeof(int), cudaHostAllocPortable);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(pinned, flag, sizeof(int), cudaMemcpyDeviceToHost, s);
+// Copies the device word `flag` to `*result` through the calling thread's notice word `host`
+// (pinned) and zeroes the flag, waiting for `s` (a validating decode that found something).
+static cudaError_t read_flag(int* flag, volatile int* host, int* result, cudaStream_t s) {
+  cudaError_t e = cudaMemcpyAsync(const_cast<int*>(host), flag, sizeof(int),
+                                  cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess) e = cudaMemsetAsync(flag, 0, sizeof(int), s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-  if (e == cudaSuccess) *result = *pinned;
+  if (e == cudaSuccess) *result = *host;
   return e;
 }
 
@@ -284,7 +281,7 @@ extern "C" int zipccl_decode(int device, int kind, const void* buf, const void* 
   if (e != cudaSuccess || !result) return e;
   e = cudaStreamSynchronize(s);
   *result = 0;
-  return e == cudaSuccess && *notice ? read_flag(flag, result, s) : e;
+  return e == cudaSuccess && *notice ? read_flag(flag, notice, result, s) : e;
 }
 
 // The raw layout with a values checksum for a tensor too small for the split one (L->raw_size

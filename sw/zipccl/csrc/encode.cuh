@@ -356,10 +356,8 @@ finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const L
       if (size) size[1] = raw ? 0 : static_cast<long long>(all);
     }
     const unsigned long long checksum = checksum_of(work.sum->pairs, work.sum->low);
-    if (raw && L.checksum_at) {
-      write_header(out, L, raw_bytes, 0, checksum);
-    } else if (raw) {
-      for (int i = threadIdx.x; i < L.crc_at + 4; i += blockDim.x) out[i] = raw_head[i];
+    if (raw) {
+      write_header(out, L, raw_bytes, 0, checksum);  // (the checksum only where L.checksum_at)
     } else {
       if (head) write_header(out, L, split_bytes, all, checksum);
       for (int g = 0; g < L.ngaps; ++g)
