@@ -68,8 +68,8 @@ def layers(x: torch.Tensor, runs: int) -> dict[str, float]:
     meta = out.data_ptr() + plan.meta_at
     lib = _cuda._LIB
     assert lib is not None
-    scratch = _cuda._scratch(device.index, _cuda._stream(device), plan)
     stream = _cuda._stream(device)
+    scratch = _cuda._scratch(device.index, stream, plan)
 
     def launcher() -> None:
         rc = lib.zipccl_compress(

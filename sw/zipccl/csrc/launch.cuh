@@ -281,8 +281,9 @@ class CallGraphs {
   cudaStream_t capture_[kDevices] = {};
 };
 
-// Runs a call's launches `queue(Chain&)` on `s`: from this thread's graph for `key` (recorded at
-// its first call) where `s` is not being captured, else straight onto `s`.
+// Runs a call's launches `queue(Chain&)` on `s` (not being captured: the caller launches a
+// captured call's kernels itself) from this thread's graph for `key`, recorded at its first call;
+// straight onto `s` where recording or setting the graph's parameters failed.
 template <class Queue>
 cudaError_t run_chain(const GraphKey& key, cudaStream_t s, Queue&& queue) {
   const CallGraph* g = CallGraphs::mine().find_or_record(key, queue);
