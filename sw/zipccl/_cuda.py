@@ -31,13 +31,11 @@ from zipccl import _kernel_cache, settings
 from zipccl.golden import builders, theory
 from zipccl.golden.codebook import GPU_TABLE_WORDS, NUM_REGIONS, Codebook
 from zipccl.golden.container import (
-    CHECKSUM_AT,
     CHECKSUM_MISMATCH,
     CRC_AT,
     HEADER_BYTES,
     LAYOUT_RAW,
     LAYOUT_SPLIT,
-    PAYLOAD_BYTES_AT,
     Header,
     Sections,
     align,
@@ -102,12 +100,10 @@ class Layout(ctypes.Structure):
         ("capacity", ctypes.c_longlong),
         ("payload_bytes", ctypes.c_longlong),
         ("payload_cap", ctypes.c_longlong),
-        ("size_field_at", ctypes.c_longlong),
-        ("crc_at", ctypes.c_longlong),
         ("gap_lo", ctypes.c_longlong * GAPS),
         ("gap_hi", ctypes.c_longlong * GAPS),
         ("raw_size", ctypes.c_longlong),
-        ("checksum_at", ctypes.c_longlong),
+        ("checksum", ctypes.c_longlong),
     ]
 
 
@@ -340,9 +336,8 @@ def _layout(
             getattr(lay, name)[i] = at
     lay.offsets_at, lay.payload_at = sec.offsets, sec.payload
     lay.capacity, lay.payload_bytes, lay.payload_cap = capacity, payload_bytes, payload_cap
-    lay.size_field_at, lay.crc_at = PAYLOAD_BYTES_AT, CRC_AT
     lay.raw_size = raw
-    lay.checksum_at = CHECKSUM_AT if checksum else 0
+    lay.checksum = int(checksum)
     return lay
 
 
@@ -490,7 +485,7 @@ def _queue_decode(
             table_at,
             flag.data_ptr(),
             int(clear),
-            _accumulator(device, stream) if lay.checksum_at else None,
+            _accumulator(device, stream) if lay.checksum else None,
             stream,
             ctypes.byref(result) if wait else None,
         )

@@ -64,7 +64,7 @@ cudaError_t launch_encode(Chain& chain, const void* in, void* out, const Layout*
   const long long ctas = (L->nb + warps - 1) / warps;
   const Work w = work_of(work, L->nb);
   uint8_t* o = static_cast<uint8_t*>(out);
-  const auto kernel = L->checksum_at ? encode_kernel<F, Z, true> : encode_kernel<F, Z, false>;
+  const auto kernel = L->checksum ? encode_kernel<F, Z, true> : encode_kernel<F, Z, false>;
   const unsigned grid = resident_grid(kernel, threads, smem, ctas) + !!head_to_hash;
   const auto* x = static_cast<const typename F::T*>(in);
   cudaError_t e = chain.kernel(kernel, grid, threads, smem, after_table, x, o, *L, tab, w,
@@ -78,15 +78,15 @@ cudaError_t launch_encode(Chain& chain, const void* in, void* out, const Layout*
                       static_cast<const uint8_t*>(in), o, *L, w, head, raw_head, size);
 }
 
-// `acc`: the checksum's accumulator (zero; left zero) where L->checksum_at.
+// `acc`: the checksum's accumulator (zero; left zero) where L->checksum.
 template <class F, bool Z = false>
 int launch_decode(const void* buf, const void* pay, void* out, const Layout* L, const int32_t* tab,
                   const Report& report, SumAcc* acc, cudaStream_t s) {
   const int warps = warps_for(L->block), threads = 32 * warps;
   const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4;
   const long long ctas = (L->nb + warps - 1) / warps;
-  if (L->checksum_at && !acc) return cudaErrorInvalidValue;
-  const auto kernel = L->checksum_at ? decode_kernel<F, Z, true> : decode_kernel<F, Z, false>;
+  if (L->checksum && !acc) return cudaErrorInvalidValue;
+  const auto kernel = L->checksum ? decode_kernel<F, Z, true> : decode_kernel<F, Z, false>;
   kernel<<<resident_grid(kernel, threads, smem, ctas), threads, smem, s>>>(
       static_cast<const uint8_t*>(buf), static_cast<const uint8_t*>(pay),
       static_cast<typename F::T*>(out), *L, tab, report, acc);
@@ -253,7 +253,7 @@ static cudaError_t notice_word(volatile int** host, int** dev) {
 
 // `pay` is the payload stream (L->payload_cap bytes); L->payload_bytes < 0 takes its size from
 // the header at `buf`. clear != 0 zeroes the flag first; else problems are OR-ed into it. Where
-// L->checksum_at, the decoded values are checked against the header's checksum, with `acc` (16
+// L->checksum, the decoded values are checked against the header's checksum, with `acc` (16
 // bytes, zero) as the accumulator, which the decode leaves zero. `result` not null (a validating
 // decode): the call also waits for the decode and stores the flag there, reading the device word
 // (and zeroing it) only where the kernel stored a notice; one stream sync in all when nothing was

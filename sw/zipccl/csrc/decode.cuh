@@ -513,7 +513,7 @@ __device__ inline void stage_payload_wide(uint32_t* stage, const uint8_t* src, u
 // and BF16 fast-path decoders are held to 64 registers, with no spills: four CTAs per SM instead
 // of two or three, which the latency-bound decoders need (the generic kernels need more
 // registers). CK: the decoded values' checksum is summed on the way and checked against the
-// header's at buf + L.checksum_at (verify_sum; `acc` its zeroed accumulator).
+// header's at buf + kChecksumAt (verify_sum; `acc` its zeroed accumulator).
 template <class F, bool Z, bool CK>
 __global__ void __launch_bounds__(32 * kMaxWarps, (F::BYTE_CODED || Z) ? 4 : 1)
 decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
@@ -526,11 +526,11 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
   __shared__ uint32_t s_spread4[kSpread ? 256 : 1];  // bit k of a plane byte -> nibble k
   __shared__ uint32_t s_off[F::BYTE_CODED ? 8 : 1];  // compact symbol table: region offsets
   extern __shared__ uint4 s_stage[];
-  const long long head = L.crc_at + 4;
+  constexpr long long head = kHeaderBytes;
   Summer<CK> sum;
   if (L.raw_size > 0 && buf[kLayoutAt] == kLayoutRaw) {  // uniform: the tensor's bytes follow
     grid_copy<CK>(reinterpret_cast<uint8_t*>(out), buf + head, L.raw_size - head, &sum);
-    verify_sum(sum, acc, buf + L.checksum_at, report);
+    verify_sum(sum, acc, buf + kChecksumAt, report);
     return;
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -577,7 +577,7 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
   // payload_bytes < 0: the size is the one in the buffer's own header (a collective's receiver
   // learns it only here); a payload past the room it was sent with is not decoded at all.
   const unsigned long long size = L.payload_bytes >= 0
-      ? static_cast<unsigned long long>(L.payload_bytes) : load_bytes(buf + L.size_field_at, 8);
+      ? static_cast<unsigned long long>(L.payload_bytes) : load_bytes(buf + kSizeFieldAt, 8);
   if (size > static_cast<unsigned long long>(L.payload_cap)) {  // uniform across the grid
     if (threadIdx.x == 0 && blockIdx.x == 0) report(kErrRoom);
     return;
@@ -655,7 +655,7 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
     __syncwarp();  // the stage is read out before the next block is staged
   }
   if (err) report(err);
-  verify_sum(sum, acc, buf + L.checksum_at, report);
+  verify_sum(sum, acc, buf + kChecksumAt, report);
 }
 
 }  // namespace

@@ -290,7 +290,7 @@ __device__ inline HeadBytes load_head(const uint8_t* __restrict__ head) {
   return h;
 }
 
-// The header from `head` (golden's header with payload_bytes 0 and, where L.checksum_at, the
+// The header from `head` (golden's header with payload_bytes 0 and, where L.checksum, the
 // checksum flag and a zero checksum, with the CRC-32 of those bytes) with the payload size and the
 // checksum patched in and the CRC fixed up for them (warp_crc_field). Every thread of the CTA
 // (kHeadThreads) must call it; the last warp's last lanes hold the template's CRC bytes.
@@ -300,9 +300,9 @@ __device__ inline void write_header(uint8_t* out, const Layout& L, const HeadByt
   for (int k = 0; k < kHeadPerThread; ++k) {
     const int i = threadIdx.x + kHeadThreads * k, f = i - kSizeFieldAt, c = i - kChecksumAt;
     if (i < kCrcAt)
-      out[i] = f >= 0 && f < 8                     ? static_cast<uint8_t>(total >> (8 * f))
-               : L.checksum_at && c >= 0 && c < 8 ? static_cast<uint8_t>(checksum >> (8 * c))
-                                                   : head.b[k];
+      out[i] = f >= 0 && f < 8                  ? static_cast<uint8_t>(total >> (8 * f))
+               : L.checksum && c >= 0 && c < 8 ? static_cast<uint8_t>(checksum >> (8 * c))
+                                                : head.b[k];
   }
   if (threadIdx.x >= kHeadThreads - 32) {
     const int lane = threadIdx.x & 31, j = lane - 28;  // lane 28 + j: the CRC's byte j
@@ -311,7 +311,7 @@ __device__ inline void write_header(uint8_t* out, const Layout& L, const HeadByt
     for (int b = 0; b < 4; ++b)
       crc |= static_cast<uint32_t>(__shfl_sync(kFull, last, 28 + b)) << (8 * b);
     crc ^= warp_crc_field(kSizeCrc, total);
-    if (L.checksum_at) crc ^= warp_crc_field(kChecksumCrc, checksum);
+    if (L.checksum) crc ^= warp_crc_field(kChecksumCrc, checksum);
     if (j >= 0) out[kCrcAt + j] = static_cast<uint8_t>(crc >> (8 * j));
   }
 }
@@ -328,7 +328,7 @@ __device__ inline bool store_raw(const Layout& L, unsigned long long total) {
 // (one per warp) learns its base (the tiles and the tile's counts before it) and each warp gives
 // its block its uint64 offset and moves its payload from the scratch slot. Where store_raw, the
 // tensor's bytes under `raw_head` are stored instead, by every CTA; where the payload overflows
-// the buffer (a collective's room), no payload is placed. Where L.checksum_at, the header gets the
+// the buffer (a collective's room), no payload is placed. Where L.checksum, the header gets the
 // values checksum the encoder summed.
 constexpr int kGroup = 8;
 static_assert(32 * kGroup == kHeadThreads, "finish_kernel's header CTA");
@@ -357,7 +357,7 @@ finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const L
     }
     const unsigned long long checksum = checksum_of(work.sum->pairs, work.sum->low);
     if (raw) {
-      write_header(out, L, raw_bytes, 0, checksum);  // (the checksum only where L.checksum_at)
+      write_header(out, L, raw_bytes, 0, checksum);  // (the checksum only where L.checksum)
     } else {
       if (head) write_header(out, L, split_bytes, all, checksum);
       for (int g = 0; g < L.ngaps; ++g)
@@ -365,7 +365,7 @@ finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const L
     }
   }
   if (raw) {
-    grid_copy(out + L.crc_at + 4, in, L.raw_size - L.crc_at - 4);
+    grid_copy(out + kHeaderBytes, in, L.raw_size - kHeaderBytes);
   } else if (fits && blockIdx.x < placers) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (long long first = static_cast<long long>(blockIdx.x) * kGroup; first < L.nb;
@@ -399,7 +399,7 @@ seal_raw_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const
   if (threadIdx.x == 0) s_sum = SumAcc{0, 0, 0};
   __syncthreads();
   Summer<true> sum;
-  const long long head = L.crc_at + 4;
+  constexpr long long head = kHeaderBytes;
   grid_copy<true>(out + head, in, L.raw_size - head, &sum);
   sum.commit(&s_sum);
   __syncthreads();

@@ -16,15 +16,15 @@ struct Layout {
   long long n, nb, block, ngaps;
   long long raw_byte_at[3], raw_bit_at[3], prefix_at[3];
   long long offsets_at, payload_at, capacity, payload_bytes, payload_cap;
-  long long size_field_at, crc_at;  // golden.container's header: payload_bytes and CRC-32 fields
   long long gap_lo[kGaps], gap_hi[kGaps];
   // The raw layout's size when the buffer may hold it (codec.compress on the device: the encoder
   // stores the tensor raw where the split layout is not smaller, the decoder reads the layout from
   // the header); 0 for a buffer known to be split (a collective's piece).
   long long raw_size;
-  // Where the header's values checksum is (golden.container.CHECKSUM_AT) when the kernels compute
-  // it (encode) or check it (decode); 0: the buffer carries none.
-  long long checksum_at;
+  // 1: the kernels compute the header's values checksum (encode) or check it (decode), at
+  // kChecksumAt; 0: the buffer carries none. (The header's field positions are table.cuh's
+  // constants, checked against golden by tests/test_cuda_constants.py.)
+  long long checksum;
 };
 
 namespace {
