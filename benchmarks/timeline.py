@@ -1,6 +1,7 @@
 """Where one compress call's device time goes: a timeline of its three kernels.
 
-    python benchmarks/timeline.py [--sizes 1,16] [--dtypes bfloat16,float8_e4m3fn] [--out OUT]
+    python benchmarks/timeline.py [--sizes 1,16] [--dtypes bfloat16,float8_e4m3fn] [--flush]
+                                  [--out OUT]
 
 A copy of csrc/ gets globaltimer stamps at named points of the table, encode and finish kernels
 (STAMPS: the source line each follows or precedes; the copy is refused if one is missing, so the
@@ -11,6 +12,8 @@ CPU). zipccl then runs on that build: after warm-up calls, each of 15 calls of
 CTA started (FP8: after the encode kernel's first CTA, its table kernel has no stamp), go to
 stdout and OUT/timeline.json. The kernels' launches overlap (programmatic dependent launch), so
 these are the times the user's stream sees; the stamps themselves cost well under a microsecond.
+``--flush`` writes 256 MiB before each call, so that the call finds none of its tensor in L2 (as
+a call on data another kernel just evicted does); without it, the previous call left it there.
 """
 
 from __future__ import annotations
@@ -164,6 +167,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python benchmarks/timeline.py", description=__doc__)
     parser.add_argument("--sizes", default="1,16", help="MiB, comma-separated")
     parser.add_argument("--dtypes", default="bfloat16,float8_e4m3fn")
+    parser.add_argument("--flush", action="store_true", help="evict L2 before each call")
     parser.add_argument("--out", type=Path, help="folder for timeline.json")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
@@ -179,20 +183,27 @@ def main() -> None:
     if lib is None:
         sys.exit("the patched kernels did not build")
     lib.timeline_reset.argtypes = lib.timeline_read.argtypes = [ctypes.c_void_p]
+    scrub = torch.empty(256 * MIB, dtype=torch.uint8, device="cuda") if args.flush else None
     results = []
     for dtype_name in args.dtypes.split(","):
         for mib in map(float, args.sizes.split(",")):
             x = make(getattr(torch, dtype_name), int(mib * MIB))
             for _ in range(10):
                 zipccl.compress(x)
-            rows = timeline(lib, lambda x=x: zipccl.compress(x))
+
+            def call(x: torch.Tensor = x) -> None:
+                if scrub is not None:
+                    scrub.zero_()
+                zipccl.compress(x)
+
+            rows = timeline(lib, call)
             results.append({"dtype": dtype_name, "MiB": mib, "us": rows})
             print(f"{dtype_name} {mib:g} MiB")
             for name, at in rows.items():
                 print(f"    {name:34s} {at:7.2f}")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        doc = {"device": torch.cuda.get_device_name(), "rows": results}
+        doc = {"device": torch.cuda.get_device_name(), "flush": args.flush, "rows": results}
         (args.out / "timeline.json").write_text(json.dumps(doc, indent=1))
 
 
