@@ -459,6 +459,30 @@ def test_gpu_back_to_back_compresses_reuse_their_graph(dtype: torch.dtype) -> No
         assert torch.equal(chosen.buffer.cpu(), zipccl.compress(x, table).buffer), (dtype, i)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn, torch.float16])
+def test_gpu_calls_on_the_same_buffers_code_the_values_now(dtype: torch.dtype) -> None:
+    """A call with the call before's tensors and buffers finds its graph's parameters already
+    set and does not set them again (launch.cuh NodeParams): queued with no sync, with the inputs
+    overwritten in place between calls, alternating two inputs and the default table with a given
+    one (the memset node), each buffer holds the CPU's bytes for the values it was called on."""
+    n = 200_003
+    given = zipccl.default_table(gaussian(n, dtype, seed=120))
+    inputs = [torch.empty(n, dtype=dtype, device=CUDA) for _ in range(2)]
+    out = torch.empty(zipccl.max_compressed_bytes(dtype, n), dtype=torch.uint8, device=CUDA)
+    queued = []
+    for i in range(8):
+        x = gaussian(n, dtype, seed=121 + i, scale=2.0 ** (i % 3))
+        table = given if i % 4 >= 2 else None
+        target = inputs[(i // 2) % 2]  # each input twice in a row: the same parameters
+        target.copy_(x, non_blocking=True)
+        zipccl.compress_into(target, out, table)
+        queued.append((out.clone(), x, table))
+    torch.cuda.synchronize()
+    for i, (snapshot, x, table) in enumerate(queued):
+        want = zipccl.compress(x, table).buffer
+        assert torch.equal(snapshot[: want.numel()].cpu(), want), (dtype, i)
+
+
 def test_gpu_threads_do_not_share_scratch() -> None:
     """Two host threads compressing on the default stream each get their own scratch."""
     import threading

@@ -85,21 +85,52 @@ class OnDevice {
 };
 
 constexpr int kMaxChainNodes = 4;
+constexpr int kMaxParamBytes = 512;  // a chain kernel's parameters, packed (the Layout is ~300)
+
+// A node's parameters as last set in the executable, packed one after another (no padding):
+// a call whose parameters are the ones already set (the same tensors and buffers as the call
+// before, as a loop that reuses its buffers makes) skips setting them, about 1 µs a node.
+struct NodeParams {
+  size_t bytes = 0;  // 0: unknown (the executable's are the recording call's), set them
+  unsigned char data[kMaxParamBytes];
+
+  // Stores the packed `values`; whether they differ from the stored ones (or do not fit).
+  template <typename... Values>
+  bool update(const Values&... values) {
+    unsigned char next[kMaxParamBytes];
+    size_t at = 0;
+    bool fits = true;
+    const auto pack = [&](const void* value, size_t size) {
+      fits = fits && at + size <= kMaxParamBytes;
+      if (fits) std::memcpy(next + at, value, size), at += size;
+    };
+    (pack(&values, sizeof(Values)), ...);
+    if (!fits) {
+      bytes = 0;
+      return true;
+    }
+    if (at == bytes && std::memcmp(next, data, at) == 0) return false;
+    std::memcpy(data, next, at);
+    bytes = at;
+    return true;
+  }
+};
 
 // A recorded call: its graph, the executable, and each node with the kernel it runs (null: the
-// memset node; a chain has at most one, and no kernel twice).
+// memset node; a chain has at most one, and no kernel twice) and the parameters last set on it.
 struct CallGraph {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   const void* func[kMaxChainNodes] = {};
   cudaGraphNode_t node[kMaxChainNodes] = {};
+  NodeParams params[kMaxChainNodes];
   int n = 0;
   cudaMemsetParams memset = {};  // the memset node's parameters as recorded
 
-  cudaGraphNode_t node_of(const void* f) const {
+  int index_of(const void* f) const {
     for (int i = 0; i < n; ++i)
-      if (func[i] == f) return node[i];
-    return nullptr;
+      if (func[i] == f) return i;
+    return -1;
   }
 };
 
@@ -110,7 +141,7 @@ struct CallGraph {
 class Chain {
  public:
   explicit Chain(cudaStream_t s) : s_(s) {}
-  Chain(cudaStream_t s, const CallGraph* g) : s_(s), g_(g) {}
+  Chain(cudaStream_t s, CallGraph* g) : s_(s), g_(g) {}
 
   template <typename... Params, typename... Args>
   cudaError_t kernel(void (*k)(Params...), unsigned grid, unsigned threads, size_t smem,
@@ -124,12 +155,15 @@ class Chain {
   // Zero `bytes` at `p`.
   cudaError_t zero(void* p, size_t bytes) {
     if (!g_) return cudaMemsetAsync(p, 0, bytes, s_);
-    const cudaGraphNode_t node = g_->node_of(nullptr);
-    if (!node) return cudaErrorInvalidValue;
+    const int i = g_->index_of(nullptr);
+    if (i < 0) return cudaErrorInvalidValue;
     cudaMemsetParams m = g_->memset;  // the same bytes as recorded: the same layout
     if (m.width * m.elementSize != bytes || m.height != 1) return cudaErrorInvalidValue;
     m.dst = p;
-    return cudaGraphExecMemsetNodeSetParams(g_->exec, node, &m);
+    if (!g_->params[i].update(p)) return cudaSuccess;
+    const cudaError_t e = cudaGraphExecMemsetNodeSetParams(g_->exec, g_->node[i], &m);
+    if (e != cudaSuccess) g_->params[i].bytes = 0;
+    return e;
   }
 
  private:
@@ -154,8 +188,9 @@ class Chain {
   template <typename Values, size_t... I>
   cudaError_t set(const void* f, unsigned grid, unsigned threads, size_t smem, Values& values,
                   std::index_sequence<I...>) {
-    const cudaGraphNode_t node = g_->node_of(f);
-    if (!node) return cudaErrorInvalidValue;
+    const int i = g_->index_of(f);
+    if (i < 0) return cudaErrorInvalidValue;
+    if (!g_->params[i].update(grid, threads, smem, std::get<I>(values)...)) return cudaSuccess;
     void* args[] = {static_cast<void*>(&std::get<I>(values))..., nullptr};
     cudaKernelNodeParams p = {};
     p.func = const_cast<void*>(f);
@@ -163,11 +198,13 @@ class Chain {
     p.blockDim = dim3(threads);
     p.sharedMemBytes = static_cast<unsigned>(smem);
     p.kernelParams = args;
-    return cudaGraphExecKernelNodeSetParams(g_->exec, node, &p);
+    const cudaError_t e = cudaGraphExecKernelNodeSetParams(g_->exec, g_->node[i], &p);
+    if (e != cudaSuccess) g_->params[i].bytes = 0;  // unknown again: the next call sets them
+    return e;
   }
 
   cudaStream_t s_;
-  const CallGraph* g_ = nullptr;
+  CallGraph* g_ = nullptr;
 };
 
 // What makes two calls' launch sequences the same graph: the stream it runs on (a graph's launches
@@ -197,7 +234,7 @@ class CallGraphs {
   // The graph recorded for `key`, or one recorded now from `queue(Chain&)` (on a private stream,
   // in this device's context); null where recording failed (the call then launches directly).
   template <class Queue>
-  const CallGraph* find_or_record(const GraphKey& key, Queue&& queue) {
+  CallGraph* find_or_record(const GraphKey& key, Queue&& queue) {
     for (int i = 0; i < n_; ++i) {
       if (entry_[i].key == key) {
         Entry hit = entry_[i];
@@ -265,7 +302,7 @@ class CallGraphs {
       if (type == cudaGraphNodeTypeKernel) {
         cudaKernelNodeParams p = {};
         if (cudaGraphKernelNodeGetParams(node, &p) != cudaSuccess) return false;
-        if (!p.func || g.node_of(p.func)) return false;
+        if (!p.func || g.index_of(p.func) >= 0) return false;
         g.func[g.n] = p.func;
       } else if (type != cudaGraphNodeTypeMemset || memsets++ ||
                  cudaGraphMemsetNodeGetParams(node, &g.memset) != cudaSuccess) {
@@ -286,7 +323,7 @@ class CallGraphs {
 // straight onto `s` where recording or setting the graph's parameters failed.
 template <class Queue>
 cudaError_t run_chain(const GraphKey& key, cudaStream_t s, Queue&& queue) {
-  const CallGraph* g = CallGraphs::mine().find_or_record(key, queue);
+  CallGraph* g = CallGraphs::mine().find_or_record(key, queue);
   if (g) {
     Chain chain(s, g);
     if (queue(chain) == cudaSuccess) return cudaGraphLaunch(g->exec, s);
