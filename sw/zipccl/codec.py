@@ -655,7 +655,12 @@ def _backend(device: torch.device, block: int) -> Codec:
     """CUDA tensors: the CUDA C++ kernels (the fast path); ``ZIPCCL_BACKEND=triton`` selects the
     Triton kernels (also on CPU tensors under TRITON_INTERPRET=1), ``=torch`` the torch ops.
     What each can do: zipccl._codecs."""
-    return _backend_for(device.type, block, settings.value("ZIPCCL_BACKEND"))
+    return _backend_of(device.type, block)
+
+
+def _backend_of(device_type: str, block: int) -> Codec:
+    """:func:`_backend` by the device's type (the hot path has it without a device object)."""
+    return _backend_for(device_type, block, settings.value("ZIPCCL_BACKEND"))
 
 
 @functools.lru_cache(maxsize=32)
@@ -762,7 +767,7 @@ def _device_codec(tensor: torch.Tensor, block: int):
     global _cuda
     if not tensor.is_cuda:
         return None
-    backend = _backend_for("cuda", block, settings.value("ZIPCCL_BACKEND"))
+    backend = _backend_of("cuda", block)
     if _cuda is None:
         from zipccl import _cuda as module
 
