@@ -12,8 +12,9 @@ is close to the time per call, the host is the bound). ``--trace`` records the k
 torch.profiler (CUPTI sees the kernels a CUDA graph launches) and reports, per call, the span
 from the table kernel's start to the finish kernel's end (``span_us``, the device chain as the loop
 runs it), the idle time between one call's finish kernel and the next call's table kernel
-(``gap_us``), and the median host time of each CUDA API call the loop made. Output: stdout and
-OUT/back_to_back.json (and the traces, OUT/trace_*.json).
+(``gap_us``; both medians over the calls after the first, whose table kernel follows the warm-up
+rather than a call of the loop), and the median host time of each CUDA API call the loop made.
+Output: stdout and OUT/back_to_back.json (and the traces, OUT/trace_*.json).
 """
 
 from __future__ import annotations
