@@ -62,9 +62,9 @@ STAMPS = [
     Stamp(
         1, "table: last CTA sampled", S, "const Sums mine = cta_slot_sums<F>(in, stride, count);"
     ),
-    Stamp(2, "table: last CTA takes its ticket", S, "// the other CTAs' sums are visible"),
+    Stamp(2, "table: last CTA takes its ticket", S, "the other CTAs' sums are visible"),
     Stamp(3, "table: sums added", S, "  const bool spread = sigma > 0.0", False),
-    Stamp(4, "table: top 7 bins", S, "theory_top(s_prob[tid], s_tb + 10);"),
+    Stamp(4, "table: top 7 bins", S, "theory_top(p, s_tb + 10);"),
     Stamp(
         5,
         "table: published (end)",

@@ -180,11 +180,14 @@ struct TheoryControl {
 
 // golden.theory.top_symbols: the kTop most probable of the 256 bins into `ranks`, best first
 // (ties to the smaller bin); thread i holds bin i's probability `p` (blockDim.x == 256). Each warp
-// sorts its 32 bins by a bitonic network of shuffles, and one warp merges the eight sorted heads,
-// kTop times taking the best: one barrier in all (kTop CTA-wide argmax rounds took two each).
+// sorts its 32 bins by a bitonic network of shuffles; the global top kTop lie among the warps'
+// heads (a bin's betters are all in the top kTop when it is), and a head's rank among the 8 kTop
+// heads is its global rank there, so each head counts the heads better than it, all at once: one
+// barrier in all, and no serial rounds.
 __device__ inline void theory_top(double p, uint8_t* ranks) {
-  __shared__ double s_p[8][kTop];
-  __shared__ int s_i[8][kTop];
+  constexpr int kHeads = 8 * kTop;
+  __shared__ double s_p[kHeads];
+  __shared__ int s_i[kHeads];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   auto better = [](double q, int j, double p, int i) { return q > p || (q == p && j < i); };
   int i = tid;
@@ -196,22 +199,15 @@ __device__ inline void theory_top(double p, uint8_t* ranks) {
       if (better(q, qi, p, i) == (first == down)) p = q, i = qi;
     }
   }
-  if (lane < kTop) s_p[warp][lane] = p, s_i[warp][lane] = i;
+  if (lane < kTop) s_p[warp * kTop + lane] = p, s_i[warp * kTop + lane] = i;
   __syncthreads();
-  if (warp == 0) {
-    int next = 0;  // lane w < 8: warp w's next candidate
-    for (int r = 0; r < kTop; ++r) {
-      const bool live = lane < 8 && next < kTop;
-      double hp = live ? s_p[lane][next] : -2.0;  // below every probability
-      int hi = live ? s_i[lane][next] : 256 + lane;
-      for (int d = 4; d; d >>= 1) {  // the best of lanes 0..7 (lanes past 7 exchange among themselves)
-        const double q = __shfl_xor_sync(kFull, hp, d);
-        const int qi = __shfl_xor_sync(kFull, hi, d);
-        if (better(q, qi, hp, hi)) hp = q, hi = qi;
-      }
-      if (live && s_i[lane][next] == hi) ++next;  // the owner's head was taken
-      if (lane == 0) ranks[r] = static_cast<uint8_t>(hi);
-    }
+  if (tid < kHeads) {
+    const double hp = s_p[tid];
+    const int hi = s_i[tid];
+    int rank = 0;
+#pragma unroll 8
+    for (int c = 0; c < kHeads; ++c) rank += better(s_p[c], s_i[c], hp, hi);
+    if (rank < kTop) ranks[rank] = static_cast<uint8_t>(hi);
   }
 }
 
@@ -229,7 +225,7 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
               const uint8_t* __restrict__ head, uint8_t* __restrict__ stage,
               int32_t* __restrict__ words, unsigned long long* __restrict__ counts,
               long long count_words) {
-  __shared__ double s_cdf[257], s_prob[256], s_sums[3], s_part[kSlots / 32][3];
+  __shared__ double s_sums[3], s_part[kSlots / 32][3];
   __shared__ uint8_t s_tb[kTableBytes];
   __shared__ bool s_last;
   auto* ctl = reinterpret_cast<TheoryControl*>(stage + kMaxHeader);
@@ -244,13 +240,12 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
       ctl->part[blockIdx.x][0] = w.sq;
       ctl->part[blockIdx.x][1] = w.live;
       ctl->part[blockIdx.x][2] = w.zeros;
-      __threadfence();
-      s_last = atomicAdd(&ctl->ticket, 1u) == gridDim.x - 1;
+      s_last = take_ticket(&ctl->ticket) == gridDim.x - 1;
     }
   }
   __syncthreads();
   if (!s_last) return;
-  __threadfence();  // the other CTAs' sums are visible
+  // past the barrier after take_ticket: the other CTAs' sums are visible
   if (tid == 0) ctl->ticket = 0;  // every CTA has taken its ticket: zero for the next call
   static_assert(kSlots / 32 == 32, "one sampling CTA's sums per lane");
   if (tid < 32) {  // lane w loads CTA w's sums (one round trip); lane i < 3 adds component i
@@ -267,13 +262,13 @@ theory_kernel(const typename F::T* __restrict__ in, long long stride, long long 
   const double zeros = s_sums[2] / static_cast<double>(count);
   constexpr int top = (1 << F::EXP_BITS) - 1, bias = (1 << F::EXP_BITS) / 2 - 1;
   const bool spread = sigma > 0.0 && isfinite(sigma);
-  for (int j = tid; j <= top + 1; j += blockDim.x)
-    s_cdf[j] = spread ? theory_cdf(j, top, bias, sigma) : 0.0;
-  __syncthreads();
-  for (int i = tid; i < 256; i += blockDim.x)
-    s_prob[i] = i <= top ? theory_prob(i, s_cdf[i], s_cdf[i + 1], zeros) : 0.0;
-  __syncthreads();
-  theory_top(s_prob[tid], s_tb + 10);  // golden.theory.top_symbols: the 7 best bins
+  // bin tid's probability from both its edges' cdf (the two erfc chains overlap; sharing the
+  // edges between threads would cost two barriers)
+  const double p = tid > top ? 0.0
+                   : spread  ? theory_prob(tid, theory_cdf(tid, top, bias, sigma),
+                                           theory_cdf(tid + 1, top, bias, sigma), zeros)
+                             : theory_prob(tid, 0.0, 0.0, zeros);
+  theory_top(p, s_tb + 10);  // golden.theory.top_symbols: the 7 best bins
   if (tid == 0) s_tb[0] = 8 | kLiteralFlag, s_tb[8] = kTop;  // zipccl_layout: p0 escapes
   __syncthreads();
   publish_table(s_tb, template_bytes, stage, words);
@@ -346,12 +341,11 @@ staircase_kernel(const typename F::T* __restrict__ in, long long stride, long lo
   }
   __syncthreads();
   if (s_hist[tid]) atomicAdd(&ctl->hist[tid], s_hist[tid]);
-  __threadfence();
   __syncthreads();
-  if (tid == 0) s_last = atomicAdd(&ctl->ticket, 1u) == gridDim.x - 1;
+  if (tid == 0) s_last = take_ticket(&ctl->ticket) == gridDim.x - 1;
   __syncthreads();
   if (!s_last) return;
-  __threadfence();  // the other CTAs' counts are visible
+  // past the barrier after take_ticket: the other CTAs' counts are visible
   const unsigned mine = __ldcg(&ctl->hist[tid]);
   ctl->hist[tid] = 0;  // every CTA has added its counts: zero for the next call
   if (tid == 0) ctl->ticket = 0;

@@ -24,6 +24,18 @@ __device__ __forceinline__ void wait_for_predecessor() {
 #endif
 }
 
+// A grid's last-CTA ticket: the previous count of `ticket`, incremented with acquire-release
+// semantics at GPU scope. The release makes the caller's earlier writes, and (being cumulative)
+// those its CTA made before a __syncthreads, visible to whoever takes a later ticket; the acquire
+// makes the CTA that takes the last ticket see every other CTA's, once a __syncthreads passes
+// that on to its other threads. No __threadfence on either side.
+__device__ __forceinline__ unsigned take_ticket(unsigned* ticket) {
+  unsigned previous;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+               : "=r"(previous) : "l"(ticket) : "memory");
+  return previous;
+}
+
 // Bit positions of a lane's groups within one round: earlier groups of the whole warp come first,
 // then the same group's earlier lanes (group g of lane l holds round elements 256*g + 8*l ...).
 // The four counts travel packed in 16-bit fields of one uint64 (each warp sum <= 32 * 64 bits).
