@@ -48,6 +48,13 @@ def test_gpu_bytes_equal_cpu(dtype: torch.dtype, n: int) -> None:
     gpu_vs_cpu(gaussian(n, dtype, seed=n, scale=2.0), fitted(dtype))
 
 
+def test_gpu_bytes_equal_cpu_past_a_full_gpu() -> None:
+    """BF16 with more blocks (16,384) than a GPU holds warps twice over: one warp codes each block
+    there, while the smaller tensors above take the encoder's two warps a block (block_split)."""
+    n = (1 << 26) + 5
+    gpu_vs_cpu(gaussian(n, torch.bfloat16, seed=n, scale=2.0), fitted(torch.bfloat16))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block", [64, 256, 8192, 16384])
 def test_gpu_blocks(dtype: torch.dtype, block: int) -> None:

@@ -1,12 +1,14 @@
 // zipccl split-layout codec kernels (golden/container.py bytes), built by zipccl/_cuda.py (nvcc).
 //
 // One warp codes one block of `block` elements, with no CTA-wide barrier and no waiting on other
-// blocks. It walks the block in rounds of 1024 elements: lane l owns 4 groups of 8 consecutive
-// elements (group g starts at round element 256*g + 8*l, so every warp access is contiguous). A
-// group's 8 elements are one byte of every bit plane (prefix planes, FP16's raw bit planes) and one
-// 8-byte store per raw byte plane. Payload bit positions come from one warp scan per round of
-// packed per-group bit counts; the payload is assembled in the warp's slice of shared memory (the
-// *stage*, big-endian 32-bit words: stream byte i at stage byte i ^ 3) and copied out.
+// blocks (the BF16 encoder gives a block to two warps of a CTA, each half its rounds, when a tensor
+// has too few blocks to fill the GPU's warps: warp.cuh block_split). It walks the block in rounds
+// of 1024 elements: lane l owns 4 groups of 8 consecutive elements (group g starts at round element
+// 256*g + 8*l, so every warp access is contiguous). A group's 8 elements are one byte of every bit
+// plane (prefix planes, FP16's raw bit planes) and one 8-byte store per raw byte plane. Payload bit
+// positions come from one warp scan per round of packed per-group bit counts; the payload is
+// assembled in the warp's slice of shared memory (the *stage*, big-endian 32-bit words: stream byte
+// i at stage byte i ^ 3) and copied out.
 //
 // Compress (zipccl_compress) is three launches (a memset and two with a given table), none of which
 // waits for the host or for another block, queued as one cached CUDA graph whose parameters each
@@ -39,6 +41,7 @@
 // CRC-32, SHA-256), warp.cuh (warp primitives), encode.cuh, decode.cuh, sample.cuh (sample
 // summary, theory table), launch.cuh (grids, dependent launches, the call graphs); this file has
 // the launchers and the exported entry points.
+#include <climits>
 #include <type_traits>
 
 #include "decode.cuh"
@@ -61,7 +64,8 @@ cudaError_t launch_encode(Chain& chain, const void* in, void* out, const Layout*
                           uint8_t* head_to_hash = nullptr, bool after_table = false) {
   const int warps = warps_for(L->block), threads = 32 * warps;
   const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4;
-  const long long ctas = (L->nb + warps - 1) / warps;
+  const int want = block_split(Z, *L, warps, LLONG_MAX);  // warps a block, given the room
+  const long long ctas = (L->nb * want + warps - 1) / warps;
   const Work w = work_of(work, L->nb);
   uint8_t* o = static_cast<uint8_t*>(out);
   const auto kernel = L->checksum ? encode_kernel<F, Z, true> : encode_kernel<F, Z, false>;

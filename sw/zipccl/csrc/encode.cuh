@@ -173,18 +173,30 @@ __host__ __device__ inline Work work_of(void* work, long long nb) {
           reinterpret_cast<uint32_t*>(w + counts_at(nb)), w + scratch_at(nb)};
 }
 
-// Block b's values into the SM's L1, by one warp: an encoder's warp asks for its first block
-// while the table kernel before it still runs, so that its rounds' loads after the wait hit L1.
+// Rounds r0 .. r0 + nr - 1 of block b's values into the SM's L1, by one warp: an encoder's warp
+// asks for its first block's share while the table kernel before it still runs, so that its
+// rounds' loads after the wait hit L1.
 template <class F>
-__device__ inline void prefetch_block(const typename F::T* in, const Layout& L, long long b) {
+__device__ inline void prefetch_block(const typename F::T* in, const Layout& L, long long b,
+                                      int r0, int nr) {
   if (b >= L.nb) return;
-  const long long first = b * L.block, n = L.n - first < L.block ? L.n - first : L.block;
-  const auto* p = reinterpret_cast<const uint8_t*>(in + first);
-  for (long long at = 128 * (threadIdx.x & 31); at < n * sizeof(typename F::T); at += 32 * 128)
-    prefetch_l1(p + at);
+  const long long lo = b * L.block + static_cast<long long>(r0) * kRound;
+  const long long end = min(min((b + 1) * L.block, L.n), lo + static_cast<long long>(nr) * kRound);
+  if (end <= lo) return;  // this warp's share lies past the tensor's end
+  const long long bytes = (end - lo) * static_cast<long long>(sizeof(typename F::T));
+  const auto* p = reinterpret_cast<const uint8_t*>(in + lo);
+  for (long long at = 128 * (threadIdx.x & 31); at < bytes; at += 32 * 128) prefetch_l1(p + at);
 }
 
-// Each warp codes whole blocks: planes into the container, the payload into the block's scratch
+// Two warps' halves of a block (block_split): the second warp's payload bytes, `bytes` of them at
+// the start of its own stage, moved to follow the first warp's `at` bytes in the first's stage
+// (both hold stream bytes in big-endian words: byte i at i ^ 3).
+__device__ inline void append_stage(uint8_t* dst, uint32_t at, const uint8_t* src, uint32_t bytes) {
+  for (uint32_t i = threadIdx.x & 31; i < bytes; i += 32) dst[(at + i) ^ 3u] = src[i ^ 3u];
+}
+
+// Each warp codes whole blocks (or, where block_split says two, the BF16 fast path's pairs of warps
+// code them, each half the rounds): planes into the container, the payload into the block's scratch
 // slot, its byte count into `counts` and the tile's sum. `head_to_hash`: a header stage whose table
 // hash is still to be written (a default table's, see theory_kernel and staircase_kernel); CTA 0
 // then computes it and the stage's CRC-32 (seal_stage) while the other CTAs encode. CK: the values
@@ -200,33 +212,49 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
   static_assert(16 * kShaBlocks <= 256, "the hashing CTA's message fits in s_lut");
   const int hashing = head_to_hash != nullptr;  // a default table comes unhashed
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, words = stage_words(L.block);
-  const long long first = static_cast<long long>(blockIdx.x - hashing) * (blockDim.x >> 5) + warp;
-  if (!hashing || blockIdx.x) prefetch_block<F>(in, L, first);  // not the table kernel's output
+  const int split = block_split(Z, L, blockDim.x >> 5, gridDim.x - hashing), half = warp % split;
+  const int per = rounds(L) / split, r0 = half * per;  // this warp's rounds of each block
+  const long long first =
+      (static_cast<long long>(blockIdx.x - hashing) * (blockDim.x >> 5) + warp) / split;
+  if (!hashing || blockIdx.x) prefetch_block<F>(in, L, first, r0, per);  // not the table's output
   wait_for_predecessor();  // the table kernel's table and zeroed sums
   let_dependents_start();
   if (hashing && blockIdx.x == 0) {
     seal_stage(head_to_hash, s_lut, !F::BYTE_CODED);
     return;
   }
+  __shared__ uint32_t s_half_bits[kMaxWarps];  // split: each half's payload bits
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;
+  uint32_t* block_stage = stage - half * words;  // the block's payload: its first warp's stage
   for (int i = threadIdx.x; i < 256; i += blockDim.x) s_lut[i] = Z ? spread_word(tab[i]) : tab[i];
   __syncthreads();
   Summer<CK> sum;
-  const long long warps = static_cast<long long>(gridDim.x - hashing) * (blockDim.x >> 5);
-  for (long long b = first; b < L.nb; b += warps) {
+  const long long units = static_cast<long long>(gridDim.x - hashing) * (blockDim.x >> 5) / split;
+  for (long long b = first; b < L.nb; b += units) {
     if constexpr (!Z) {
       for (int i = lane; i < words; i += 32) stage[i] = 0u;
       __syncwarp();
     }
     const long long start = b * L.block;
     uint32_t bits = 0;
-    for (int r = 0; r < rounds(L); ++r) {
+    for (int r = r0; r < r0 + per; ++r) {
       if (full_round(L, start, r))
         bits += enc_round_at<F, Z, true>(in, out, L, start, r, s_lut, bits, stage, sum);
       else
         bits += enc_round_at<F, Z, false>(in, out, L, start, r, s_lut, bits, stage, sum);
     }
     __syncwarp();
+    if (split == 2) {  // the second half's bytes after the first's, in the first's stage
+      if (lane == 0) s_half_bits[warp] = bits;
+      pair_sync(warp);
+      const uint32_t first_bits = s_half_bits[warp & ~1], second_bits = s_half_bits[warp | 1];
+      if (half)
+        append_stage(reinterpret_cast<uint8_t*>(block_stage), first_bits >> 3,
+                     reinterpret_cast<const uint8_t*>(stage), second_bits >> 3);
+      pair_sync(warp);
+      if (half) continue;  // the first warp writes the block out
+      bits = first_bits + second_bits;
+    }
     const uint32_t nbytes = (bits + 7u) >> 3;
     uint4* slot = reinterpret_cast<uint4*>(work.scratch + b * L.block);
     const uint4* s4 = reinterpret_cast<const uint4*>(stage);

@@ -89,8 +89,26 @@ __device__ inline int group_count(const Layout& L, long long start, int r, int g
   return (local < L.block && e0 < L.n) ? static_cast<int>(min(8ll, L.n - e0)) : 0;
 }
 
-__device__ inline int rounds(const Layout& L) {
+__host__ __device__ inline int rounds(const Layout& L) {
   return static_cast<int>((L.block + kRound - 1) / kRound);
+}
+
+// Warps that code one block in the encoder: two for the BF16 fast path (Z), each half of the
+// rounds, where the rounds and the CTA's warps split evenly (a block's payload is whole escape
+// bytes there, so the second half's bytes follow the first's whatever their count) and the grid
+// holds two warps for every block, else one. Two halve a block's latency where a tensor has fewer
+// blocks than the GPU holds warps; where it has more, one warp a block already fills every slot
+// and the split's meeting and byte moves only cost (2-6 % at 256 MiB-1 GiB: BENCHMARKS.md §3i).
+// `ctas`: the encoding CTAs launched (launch_encode asks for two warps a block where the split is
+// possible, and gets at most a full GPU's worth).
+__host__ __device__ inline int block_split(bool z, const Layout& L, int warps, long long ctas) {
+  const bool even = z && rounds(L) % 2 == 0 && warps % 2 == 0;
+  return even && ctas * warps >= 2 * L.nb ? 2 : 1;
+}
+
+// The two warps 2p and 2p + 1 of a CTA meet (named barrier 1 + p; 0 is __syncthreads).
+__device__ __forceinline__ void pair_sync(int warp) {
+  asm volatile("bar.sync %0, 64;" ::"r"(1 + (warp >> 1)) : "memory");
 }
 
 __device__ inline bool full_round(const Layout& L, long long start, int r) {
