@@ -11,6 +11,8 @@ big-endian words are byte-swapped here) and a symbol beat's ``tkeep`` marks its 
 * decoder: each packet's symbol count on ``s_axis_count`` (32 bits), its words on ``s_axis``
   (``tlast`` is accepted and ignored: the count ends the packet) -> symbols on ``m_axis``;
   ``error`` rises on an illegal codeword or non-zero padding and holds until reset.
+* decoder pool (hw/pool.py): the same ports, but ``tlast`` must mark each packet's last beat
+  (the pool hands whole packets to its engines by it).
 * both: table writes on ``s_axis_table`` (32 bits: ``mem | addr << 2 | word << 10``, see
   hw.tables.pack_table_write), taken between packets.
 """
@@ -24,6 +26,7 @@ from zipccl.golden.codebook import Codebook
 from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.encoder import QLCEncoder
 from zipccl.hw.multilane import QLCDecoderN, QLCEncoderN, words_per_beat
+from zipccl.hw.pool import QLCDecoderPool
 from zipccl.hw.tables import COUNT_BITS, TableWriteLayout
 
 TABLE_TDATA_BITS = 32  # a table write beat, zero extended to whole bytes
@@ -106,10 +109,11 @@ class AxisEncoder(_AxisTop):
 
 
 class AxisDecoder(_AxisTop):
-    """The decoder (``lanes`` symbols per beat) behind AXI4-Stream ports, plus ``error``."""
+    """The decoder (``lanes`` symbols per beat; with ``pool``, a pool of ``lanes`` engines)
+    behind AXI4-Stream ports, plus ``error``."""
 
-    def __init__(self, lanes: int = 1, book: Codebook | None = None) -> None:
-        self.lanes, self.book = lanes, book
+    def __init__(self, lanes: int = 1, book: Codebook | None = None, *, pool: bool = False) -> None:
+        self.lanes, self.book, self.pool = lanes, book, pool
         words = words_per_beat(lanes)
         super().__init__(
             {
@@ -121,13 +125,19 @@ class AxisDecoder(_AxisTop):
         )
 
     def elaborate(self, platform) -> Module:
-        core = QLCDecoder(self.book) if self.lanes == 1 else QLCDecoderN(self.lanes, self.book)
+        if self.pool:
+            core = QLCDecoderPool(self.lanes, self.book)
+        else:
+            core = QLCDecoder(self.book) if self.lanes == 1 else QLCDecoderN(self.lanes, self.book)
         m = self._clocked(core)
+        words = core.i.payload.data if self.pool else core.i.payload
+        if self.pool:
+            m.d.comb += core.i.payload.last.eq(self.s_axis_tlast)
         m.d.comb += [
             core.n.payload.eq(self.s_axis_count_tdata),
             core.n.valid.eq(self.s_axis_count_tvalid),
             self.s_axis_count_tready.eq(core.n.ready),
-            core.i.payload.eq(byte_swap(self.s_axis_tdata)),
+            words.eq(byte_swap(self.s_axis_tdata)),
             core.i.valid.eq(self.s_axis_tvalid),
             self.s_axis_tready.eq(core.i.ready),
             self.m_axis_tdata.eq(core.o.payload.data),

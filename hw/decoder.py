@@ -97,11 +97,17 @@ def at_most(at: Value, limit: int) -> Value:
 class QLCDecoder(wiring.Component):
     """Counts (``n``) and serial words (``i``) -> symbols (``o``); ``tw`` loads tables."""
 
-    def __init__(self, book: Codebook | None = None, *, lanes: int | None = None) -> None:
-        """``lanes``: None for the single-lane ports, N for N-lane beats (with ``count``)."""
+    def __init__(
+        self, book: Codebook | None = None, *, lanes: int | None = None, words: int | None = None
+    ) -> None:
+        """``lanes``: None for the single-lane ports, N for N-lane beats (with ``count``).
+        ``words``: 32-bit words per input beat, ``words_per_beat(lanes)`` unless given (the
+        decoder pool's engines take one lane's symbols from the pool's wider beats)."""
         self.counted = lanes is not None
         self.lanes = lanes or 1
-        self.words = words_per_beat(self.lanes)
+        self.words = words or words_per_beat(self.lanes)
+        if self.words < words_per_beat(self.lanes):
+            raise ValueError(f"{self.lanes} lanes need beats of {words_per_beat(self.lanes)} words")
         self.book = book or default_book()
         symbols = lane_layout(self.lanes) if self.counted else SymbolLayout
         super().__init__(

@@ -5,8 +5,10 @@
 writes ``qlc_encoder.v``, ``qlc_decoder.v``, ``qlc_loopback.v``, the multi-lane blocks
 ``qlc_encoder_x{N}.v`` (N = 2, 4, 8, 32), ``qlc_decoder_x{N}.v`` and ``qlc_loopback_x{N}.v``
 (N = 2, 4, 8), the AXI4-Stream tops ``qlc_{encoder,decoder}_axis.v`` and
-``qlc_{encoder,decoder}_axis_x{N}.v`` (hw/axis.py) -- their memories initialised with the
-table, the reset-time default -- and ``{stem}_{enc,region,rank,count}.hex`` of that table.
+``qlc_{encoder,decoder}_axis_x{N}.v`` (hw/axis.py), the decoder pools (hw/pool.py)
+``qlc_decoder_pool_x{E}.v`` and ``qlc_decoder_pool_axis_x{E}.v`` (E = 2, 4, 8) -- their memories
+initialised with the table, the reset-time default -- and ``{stem}_{enc,region,rank,count}.hex``
+of that table.
 
 The text is the same on every machine: source locations (``src`` attributes) are written
 relative to the repository, or to the installed package for library code, never absolute.
@@ -29,6 +31,7 @@ from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.encoder import QLCEncoder
 from zipccl.hw.loopback import QLCLoopback
 from zipccl.hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES, QLCDecoderN, QLCEncoderN
+from zipccl.hw.pool import POOL_ENGINES, QLCDecoderPool
 from zipccl.hw.tables import default_book
 
 TOPS: dict[str, Callable[[Codebook | None], wiring.Component]] = {
@@ -38,10 +41,12 @@ TOPS: dict[str, Callable[[Codebook | None], wiring.Component]] = {
     **{f"qlc_encoder_x{n}": partial(QLCEncoderN, n) for n in (*MULTI_LANES, ENCODER_ONLY_LANES)},
     **{f"qlc_decoder_x{n}": partial(QLCDecoderN, n) for n in MULTI_LANES},
     **{f"qlc_loopback_x{n}": partial(QLCLoopback, lanes=n) for n in MULTI_LANES},
+    **{f"qlc_decoder_pool_x{n}": partial(QLCDecoderPool, n) for n in POOL_ENGINES},
     "qlc_encoder_axis": partial(AxisEncoder, 1),
     "qlc_decoder_axis": partial(AxisDecoder, 1),
     **{f"qlc_encoder_axis_x{n}": partial(AxisEncoder, n) for n in MULTI_LANES},
     **{f"qlc_decoder_axis_x{n}": partial(AxisDecoder, n) for n in MULTI_LANES},
+    **{f"qlc_decoder_pool_axis_x{n}": partial(AxisDecoder, n, pool=True) for n in POOL_ENGINES},
 }
 # the folder that holds the zipccl package: sw/ of a checkout (whose zipccl/hw links to hw/), or
 # site-packages; source locations are written relative to it (zipccl/hw/encoder.py), alike for both

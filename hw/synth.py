@@ -30,12 +30,14 @@ from amaranth.back import verilog
 from amaranth.lib import wiring
 from zipccl.hw.generate import TOPS, verilog_text
 from zipccl.hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES
+from zipccl.hw.pool import POOL_ENGINES
 
 BLOCKS = (
     "qlc_encoder",
     "qlc_decoder",
     *(f"qlc_{kind}_x{n}" for n in MULTI_LANES for kind in ("encoder", "decoder")),
 )
+POOL_BLOCKS = tuple(f"qlc_decoder_pool_x{n}" for n in POOL_ENGINES)  # by name: ECP5-sized
 GENERIC_BLOCKS = (f"qlc_encoder_x{ENCODER_ONLY_LANES}",)  # past the UP5K: generic cell count
 TARGET_MHZ = 100  # asks nextpnr to optimise hard; the achieved figure is what is reported
 
@@ -245,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--out", type=Path, default=Path("build/synth"))
-    ap.add_argument("--blocks", nargs="+", choices=BLOCKS + GENERIC_BLOCKS, default=list(BLOCKS))
+    ap.add_argument(
+        "--blocks", nargs="+", choices=BLOCKS + POOL_BLOCKS + GENERIC_BLOCKS, default=list(BLOCKS)
+    )
     ap.add_argument("--generic", nargs="*", choices=GENERIC_BLOCKS, default=list(GENERIC_BLOCKS))
     ap.add_argument("--device", choices=sorted(DEVICES), default="up5k")
     ap.add_argument(

@@ -87,11 +87,13 @@ class Sink:
 @dataclass(frozen=True)
 class Shape:
     """Beat layouts of a block: ``lanes`` symbols and ``words`` 32-bit words per beat;
-    ``counted`` symbol beats carry a lane count (the multi-lane blocks of hw/multilane.py)."""
+    ``counted`` symbol beats carry a lane count (the multi-lane blocks of hw/multilane.py);
+    ``tlast`` word beats carry the packet's end above their data (hw/pool.py)."""
 
     lanes: int = 1
     words: int = 1
     counted: bool = False
+    tlast: bool = False
 
     @property
     def beat_bits(self) -> int:
@@ -120,10 +122,14 @@ class Shape:
         return out
 
     def word_beats(self, data: bytes) -> list[int]:
-        """Serial bytes -> beats of ``words`` big-endian words, zero padded to a whole beat."""
+        """Serial bytes -> beats of ``words`` big-endian words, zero padded to a whole beat
+        (with ``tlast``, the final beat's bit ``beat_bits`` set)."""
         size = 4 * self.words
         data = data + bytes(-len(data) % size)
-        return [int.from_bytes(data[k : k + size], "big") for k in range(0, len(data), size)]
+        beats = [int.from_bytes(data[k : k + size], "big") for k in range(0, len(data), size)]
+        if self.tlast and beats:
+            beats[-1] |= 1 << self.beat_bits
+        return beats
 
     def enc_fields(self, beat: int) -> tuple[int, int, int]:
         """Encoder output beat -> (data, last, bits)."""

@@ -2,7 +2,8 @@
 
 Per block (``encoder``, ``decoder``, ``loopback``), in order:
 
-1. **throughput** -- one packet per code length 3..11, no back-pressure: cycles per symbol;
+1. **throughput** -- one packet per code length 3..11 (a decoder pool: 4 E packets, so that its
+   E engines are busy), no back-pressure: cycles per symbol;
 2. **data set** -- the built-in MiniLM tensors under every golden builder's table, in 4096-symbol
    packets, no back-pressure: stream bits (compression ratio) and cycles per symbol;
 3. **back-pressure + reload** -- random valid/ready on every stream, a new table loaded through
@@ -27,6 +28,7 @@ import numpy as np
 from zipccl.golden.codebook import Codebook
 from zipccl.golden.streams import encode_codewords
 from zipccl.hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES, words_per_beat
+from zipccl.hw.pool import POOL_ENGINES
 from zipccl.sim.bench import (
     SINGLE,
     Aborted,
@@ -62,6 +64,7 @@ class Top:
     shape: Shape
     verilog: str
     auto: str = "full"  # the level of the default run (--level auto): lower when slow under Icarus
+    packets: int = 1  # packets per code length in the throughput stage (a pool needs many)
 
     @property
     def decodes_streams(self) -> bool:
@@ -87,6 +90,16 @@ def _tops() -> dict[str, Top]:
             tops[f"loopback_x{n}"] = Top(  # covered by its two blocks
                 loopback_packets, DEC_IN, shape, f"qlc_loopback_x{n}", "smoke"
             )
+    for n in POOL_ENGINES:  # E whole packets at once: the throughput stage gives it 4 E of them
+        shape = Shape(n, words_per_beat(n), counted=True, tlast=True)
+        tops[f"decoder_pool_x{n}"] = Top(
+            decode_packets,
+            DEC_IN,
+            shape,
+            f"qlc_decoder_pool_x{n}",
+            "smoke" if n >= 8 else "quick",
+            packets=4 * n,
+        )
     return tops
 
 
@@ -153,8 +166,8 @@ async def run_suite(top: str, port: Port, level: str = "quick", seed: int = 1) -
 
     bench = Bench.make(port, inputs, seed, 1.0, 1.0, shape)
     for length in CODE_LENGTHS:
-        ds = length_set(length, lv.length_symbols, seed)
-        st = await run(bench, ds.book, [ds.symbols])
+        ds = length_set(length, lv.length_symbols * top_.packets, seed)
+        st = await run(bench, ds.book, packets_of(ds.symbols, lv.length_symbols))
         report["lengths"][length] = st.cycles / st.symbols
         total.add(st)
     for ds in sets:

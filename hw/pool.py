@@ -1,0 +1,199 @@
+"""QLC decoder pool: E single-lane engines decoding whole packets side by side, symbols in order.
+
+A packet's codes form one chain (where a code starts depends on the code before it), so one
+engine decodes one symbol per clock, and hw.multilane's N-lane decoder, which walks N links of
+that chain per clock, loses clock rate as N grows. Packets, though, are independent (each starts
+on a beat boundary with its own count), as the container's blocks are. The pool gives whole
+packets to E engines in turn, so E packets decode at once, each at the single lane's clock rate,
+and puts their symbols back in packet order:
+
+- **Input**: hw.multilane's E-lane stream (beats of ``words_per_beat(E)`` words, every packet
+  padded to a whole beat), plus ``last`` on each packet's final beat (AXI4-Stream's ``tlast``):
+  the dispatcher learns where a packet's beats end without parsing them. Counts on ``n`` as
+  before; a packet of count 0 has no beats and no symbols and is dropped at the door.
+- **Dispatch**: packet p's count and beats go to engine p mod E, through a count FIFO and a beat
+  FIFO per engine (``depth`` beats: with a whole packet's beats in it, the dispatcher moves on
+  while the engine decodes).
+- **Engines**: hw.decoder's design at one lane on E-lane beats, each with its own tables.
+- **Collect**: each engine's symbols are packed E to a beat into its output FIFO (``depth`` beats,
+  a 4096-symbol packet at E = 4); the output takes packet p's beats from engine p mod E, so the
+  symbol beats are hw.multilane's counted layout in packet order.
+- **Errors**: an engine that meets an illegal codeword or bad padding stops. The pool raises
+  ``error`` when the output has sent every symbol of the packets before that one and every
+  symbol the engine emitted before its error, and then takes and sends nothing, as the single
+  lane does.
+- **Tables**: a pending table write stops new counts; it goes to every engine at once when
+  every counted packet is decoded, so each packet is decoded with the table in force when its
+  count arrived.
+
+Throughput: E symbols per clock while E packets are in flight, so on a stream of many packets;
+one packet alone decodes at one symbol per clock.
+"""
+
+from __future__ import annotations
+
+import operator
+from functools import reduce
+
+from amaranth import Cat, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+from zipccl.golden.codebook import Codebook
+from zipccl.hw.decoder import QLCDecoder
+from zipccl.hw.tables import (
+    COUNT_BITS,
+    WORD_BITS,
+    TableWriteLayout,
+    default_book,
+    lane_layout,
+    words_per_beat,
+)
+
+POOL_ENGINES = (2, 4, 8)
+COUNT_DEPTH = 4  # counts queued per engine
+
+
+def pool_beat_layout(words: int) -> data.StructLayout:
+    """A word beat with the packet's end marked (``last``: the packet's final beat)."""
+    return data.StructLayout({"data": WORD_BITS * words, "last": 1})
+
+
+class QLCDecoderPool(wiring.Component):
+    """Counts (``n``) and word beats with ``last`` (``i``) -> E-symbol beats (``o``) in packet
+    order; ``tw`` loads every engine's tables."""
+
+    def __init__(self, engines: int, book: Codebook | None = None, *, depth: int = 1024) -> None:
+        if engines < 2:
+            raise ValueError(f"a pool needs at least 2 engines, got {engines}")
+        if depth < 2:
+            raise ValueError(f"FIFO depth must be at least 2, got {depth}")
+        self.engines, self.depth = engines, depth
+        self.words = words_per_beat(engines)
+        self.book = book or default_book()
+        super().__init__(
+            {
+                "n": In(stream.Signature(COUNT_BITS)),
+                "i": In(stream.Signature(pool_beat_layout(self.words))),
+                "o": Out(stream.Signature(lane_layout(engines))),
+                "tw": In(stream.Signature(TableWriteLayout)),
+                "error": Out(1),
+            }
+        )
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        e_count, err = self.engines, Signal()
+        m.d.comb += self.error.eq(err)
+        engines = [QLCDecoder(self.book, words=self.words) for _ in range(e_count)]
+        counts = [SyncFIFOBuffered(width=COUNT_BITS, depth=COUNT_DEPTH) for _ in engines]
+        beats = [SyncFIFOBuffered(width=WORD_BITS * self.words, depth=self.depth) for _ in engines]
+        outs = [
+            SyncFIFOBuffered(width=lane_layout(e_count).size, depth=self.depth) for _ in engines
+        ]
+        for k, parts in enumerate(zip(engines, counts, beats, outs, strict=True)):
+            for name, part in zip(("engine", "counts", "beats", "out"), parts, strict=True):
+                m.submodules[f"{name}{k}"] = part
+            self._feed_engine(m, *parts[:3])
+
+        # micro-step 1, tables: a pending write holds new counts back, and goes to all engines
+        # once every counted packet is decoded (an engine's tw.ready: no packet in its pipeline)
+        idle = [e.tw.ready & (c.level == 0) for e, c in zip(engines, counts, strict=True)]
+        settled = reduce(operator.and_, idle)
+        m.d.comb += self.tw.ready.eq(settled & ~err)
+        for e in engines:
+            m.d.comb += [
+                e.tw.valid.eq(self.tw.valid & settled & ~err),
+                e.tw.payload.eq(self.tw.payload),
+            ]
+
+        # micro-step 2, dispatch: counts and beats each go round the engines, a count of 0 to none
+        count_to, beat_to = Signal(range(e_count)), Signal(range(e_count))
+        count_room = Cat(c.w_rdy for c in counts).bit_select(count_to, 1)
+        m.d.comb += self.n.ready.eq(count_room & ~self.tw.valid & ~err)
+        for k, c in enumerate(counts):
+            m.d.comb += [
+                c.w_data.eq(self.n.payload),
+                c.w_en.eq(self.n.valid & self.n.ready & (count_to == k) & (self.n.payload != 0)),
+            ]
+        with m.If(self.n.valid & self.n.ready & (self.n.payload != 0)):
+            m.d.sync += count_to.eq(Mux(count_to == e_count - 1, 0, count_to + 1))
+        beat_room = Cat(b.w_rdy for b in beats).bit_select(beat_to, 1)
+        m.d.comb += self.i.ready.eq(beat_room & ~err)
+        for k, b in enumerate(beats):
+            m.d.comb += [
+                b.w_data.eq(self.i.payload.data),
+                b.w_en.eq(self.i.valid & self.i.ready & (beat_to == k)),
+            ]
+        with m.If(self.i.valid & self.i.ready & self.i.payload.last):
+            m.d.sync += beat_to.eq(Mux(beat_to == e_count - 1, 0, beat_to + 1))
+
+        # micro-step 3, pack: each engine's symbols, E to a beat, into its output FIFO
+        held = [self._pack(m, k, e, o) for k, (e, o) in enumerate(zip(engines, outs, strict=True))]
+
+        # micro-step 4, collect: packet p's beats from engine p mod E; an engine's error becomes
+        # the pool's once everything it emitted before it has gone out
+        serve, closing = Signal(range(e_count)), Signal()
+        ready_beat = Cat(o.r_rdy for o in outs).bit_select(serve, 1)
+        m.d.comb += self.o.valid.eq(ready_beat & ~closing & ~err)
+        taking = self.o.ready & ~closing & ~err
+        with m.Switch(serve):
+            for k, o in enumerate(outs):
+                with m.Case(k):
+                    m.d.comb += [self.o.payload.eq(o.r_data), o.r_en.eq(taking)]
+        sent = self.o.valid & self.o.ready
+        engine_err = Cat(e.error for e in engines).bit_select(serve, 1)
+        empty = [(o.level == 0) & (h == 0) for o, h in zip(outs, held, strict=True)]
+        emptied = Cat(*empty).bit_select(serve, 1)
+        # after a packet's last beat, one clock's look at its engine's error (bad padding rises
+        # after the packet's symbols) before the next packet's engine is served
+        with m.If(closing):
+            m.d.sync += closing.eq(0)
+            with m.If(engine_err):
+                m.d.sync += err.eq(1)
+            with m.Else():
+                m.d.sync += serve.eq(Mux(serve == e_count - 1, 0, serve + 1))
+        with m.Elif(sent & self.o.payload.last):
+            m.d.sync += closing.eq(1)
+        with m.Elif(engine_err & emptied):
+            m.d.sync += err.eq(1)
+        return m
+
+    @staticmethod
+    def _feed_engine(m: Module, engine, counts, beats) -> None:
+        m.d.comb += [
+            engine.n.valid.eq(counts.r_rdy),
+            engine.n.payload.eq(counts.r_data),
+            counts.r_en.eq(engine.n.ready),
+            engine.i.valid.eq(beats.r_rdy),
+            engine.i.payload.eq(beats.r_data),
+            beats.r_en.eq(engine.i.ready),
+        ]
+
+    def _pack(self, m: Module, k: int, engine, out) -> Signal:
+        """Engine ``k``'s symbols into E-symbol beats (``count``, ``last``) written to ``out``;
+        after an engine error the partial beat is written too. Returns the symbols held."""
+        e_count = self.engines
+        lanes = [Signal(8, name=f"pack{k}_lane{j}") for j in range(e_count)]
+        held = Signal(range(e_count + 1), name=f"pack{k}_held")
+        sym = engine.o.payload
+        take = engine.o.valid & engine.o.ready
+        full_beat = take & ((held == e_count - 1) | sym.last)
+        flush = ~engine.o.valid & engine.error & (held != 0)
+        word = Signal(lane_layout(e_count), name=f"pack{k}_word")
+        m.d.comb += [
+            word.data.eq(Cat(*(Mux(held == j, sym.data, lane) for j, lane in enumerate(lanes)))),
+            word.count.eq(Mux(flush, held, held + 1)),
+            word.last.eq(sym.last & ~flush),
+            engine.o.ready.eq(out.w_rdy),
+            out.w_en.eq(full_beat | (flush & out.w_rdy)),
+            out.w_data.eq(word),
+        ]
+        with m.If(take):
+            for j, lane in enumerate(lanes):
+                with m.If(held == j):
+                    m.d.sync += lane.eq(sym.data)
+            m.d.sync += held.eq(Mux(full_beat, 0, held + 1))
+        with m.Elif(flush & out.w_rdy):
+            m.d.sync += held.eq(0)
+        return held

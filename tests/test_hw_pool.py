@@ -1,0 +1,141 @@
+"""The decoder pool (hw/pool.py) in Amaranth's simulator against golden/.
+
+Small FIFOs (``depth``) so that back-pressure reaches the dispatcher; the cocotb suite
+(``python -m zipccl.sim``, top ``decoder_pool_x{E}``) runs the generated Verilog at full depth.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from zipccl.golden.codebook import Codebook
+from zipccl.golden.streams import encode_codewords, pack_serial
+from zipccl.hw.decoder import QLCDecoder
+from zipccl.hw.pool import QLCDecoderPool
+from zipccl.hw.tables import Mem, words_per_beat
+from zipccl.sim.amaranth_port import run_amaranth
+from zipccl.sim.bench import (
+    Bench,
+    Shape,
+    bad_padding_stream,
+    decode_packets,
+    illegal_stream,
+    table_beats,
+)
+from zipccl.sim.cases import builder_sets, illegal_book, length_set, load_data, symbol_mix
+from zipccl.sim.suite import DEC_IN, packets_of, with_padding
+
+DATA = load_data()
+SETS = builder_sets(DATA)
+
+
+def _shape(engines: int) -> Shape:
+    return Shape(engines, words_per_beat(engines), counted=True, tlast=True)
+
+
+def _beats(shape: Shape, book: Codebook, packets: list[np.ndarray]) -> list[int]:
+    """Golden word beats of ``packets``, each packet's last beat marked."""
+    return [b for p in packets for b in shape.word_beats(pack_serial(encode_codewords(p, book)))]
+
+
+def _run(engines: int, seed: int, in_rate: float, out_rate: float, body, depth: int = 16):
+    shape = _shape(engines)
+    return run_amaranth(
+        QLCDecoderPool(engines, depth=depth),
+        lambda port: body(Bench.make(port, DEC_IN, seed, in_rate, out_rate, shape)),
+    )
+
+
+def test_bad_parameters() -> None:
+    with pytest.raises(ValueError, match="at least 2 engines"):
+        QLCDecoderPool(1)
+    with pytest.raises(ValueError, match="depth"):
+        QLCDecoderPool(4, depth=1)
+    with pytest.raises(ValueError, match="4 lanes need beats of 2 words"):
+        QLCDecoder(lanes=4, words=1)
+
+
+@pytest.mark.parametrize("engines", [2, 4])
+def test_packets_in_order_under_backpressure(engines: int) -> None:
+    """Packets of 0..200 symbols (a count of 0 has no beats) under builder tables, random
+    valid/ready everywhere, FIFOs far smaller than a packet: every symbol in order."""
+    seed = 11 + engines
+    rng = np.random.default_rng(seed)
+
+    async def body(bench):
+        for ds in SETS[:3]:
+            sizes = [0, 1, *rng.integers(0, 200, 6), engines, 2]
+            await decode_packets(bench, ds.book, [symbol_mix(rng, ds.symbols, s) for s in sizes])
+
+    _run(engines, seed, 0.6, 0.6, body)
+
+
+def test_e_packets_decode_at_once() -> None:
+    """16 packets of 256 eleven-bit codes, no back-pressure: the four engines overlap, so the
+    stream takes well under half the clocks of one engine (4096 + fill); the first packet
+    still leaves at one symbol per clock, so 16 packets give about 3.3, not 4."""
+    ds = length_set(11, 16 * 256)
+
+    async def body(bench):
+        return await decode_packets(bench, ds.book, packets_of(ds.symbols, 256))
+
+    stats = _run(4, 0, 1.0, 1.0, body, depth=256)
+    assert stats.symbols / stats.cycles > 3.0, stats
+
+
+def test_table_write_waits_for_counted_packets() -> None:
+    """A table write queued while the engines still decode the packets counted before it:
+    those keep the old table, the packets after it get the new one."""
+    seed = 5
+    rng = np.random.default_rng(seed)
+    shape = _shape(4)
+    old, new = SETS[1], SETS[4]
+    first = [symbol_mix(rng, old.symbols, 200) for _ in range(6)]
+    second = [symbol_mix(rng, new.symbols, 150) for _ in range(5)]
+
+    async def body(bench):
+        await bench.feed({"tw": table_beats(old.book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
+        await bench.feed({"n": [len(p) for p in first], "i": _beats(shape, old.book, first)})
+        await bench.feed({"tw": table_beats(new.book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
+        await bench.feed({"n": [len(p) for p in second], "i": _beats(shape, new.book, second)})
+        want = [b for p in first + second for b in shape.symbol_beats(p)]
+        await bench.drain(len(want))
+        assert shape.symbols_of(bench.sink.got) == shape.symbols_of(want)
+
+    _run(4, seed, 0.7, 0.7, body, depth=64)
+
+
+@pytest.mark.parametrize("engines", [2, 4])
+@pytest.mark.parametrize("kind", ["illegal", "padding"])
+def test_error_in_one_packet_stops_the_packets_after_it(engines: int, kind: str) -> None:
+    """Packets before the bad one come out whole; of the bad one, the symbols before an illegal
+    codeword, or all of it before bad padding; then ``error``, and nothing of the packets after
+    it, although other engines decode them."""
+    seed = 3 * engines + len(kind)
+    rng = np.random.default_rng(seed)
+    shape = _shape(engines)
+    book = illegal_book(rng)
+    before = [symbol_mix(rng, DATA["fp8_ffn1"], int(rng.integers(20, 120))) for _ in range(3)]
+    after = [symbol_mix(rng, DATA["fp8_ffn1"], 80) for _ in range(2 * engines)]
+    bad = with_padding(book, symbol_mix(rng, DATA["fp8_ffn1"], 60), shape.beat_bits)
+    if kind == "illegal":
+        at = int(rng.integers(len(bad)))
+        bad_beats, bad_count, kept = illegal_stream(book, bad, at, rng, shape), len(bad) + 1, at
+    else:
+        bad_beats, bad_count, kept = bad_padding_stream(book, bad, rng, shape), len(bad), len(bad)
+
+    async def body(bench):
+        await bench.feed({"tw": table_beats(book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
+        bench.watch_error = True
+        bench.sources["n"].queue.extend([*(len(p) for p in before), bad_count])
+        bench.sources["n"].queue.extend(len(p) for p in after)
+        beats = _beats(shape, book, before) + bad_beats + _beats(shape, book, after)
+        bench.sources["i"].queue.extend(beats)
+        await bench.run_until(lambda: False, 20_000)
+        await bench.idle_cycles(50)
+        assert bench.port.get("error"), "no error raised"
+        got = [s & 0xFF for s in shape.symbols_of(bench.sink.got)]
+        want = [int(s) for p in before for s in p] + [int(s) for s in bad[:kept]]
+        assert got == want, f"seed {seed}: {len(got)} symbols out, want {len(want)}"
+
+    _run(engines, seed, 0.8, 0.8, body, depth=32)
