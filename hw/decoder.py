@@ -444,7 +444,11 @@ class QLCDecoder(wiring.Component):
 
         heads = [select_bits(at, window, MAX_CODE_LENGTH) for at in lane_starts[:n_lanes]]
 
-        m.d.comb += self.n.ready.eq(~active & ~err & ~bad_padding & ~checking & ~self.tw.valid)
+        # no count while the last packet's padding is still to be checked (``skip``, then
+        # ``checking``): a packet taken then would be decoded before its predecessor's error
+        m.d.comb += self.n.ready.eq(
+            ~active & ~err & ~bad_padding & ~skip & ~checking & ~self.tw.valid
+        )
         with m.If(take_n):
             m.d.sync += [
                 active.eq(self.n.payload != 0),

@@ -52,6 +52,7 @@ from zipccl.hw.tables import (
 
 POOL_ENGINES = (2, 4, 8)
 COUNT_DEPTH = 4  # counts queued per engine
+TAIL_DEPTH = 3  # the smallest SyncFIFOBuffered that moves a beat every clock
 
 
 def pool_beat_layout(words: int) -> data.StructLayout:
@@ -66,8 +67,8 @@ class QLCDecoderPool(wiring.Component):
     def __init__(self, engines: int, book: Codebook | None = None, *, depth: int = 1024) -> None:
         if engines < 2:
             raise ValueError(f"a pool needs at least 2 engines, got {engines}")
-        if depth < 2:
-            raise ValueError(f"FIFO depth must be at least 2, got {depth}")
+        if depth < 4:
+            raise ValueError(f"FIFO depth must be at least 4, got {depth}")
         self.engines, self.depth = engines, depth
         self.words = words_per_beat(engines)
         self.book = book or default_book()
@@ -88,13 +89,23 @@ class QLCDecoderPool(wiring.Component):
         engines = [QLCDecoder(self.book, words=self.words) for _ in range(e_count)]
         counts = [SyncFIFOBuffered(width=COUNT_BITS, depth=COUNT_DEPTH) for _ in engines]
         beats = [SyncFIFOBuffered(width=WORD_BITS * self.words, depth=self.depth) for _ in engines]
-        outs = [
-            SyncFIFOBuffered(width=lane_layout(e_count).size, depth=self.depth) for _ in engines
-        ]
-        for k, parts in enumerate(zip(engines, counts, beats, outs, strict=True)):
-            for name, part in zip(("engine", "counts", "beats", "out"), parts, strict=True):
+        width = lane_layout(e_count).size
+        outs = [SyncFIFOBuffered(width=width, depth=self.depth) for _ in engines]
+        # a few beats in flip-flops behind each block-RAM FIFO: the output's choices (the beat's
+        # ``last``, the next engine) start from a register, not from a block RAM's slow output
+        tails = [SyncFIFOBuffered(width=width, depth=TAIL_DEPTH) for _ in engines]
+        parts_of = zip(engines, counts, beats, outs, tails, strict=True)
+        for k, parts in enumerate(parts_of):
+            names = ("engine", "counts", "beats", "out", "tail")
+            for name, part in zip(names, parts, strict=True):
                 m.submodules[f"{name}{k}"] = part
             self._feed_engine(m, *parts[:3])
+            out, tail = parts[3:]
+            m.d.comb += [
+                tail.w_data.eq(out.r_data),
+                tail.w_en.eq(out.r_rdy),
+                out.r_en.eq(tail.w_rdy),
+            ]
 
         # micro-step 1, tables: a pending write holds new counts back, and goes to all engines
         # once every counted packet is decoded (an engine's tw.ready: no packet in its pipeline)
@@ -134,16 +145,19 @@ class QLCDecoderPool(wiring.Component):
         # micro-step 4, collect: packet p's beats from engine p mod E; an engine's error becomes
         # the pool's once everything it emitted before it has gone out
         serve, closing = Signal(range(e_count)), Signal()
-        ready_beat = Cat(o.r_rdy for o in outs).bit_select(serve, 1)
+        ready_beat = Cat(t.r_rdy for t in tails).bit_select(serve, 1)
         m.d.comb += self.o.valid.eq(ready_beat & ~closing & ~err)
         taking = self.o.ready & ~closing & ~err
         with m.Switch(serve):
-            for k, o in enumerate(outs):
+            for k, t in enumerate(tails):
                 with m.Case(k):
-                    m.d.comb += [self.o.payload.eq(o.r_data), o.r_en.eq(taking)]
+                    m.d.comb += [self.o.payload.eq(t.r_data), t.r_en.eq(taking)]
         sent = self.o.valid & self.o.ready
         engine_err = Cat(e.error for e in engines).bit_select(serve, 1)
-        empty = [(o.level == 0) & (h == 0) for o, h in zip(outs, held, strict=True)]
+        empty = [
+            (o.level == 0) & (t.level == 0) & (h == 0)
+            for o, t, h in zip(outs, tails, held, strict=True)
+        ]
         emptied = Cat(*empty).bit_select(serve, 1)
         # after a packet's last beat, one clock's look at its engine's error (bad padding rises
         # after the packet's symbols) before the next packet's engine is served
@@ -180,12 +194,16 @@ class QLCDecoderPool(wiring.Component):
         take = engine.o.valid & engine.o.ready
         full_beat = take & ((held == e_count - 1) | sym.last)
         flush = ~engine.o.valid & engine.error & (held != 0)
+        # the engine's ready is a register (room for two more beats): the FIFO's fill level stays
+        # out of the engine's stall logic, whose paths already span the engine
+        room = Signal(name=f"pack{k}_room")
+        m.d.sync += room.eq(out.level < self.depth - 2)
         word = Signal(lane_layout(e_count), name=f"pack{k}_word")
         m.d.comb += [
             word.data.eq(Cat(*(Mux(held == j, sym.data, lane) for j, lane in enumerate(lanes)))),
             word.count.eq(Mux(flush, held, held + 1)),
             word.last.eq(sym.last & ~flush),
-            engine.o.ready.eq(out.w_rdy),
+            engine.o.ready.eq(room),
             out.w_en.eq(full_beat | (flush & out.w_rdy)),
             out.w_data.eq(word),
         ]

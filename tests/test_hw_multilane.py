@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from zipccl.golden.streams import encode_codewords, pack_serial
 from zipccl.hw.loopback import QLCLoopback
 from zipccl.hw.multilane import QLCDecoderN, QLCEncoderN, words_per_beat
-from zipccl.hw.tables import WORD_BITS
+from zipccl.hw.tables import WORD_BITS, Mem
 from zipccl.sim.amaranth_port import run_amaranth
 from zipccl.sim.bench import (
     Bench,
     Shape,
+    bad_padding_stream,
     decode_bad_padding,
     decode_illegal,
     decode_packets,
     encode_packets,
     loopback_packets,
+    table_beats,
 )
 from zipccl.sim.cases import builder_sets, illegal_book, length_set, load_data, symbol_mix
 from zipccl.sim.suite import DEC_IN, ENC_IN, reset_mid_packet, with_padding
@@ -114,6 +117,31 @@ def test_non_zero_padding_is_an_error_after_the_packet(lanes: int, seed: int) ->
         return await decode_bad_padding(bench, book, symbols, rng)
 
     assert _run("decoder", lanes, seed, 0.7, 0.7, body).symbols == len(symbols), f"seed {seed}"
+
+
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_no_packet_taken_before_the_padding_check(lanes: int) -> None:
+    """A packet with bad padding and the next packet queued right behind it: the next count
+    must wait for the padding check, so none of its symbols come out before ``error``."""
+    rng = np.random.default_rng(lanes)
+    book = SETS[4].book
+    shape = Shape(lanes, words_per_beat(lanes), counted=True)
+    bad = with_padding(book, symbol_mix(rng, DATA["fp8_ffn1"], 30), shape.beat_bits)
+    good = symbol_mix(rng, DATA["fp8_ffn1"], 40)
+
+    async def body(port):
+        bench = Bench.make(port, DEC_IN, lanes, 1.0, 1.0, shape)
+        await bench.feed({"tw": table_beats(book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
+        bench.watch_error = True
+        bench.sources["n"].queue.extend([len(bad), len(good)])
+        bench.sources["i"].queue.extend(bad_padding_stream(book, bad, rng, shape))
+        bench.sources["i"].queue.extend(shape.word_beats(pack_serial(encode_codewords(good, book))))
+        await bench.run_until(lambda: False, 2000)
+        await bench.idle_cycles(20)
+        assert bench.port.get("error"), "no error raised"
+        assert [s & 0xFF for s in shape.symbols_of(bench.sink.got)] == [int(s) for s in bad]
+
+    run_amaranth(QLCDecoderN(lanes), body)
 
 
 @pytest.mark.parametrize("lanes", [2, 4])
