@@ -98,12 +98,19 @@ class QLCDecoder(wiring.Component):
     """Counts (``n``) and serial words (``i``) -> symbols (``o``); ``tw`` loads tables."""
 
     def __init__(
-        self, book: Codebook | None = None, *, lanes: int | None = None, words: int | None = None
+        self,
+        book: Codebook | None = None,
+        *,
+        lanes: int | None = None,
+        words: int | None = None,
+        hold: bool = False,
     ) -> None:
         """``lanes``: None for the single-lane ports, N for N-lane beats (with ``count``).
-        ``words``: 32-bit words per input beat, ``words_per_beat(lanes)`` unless given (the
-        decoder pool's engines take one lane's symbols from the pool's wider beats)."""
-        self.counted = lanes is not None
+        ``words``: 32-bit words per input beat, ``words_per_beat(lanes)`` unless given. ``hold``:
+        a ``hold`` input that stops the parse, for a user that keeps ``o.ready`` high and room for
+        the symbols already in the pipeline (the decoder pool's engines: their output ready is
+        then a constant, out of the loop's logic)."""
+        self.counted, self.holds = lanes is not None, hold
         self.lanes = lanes or 1
         self.words = words or words_per_beat(self.lanes)
         if self.words < words_per_beat(self.lanes):
@@ -117,6 +124,7 @@ class QLCDecoder(wiring.Component):
                 "o": Out(stream.Signature(symbols)),
                 "tw": In(stream.Signature(TableWriteLayout)),
                 "error": Out(1),
+                **({"hold": In(1)} if hold else {}),
             }
         )
 
@@ -366,7 +374,8 @@ class QLCDecoder(wiring.Component):
         # previous clock's exact check
         sure = Signal()
         parse = Signal()
-        m.d.comb += parse.eq(active & s1_free & (sure | fits_late))
+        held_back = self.hold if self.holds else C(0, 1)
+        m.d.comb += parse.eq(active & s1_free & (sure | fits_late) & ~held_back)
 
         # next pos: after the codes, or (the clock after a packet's last code) the next beat's
         # start, less the beat that drops

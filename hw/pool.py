@@ -53,6 +53,7 @@ from zipccl.hw.tables import (
 POOL_ENGINES = (2, 4, 8)
 COUNT_DEPTH = 4  # counts queued per engine
 TAIL_DEPTH = 3  # the smallest SyncFIFOBuffered that moves a beat every clock
+HOLD_MARGIN = 8  # output FIFO beats kept free: an engine's 3 pipeline stages and a late hold
 
 
 def pool_beat_layout(words: int) -> data.StructLayout:
@@ -67,8 +68,8 @@ class QLCDecoderPool(wiring.Component):
     def __init__(self, engines: int, book: Codebook | None = None, *, depth: int = 1024) -> None:
         if engines < 2:
             raise ValueError(f"a pool needs at least 2 engines, got {engines}")
-        if depth < 4:
-            raise ValueError(f"FIFO depth must be at least 4, got {depth}")
+        if depth <= HOLD_MARGIN:
+            raise ValueError(f"FIFO depth must be over {HOLD_MARGIN}, got {depth}")
         self.engines, self.depth = engines, depth
         self.words = words_per_beat(engines)
         self.book = book or default_book()
@@ -86,7 +87,7 @@ class QLCDecoderPool(wiring.Component):
         m = Module()
         e_count, err = self.engines, Signal()
         m.d.comb += self.error.eq(err)
-        engines = [QLCDecoder(self.book, words=self.words) for _ in range(e_count)]
+        engines = [QLCDecoder(self.book, words=self.words, hold=True) for _ in range(e_count)]
         counts = [SyncFIFOBuffered(width=COUNT_BITS, depth=COUNT_DEPTH) for _ in engines]
         beats = [SyncFIFOBuffered(width=WORD_BITS * self.words, depth=self.depth) for _ in engines]
         width = lane_layout(e_count).size
@@ -194,16 +195,19 @@ class QLCDecoderPool(wiring.Component):
         take = engine.o.valid & engine.o.ready
         full_beat = take & ((held == e_count - 1) | sym.last)
         flush = ~engine.o.valid & engine.error & (held != 0)
-        # the engine's ready is a register (room for two more beats): the FIFO's fill level stays
-        # out of the engine's stall logic, whose paths already span the engine
+        # the engine's output is always taken; it stops parsing (``hold``, a register) while the
+        # FIFO has room for fewer than HOLD_MARGIN beats: the symbols already in its pipeline
+        # and the parse of the clock the hold is late by fit in those. The FIFO's fill level so
+        # stays out of the engine's stall logic, whose paths already span the engine.
         room = Signal(name=f"pack{k}_room")
-        m.d.sync += room.eq(out.level < self.depth - 2)
+        m.d.sync += room.eq(out.level < self.depth - HOLD_MARGIN)
         word = Signal(lane_layout(e_count), name=f"pack{k}_word")
         m.d.comb += [
             word.data.eq(Cat(*(Mux(held == j, sym.data, lane) for j, lane in enumerate(lanes)))),
             word.count.eq(Mux(flush, held, held + 1)),
             word.last.eq(sym.last & ~flush),
-            engine.o.ready.eq(room),
+            engine.o.ready.eq(1),
+            engine.hold.eq(~room),
             out.w_en.eq(full_beat | (flush & out.w_rdy)),
             out.w_data.eq(word),
         ]

@@ -50,7 +50,7 @@ def test_bad_parameters() -> None:
     with pytest.raises(ValueError, match="at least 2 engines"):
         QLCDecoderPool(1)
     with pytest.raises(ValueError, match="depth"):
-        QLCDecoderPool(4, depth=3)
+        QLCDecoderPool(4, depth=8)
     with pytest.raises(ValueError, match="4 lanes need beats of 2 words"):
         QLCDecoder(lanes=4, words=1)
 
