@@ -35,7 +35,7 @@ from __future__ import annotations
 import operator
 from functools import reduce
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -44,6 +44,7 @@ from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.tables import (
     COUNT_BITS,
     WORD_BITS,
+    SymbolLayout,
     TableWriteLayout,
     default_book,
     lane_layout,
@@ -141,7 +142,8 @@ class QLCDecoderPool(wiring.Component):
             m.d.sync += beat_to.eq(Mux(beat_to == e_count - 1, 0, beat_to + 1))
 
         # micro-step 3, pack: each engine's symbols, E to a beat, into its output FIFO
-        held = [self._pack(m, k, e, o) for k, (e, o) in enumerate(zip(engines, outs, strict=True))]
+        pairs = enumerate(zip(engines, outs, strict=True))
+        packed = [self._pack(m, k, e, o) for k, (e, o) in pairs]
 
         # micro-step 4, collect: packet p's beats from engine p mod E; an engine's error becomes
         # the pool's once everything it emitted before it has gone out
@@ -156,8 +158,7 @@ class QLCDecoderPool(wiring.Component):
         sent = self.o.valid & self.o.ready
         engine_err = Cat(e.error for e in engines).bit_select(serve, 1)
         empty = [
-            (o.level == 0) & (t.level == 0) & (h == 0)
-            for o, t, h in zip(outs, tails, held, strict=True)
+            (o.level == 0) & (t.level == 0) & p for o, t, p in zip(outs, tails, packed, strict=True)
         ]
         emptied = Cat(*empty).bit_select(serve, 1)
         # after a packet's last beat, one clock's look at its engine's error (bad padding rises
@@ -185,16 +186,20 @@ class QLCDecoderPool(wiring.Component):
             beats.r_en.eq(engine.i.ready),
         ]
 
-    def _pack(self, m: Module, k: int, engine, out) -> Signal:
+    def _pack(self, m: Module, k: int, engine, out) -> Value:
         """Engine ``k``'s symbols into E-symbol beats (``count``, ``last``) written to ``out``;
-        after an engine error the partial beat is written too. Returns the symbols held."""
+        after an engine error the partial beat is written too. Returns whether every symbol the
+        engine emitted is in ``out``."""
         e_count = self.engines
         lanes = [Signal(8, name=f"pack{k}_lane{j}") for j in range(e_count)]
         held = Signal(range(e_count + 1), name=f"pack{k}_held")
-        sym = engine.o.payload
-        take = engine.o.valid & engine.o.ready
+        # each symbol first lands in a register by the engine (its rank LUT's block RAM output
+        # is slow), then in its lane of the beat
+        sym = Signal(SymbolLayout, name=f"pack{k}_symbol")
+        take = Signal(name=f"pack{k}_take")
+        m.d.sync += [take.eq(engine.o.valid), sym.eq(engine.o.payload)]
         full_beat = take & ((held == e_count - 1) | sym.last)
-        flush = ~engine.o.valid & engine.error & (held != 0)
+        flush = ~take & ~engine.o.valid & engine.error & (held != 0)
         # the engine's output is always taken; it stops parsing (``hold``, a register) while the
         # FIFO has room for fewer than HOLD_MARGIN beats: the symbols already in its pipeline
         # and the parse of the clock the hold is late by fit in those. The FIFO's fill level so
@@ -218,4 +223,4 @@ class QLCDecoderPool(wiring.Component):
             m.d.sync += held.eq(Mux(full_beat, 0, held + 1))
         with m.Elif(flush & out.w_rdy):
             m.d.sync += held.eq(0)
-        return held
+        return (held == 0) & ~take
