@@ -130,9 +130,11 @@ class AxisDecoder(_AxisTop):
         else:
             core = QLCDecoder(self.book) if self.lanes == 1 else QLCDecoderN(self.lanes, self.book)
         m = self._clocked(core)
-        words = core.i.payload.data if self.pool else core.i.payload
-        if self.pool:
+        if self.pool:  # its beats carry tlast, which hands a packet to an engine
+            words = core.i.payload.data
             m.d.comb += core.i.payload.last.eq(self.s_axis_tlast)
+        else:
+            words = core.i.payload
         m.d.comb += [
             core.n.payload.eq(self.s_axis_count_tdata),
             core.n.valid.eq(self.s_axis_count_tvalid),

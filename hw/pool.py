@@ -57,6 +57,16 @@ TAIL_DEPTH = 3  # the smallest SyncFIFOBuffered that moves a beat every clock
 HOLD_MARGIN = 8  # output FIFO beats kept free: an engine's 3 pipeline stages and a late hold
 
 
+def _next(index: Value, count: int) -> Value:
+    """``index`` + 1, wrapping at ``count``: the round the engines are taken in."""
+    return Mux(index == count - 1, 0, index + 1)
+
+
+def _pick(flags: list[Value], index: Value) -> Value:
+    """The flag of the engine ``index`` names."""
+    return Cat(*flags).bit_select(index, 1)
+
+
 def pool_beat_layout(words: int) -> data.StructLayout:
     """A word beat with the packet's end marked (``last``: the packet's final beat)."""
     return data.StructLayout({"data": WORD_BITS * words, "last": 1})
@@ -122,16 +132,15 @@ class QLCDecoderPool(wiring.Component):
 
         # micro-step 2, dispatch: counts and beats each go round the engines, a count of 0 to none
         count_to, beat_to = Signal(range(e_count)), Signal(range(e_count))
-        count_room = Cat(c.w_rdy for c in counts).bit_select(count_to, 1)
-        m.d.comb += self.n.ready.eq(count_room & ~self.tw.valid & ~err)
+        m.d.comb += self.n.ready.eq(
+            _pick([c.w_rdy for c in counts], count_to) & ~self.tw.valid & ~err
+        )
+        take_count = self.n.valid & self.n.ready & (self.n.payload != 0)
         for k, c in enumerate(counts):
-            m.d.comb += [
-                c.w_data.eq(self.n.payload),
-                c.w_en.eq(self.n.valid & self.n.ready & (count_to == k) & (self.n.payload != 0)),
-            ]
-        with m.If(self.n.valid & self.n.ready & (self.n.payload != 0)):
-            m.d.sync += count_to.eq(Mux(count_to == e_count - 1, 0, count_to + 1))
-        beat_room = Cat(b.w_rdy for b in beats).bit_select(beat_to, 1)
+            m.d.comb += [c.w_data.eq(self.n.payload), c.w_en.eq(take_count & (count_to == k))]
+        with m.If(take_count):
+            m.d.sync += count_to.eq(_next(count_to, e_count))
+        beat_room = _pick([b.w_rdy for b in beats], beat_to)
         m.d.comb += self.i.ready.eq(beat_room & ~err)
         for k, b in enumerate(beats):
             m.d.comb += [
@@ -139,7 +148,7 @@ class QLCDecoderPool(wiring.Component):
                 b.w_en.eq(self.i.valid & self.i.ready & (beat_to == k)),
             ]
         with m.If(self.i.valid & self.i.ready & self.i.payload.last):
-            m.d.sync += beat_to.eq(Mux(beat_to == e_count - 1, 0, beat_to + 1))
+            m.d.sync += beat_to.eq(_next(beat_to, e_count))
 
         # micro-step 3, pack: each engine's symbols, E to a beat, into its output FIFO
         pairs = enumerate(zip(engines, outs, strict=True))
@@ -148,19 +157,18 @@ class QLCDecoderPool(wiring.Component):
         # micro-step 4, collect: packet p's beats from engine p mod E; an engine's error becomes
         # the pool's once everything it emitted before it has gone out
         serve, closing = Signal(range(e_count)), Signal()
-        ready_beat = Cat(t.r_rdy for t in tails).bit_select(serve, 1)
-        m.d.comb += self.o.valid.eq(ready_beat & ~closing & ~err)
+        m.d.comb += self.o.valid.eq(_pick([t.r_rdy for t in tails], serve) & ~closing & ~err)
         taking = self.o.ready & ~closing & ~err
         with m.Switch(serve):
             for k, t in enumerate(tails):
                 with m.Case(k):
                     m.d.comb += [self.o.payload.eq(t.r_data), t.r_en.eq(taking)]
         sent = self.o.valid & self.o.ready
-        engine_err = Cat(e.error for e in engines).bit_select(serve, 1)
+        engine_err = _pick([e.error for e in engines], serve)
         empty = [
             (o.level == 0) & (t.level == 0) & p for o, t, p in zip(outs, tails, packed, strict=True)
         ]
-        emptied = Cat(*empty).bit_select(serve, 1)
+        emptied = _pick(empty, serve)
         # after a packet's last beat, one clock's look at its engine's error (bad padding rises
         # after the packet's symbols) before the next packet's engine is served
         with m.If(closing):
@@ -168,7 +176,7 @@ class QLCDecoderPool(wiring.Component):
             with m.If(engine_err):
                 m.d.sync += err.eq(1)
             with m.Else():
-                m.d.sync += serve.eq(Mux(serve == e_count - 1, 0, serve + 1))
+                m.d.sync += serve.eq(_next(serve, e_count))
         with m.Elif(sent & self.o.payload.last):
             m.d.sync += closing.eq(1)
         with m.Elif(engine_err & emptied):
