@@ -89,6 +89,14 @@ def select_bits(at: Value, window: Value, width: int) -> Value:
     return Cat(*((at & window[i : i + len(at)]).any() for i in range(width)))[::-1]
 
 
+def spread_up(bits: Value, shifts: list[int]) -> Value:
+    """``bits`` with each set bit copied upwards by every sum of ``shifts`` (all of 1, 2, 4, ...
+    up to the width: bit j set when a bit at or below j is)."""
+    for shift in shifts:
+        bits = bits | (bits << shift)[: len(bits)]
+    return bits
+
+
 def at_most(at: Value, limit: int) -> Value:
     """The one-hot position ``at`` is <= ``limit``."""
     return at[: max(limit + 1, 0)].any() if limit >= 0 else C(0, 1)
@@ -437,27 +445,33 @@ class QLCDecoder(wiring.Component):
             fits_late.eq(~parse & ~skip & ~take_n & ~pops & fits_end),
         ]
 
-        # the padding skipped: the rest of the beat holding pos, from the stream bit at pos. That
-        # beat is b0 on the clock after ``skip`` (b0 drops only then, or b0 dropped with it), so
-        # the skip clock registers the thermometer of pos within its beat (bit j: pos <= j)
-        # and the next clock ANDs it with b0
-        # pos within its beat
-        behind = reduce(operator.or_, (pos[h : h + beat] for h in range(0, reach, beat)))
-        shift = 1
-        while shift < beat:
-            behind = behind | (behind << shift)[:beat]
-            shift *= 2
-        padding, checking = Signal(beat), Signal()
-        m.d.sync += [padding.eq(behind), checking.eq(skip & ~aligned)]
-        padding_set = checking & (padding & bs[0]).any()
+        # the padding skipped: the rest of the beat holding pos, from the stream bit at pos, as
+        # the thermometer of pos within its beat (bit j: pos <= j) ANDed with that beat. The
+        # thermometer is a log-depth spread (each doubling one OR level), as long as the loop at
+        # wide beats, so it is cut in two registered halves: the skip clock spreads pos by the
+        # short shifts, the next (``checking``: b0 is pos's beat, and drops after it) by the long
+        # ones and keeps b0, the third (``checking_late``) ANDs them
+        doublings = [1 << i for i in range((beat - 1).bit_length())]  # 1, 2, ..., beat / 2
+        short = doublings[: len(doublings) // 2]
+        in_beat = reduce(operator.or_, (pos[h : h + beat] for h in range(0, reach, beat)))
+        behind_near, behind, pad_beat = Signal(beat), Signal(beat), Signal(beat)
+        checking, checking_late = Signal(), Signal()
+        m.d.sync += [
+            behind_near.eq(spread_up(in_beat, short)),
+            checking.eq(skip & ~aligned),
+            behind.eq(spread_up(behind_near, doublings[len(short) :])),
+            pad_beat.eq(bs[0]),
+            checking_late.eq(checking),
+        ]
+        padding_set = checking_late & (behind & pad_beat).any()
 
         heads = [select_bits(at, window, MAX_CODE_LENGTH) for at in lane_starts[:n_lanes]]
 
         # no count while the last packet's padding is still to be checked (``skip``, then
-        # ``checking``): a packet taken then would be decoded before its predecessor's error
-        m.d.comb += self.n.ready.eq(
-            ~active & ~err & ~bad_padding & ~skip & ~checking & ~self.tw.valid
-        )
+        # ``checking``, ``checking_late``): a packet taken then would be decoded before its
+        # predecessor's error
+        checks = skip | checking | checking_late
+        m.d.comb += self.n.ready.eq(~active & ~err & ~bad_padding & ~checks & ~self.tw.valid)
         with m.If(take_n):
             m.d.sync += [
                 active.eq(self.n.payload != 0),
