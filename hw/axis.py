@@ -11,8 +11,11 @@ big-endian words are byte-swapped here) and a symbol beat's ``tkeep`` marks its 
 * decoder: each packet's symbol count on ``s_axis_count`` (32 bits), its words on ``s_axis``
   (``tlast`` is accepted and ignored: the count ends the packet) -> symbols on ``m_axis``;
   ``error`` rises on an illegal codeword or non-zero padding and holds until reset.
-* decoder pool (hw/pool.py): the same ports, but ``tlast`` must mark each packet's last beat
-  (the pool hands whole packets to its engines by it).
+* decoder pool (hw/pool.py): the same ports plus ``s_axis_tkeep``, and a packet is its serial
+  bytes padded to a whole 32-bit word only: ``tlast`` marks its last beat (the pool hands whole
+  packets to its engines by it) and ``tkeep`` that beat's words (whole words from lane 0, as
+  AXI's packed streams; a word counts by its first byte's bit); the next packet starts on a new
+  beat.
 * both: table writes on ``s_axis_table`` (32 bits: ``mem | addr << 2 | word << 10``, see
   hw.tables.pack_table_write), taken between packets.
 """
@@ -115,10 +118,11 @@ class AxisDecoder(_AxisTop):
     def __init__(self, lanes: int = 1, book: Codebook | None = None, *, pool: bool = False) -> None:
         self.lanes, self.book, self.pool = lanes, book, pool
         words = words_per_beat(lanes)
+        keep = (("tkeep", 4 * words),) if pool else ()
         super().__init__(
             {
                 **_axis("s_axis_count", In, COUNT_BITS),
-                **_axis("s_axis", In, 32 * words, ("tlast", 1)),
+                **_axis("s_axis", In, 32 * words, *keep, ("tlast", 1)),
                 **_axis("m_axis", Out, 8 * lanes, ("tkeep", lanes), ("tlast", 1)),
                 "error": Out(1),
             }
@@ -130,9 +134,12 @@ class AxisDecoder(_AxisTop):
         else:
             core = QLCDecoder(self.book) if self.lanes == 1 else QLCDecoderN(self.lanes, self.book)
         m = self._clocked(core)
-        if self.pool:  # its beats carry tlast, which hands a packet to an engine
+        if self.pool:  # its beats carry tlast, which hands a packet to an engine, and tkeep
             words = core.i.payload.data
-            m.d.comb += core.i.payload.last.eq(self.s_axis_tlast)
+            m.d.comb += [
+                core.i.payload.last.eq(self.s_axis_tlast),
+                core.i.payload.words.eq(sum(self.s_axis_tkeep[::4])),
+            ]
         else:
             words = core.i.payload
         m.d.comb += [

@@ -7,14 +7,19 @@ on a beat boundary with its own count), as the container's blocks are. The pool 
 packets to E engines in turn, so E packets decode at once, each at the single lane's clock rate,
 and puts their symbols back in packet order:
 
-- **Input**: hw.multilane's E-lane stream (beats of ``words_per_beat(E)`` words, every packet
-  padded to a whole beat), plus ``last`` on each packet's final beat (AXI4-Stream's ``tlast``):
-  the dispatcher learns where a packet's beats end without parsing them. Counts on ``n`` as
-  before; a packet of count 0 has no beats and no symbols and is dropped at the door.
+- **Input**: beats of ``words_per_beat(E)`` 32-bit words (first word on top, as hw.multilane's),
+  each with ``words``, how many of its first words it holds, and ``last`` on a packet's final
+  beat (AXI4-Stream's ``tkeep`` and ``tlast``). A packet is its serial words, padded to a whole
+  word as for the single lane (not to a beat): only its final beat may hold fewer words, and the
+  next packet starts on a new beat. The dispatcher so learns where a packet ends without parsing
+  it. Counts on ``n`` as before; a packet of count 0 has no beats and no symbols and is dropped
+  at the door.
 - **Dispatch**: packet p's count and beats go to engine p mod E, through a count FIFO and a beat
   FIFO per engine (``depth`` beats: with a whole packet's beats in it, the dispatcher moves on
-  while the engine decodes).
-- **Engines**: hw.decoder's design at one lane on E-lane beats, each with its own tables.
+  while the engine decodes); a registered splitter hands the beat's words to the engine one a
+  clock (the engine takes at most 11 bits a clock).
+- **Engines**: hw.decoder's single lane, on one-word beats as when it stands alone (a window of
+  the single lane's width, so its clock rate), each with its own tables.
 - **Collect**: each engine's symbols are packed E to a beat into its output FIFO (``depth`` beats,
   a 4096-symbol packet at E = 4); the output takes packet p's beats from engine p mod E, so the
   symbol beats are hw.multilane's counted layout in packet order.
@@ -68,8 +73,9 @@ def _pick(flags: list[Value], index: Value) -> Value:
 
 
 def pool_beat_layout(words: int) -> data.StructLayout:
-    """A word beat with the packet's end marked (``last``: the packet's final beat)."""
-    return data.StructLayout({"data": WORD_BITS * words, "last": 1})
+    """A beat of ``words`` words, of which it holds the first ``words`` (``data`` is wider: the
+    first word on top), ``last`` on the packet's final beat."""
+    return data.StructLayout({"data": WORD_BITS * words, "last": 1, "words": range(words + 1)})
 
 
 class QLCDecoderPool(wiring.Component):
@@ -98,9 +104,10 @@ class QLCDecoderPool(wiring.Component):
         m = Module()
         e_count, err = self.engines, Signal()
         m.d.comb += self.error.eq(err)
-        engines = [QLCDecoder(self.book, words=self.words, hold=True) for _ in range(e_count)]
+        engines = [QLCDecoder(self.book, hold=True) for _ in range(e_count)]
         counts = [SyncFIFOBuffered(width=COUNT_BITS, depth=COUNT_DEPTH) for _ in engines]
-        beats = [SyncFIFOBuffered(width=WORD_BITS * self.words, depth=self.depth) for _ in engines]
+        beat = pool_beat_layout(self.words)
+        beats = [SyncFIFOBuffered(width=beat.size, depth=self.depth) for _ in engines]
         width = lane_layout(e_count).size
         outs = [SyncFIFOBuffered(width=width, depth=self.depth) for _ in engines]
         # a few beats in flip-flops behind each block-RAM FIFO: the output's choices (the beat's
@@ -111,7 +118,7 @@ class QLCDecoderPool(wiring.Component):
             names = ("engine", "counts", "beats", "out", "tail")
             for name, part in zip(names, parts, strict=True):
                 m.submodules[f"{name}{k}"] = part
-            self._feed_engine(m, *parts[:3])
+            self._feed_engine(m, k, *parts[:3])
             out, tail = parts[3:]
             m.d.comb += [
                 tail.w_data.eq(out.r_data),
@@ -144,7 +151,7 @@ class QLCDecoderPool(wiring.Component):
         m.d.comb += self.i.ready.eq(beat_room & ~err)
         for k, b in enumerate(beats):
             m.d.comb += [
-                b.w_data.eq(self.i.payload.data),
+                b.w_data.eq(self.i.payload),
                 b.w_en.eq(self.i.valid & self.i.ready & (beat_to == k)),
             ]
         with m.If(self.i.valid & self.i.ready & self.i.payload.last):
@@ -183,16 +190,30 @@ class QLCDecoderPool(wiring.Component):
             m.d.sync += err.eq(1)
         return m
 
-    @staticmethod
-    def _feed_engine(m: Module, engine, counts, beats) -> None:
+    def _feed_engine(self, m: Module, k: int, engine, counts, beats) -> None:
+        """Engine ``k``'s counts, and its beats' words one a clock from a register (the beat
+        FIFO's block RAM output is slow): word ``index`` of the head beat, which leaves the FIFO
+        with its last word (or at once, holding none)."""
         m.d.comb += [
             engine.n.valid.eq(counts.r_rdy),
             engine.n.payload.eq(counts.r_data),
             counts.r_en.eq(engine.n.ready),
-            engine.i.valid.eq(beats.r_rdy),
-            engine.i.payload.eq(beats.r_data),
-            beats.r_en.eq(engine.i.ready),
         ]
+        head = data.View(pool_beat_layout(self.words), beats.r_data)
+        index = Signal(range(self.words), name=f"split{k}_index")
+        word, word_valid = Signal(WORD_BITS, name=f"split{k}_word"), Signal(name=f"split{k}_valid")
+        free = ~word_valid | engine.i.ready
+        done = index + 1 >= head.words
+        in_order = Cat(head.data.word_select(w, WORD_BITS) for w in reversed(range(self.words)))
+        m.d.comb += [
+            engine.i.valid.eq(word_valid),
+            engine.i.payload.eq(word),
+            beats.r_en.eq(free & done),
+        ]
+        with m.If(free):
+            m.d.sync += [word_valid.eq(beats.r_rdy & (head.words != 0)), word.eq(in_order.word_select(index, WORD_BITS))]
+            with m.If(beats.r_rdy):
+                m.d.sync += index.eq(Mux(done, 0, index + 1))
 
     def _pack(self, m: Module, k: int, engine, out) -> Value:
         """Engine ``k``'s symbols into E-symbol beats (``count``, ``last``) written to ``out``;

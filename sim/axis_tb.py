@@ -34,8 +34,8 @@ def _pauses(rng: random.Random, rate: float):
         yield rng.random() > rate
 
 
-def padded(data: bytes, beat_bytes: int) -> bytes:
-    return data + bytes(-len(data) % beat_bytes)
+def padded(data: bytes, size: int) -> bytes:
+    return data + bytes(-len(data) % size)
 
 
 class Top:
@@ -45,7 +45,10 @@ class Top:
         self.dut = dut
         self.decoder = os.environ["ZIPCCL_KIND"] == "decoder"
         self.lanes = int(os.environ["ZIPCCL_LANES"])
-        self.beat_bytes = 4 * words_per_beat(self.lanes)
+        # where a packet's bytes end: a whole beat, or a whole word where tkeep says how many a
+        # beat holds (the decoder pool)
+        keeps = hasattr(dut, "s_axis_tkeep") and self.decoder
+        self.pad_to = 4 if keeps else 4 * words_per_beat(self.lanes)
 
         def bus(prefix: str) -> AxiStreamBus:
             return AxiStreamBus.from_prefix(dut, prefix)
@@ -81,7 +84,7 @@ class Top:
             return
         await self.count.send(AxiStreamFrame(struct.pack("<I", len(packet))))
         serial = pack_serial(encode_codewords(packet, book))
-        await self.source.send(AxiStreamFrame(padded(serial, self.beat_bytes)))
+        await self.source.send(AxiStreamFrame(padded(serial, self.pad_to)))
 
     async def check(self, book: Codebook, packet: np.ndarray) -> None:
         frame = await with_timeout(self.sink.recv(), 200 * (len(packet) + 50), "ns")
@@ -89,7 +92,7 @@ class Top:
             assert bytes(frame.tdata) == bytes(packet), f"decoded symbols differ ({book.name})"
             return
         cw = encode_codewords(packet, book)
-        assert bytes(frame.tdata) == padded(pack_serial(cw), self.beat_bytes), "words differ"
+        assert bytes(frame.tdata) == padded(pack_serial(cw), self.pad_to), "words differ"
         bits = frame.tuser[-1] if isinstance(frame.tuser, list) else frame.tuser
         assert bits == cw.total_bits, f"bit count {bits}, want {cw.total_bits}"
 
@@ -130,7 +133,7 @@ async def decoder_rejects_bad_padding(dut) -> None:
     book = builder_sets(load_data())[4].book
     packet = nrng.integers(0, 256, 37).astype(np.uint8)
     cw = encode_codewords(packet, book)
-    serial = padded(pack_serial(cw), top.beat_bytes)
+    serial = padded(pack_serial(cw), top.pad_to)
     pad_bits = 8 * len(serial) - cw.total_bits
     assert pad_bits > 0, "pick a packet that leaves padding"
     bad = int.from_bytes(serial, "big") | 1 << int(nrng.integers(pad_bits))

@@ -88,7 +88,8 @@ class Sink:
 class Shape:
     """Beat layouts of a block: ``lanes`` symbols and ``words`` 32-bit words per beat;
     ``counted`` symbol beats carry a lane count (the multi-lane blocks of hw/multilane.py);
-    ``tlast`` word beats carry the packet's end above their data (hw/pool.py)."""
+    ``tlast`` word beats carry the packet's end and their count of words above their data, and
+    a packet is padded to a word, not a beat (hw/pool.py)."""
 
     lanes: int = 1
     words: int = 1
@@ -121,14 +122,28 @@ class Shape:
             out += [(b >> 8 * j & 0xFF) | (last and j == count - 1) << 8 for j in range(count)]
         return out
 
+    @property
+    def pad_bits(self) -> int:
+        """Where a packet's padding ends: a whole beat, or with ``tlast`` a whole word."""
+        return WORD_BITS if self.tlast else self.beat_bits
+
+    def packet_bytes(self, data: bytes) -> bytes:
+        """A packet's serial bytes, zero padded to a multiple of ``pad_bits``."""
+        return data + bytes(-len(data) % (self.pad_bits // 8))
+
     def word_beats(self, data: bytes) -> list[int]:
-        """Serial bytes -> beats of ``words`` big-endian words, zero padded to a whole beat
-        (with ``tlast``, the final beat's bit ``beat_bits`` set)."""
-        size = 4 * self.words
-        data = data + bytes(-len(data) % size)
-        beats = [int.from_bytes(data[k : k + size], "big") for k in range(0, len(data), size)]
-        if self.tlast and beats:
-            beats[-1] |= 1 << self.beat_bits
+        """A packet's serial bytes -> beats of ``words`` big-endian words, the first on top,
+        zero padded (with ``tlast``, above the data: ``last`` on the final beat, then the count
+        of words the beat holds)."""
+        data, size = self.packet_bytes(data), 4 * self.words
+        beats = []
+        for k in range(0, len(data), size):
+            chunk = data[k : k + size]
+            beat = int.from_bytes(chunk + bytes(size - len(chunk)), "big")
+            if self.tlast:
+                last = k + size >= len(data)
+                beat |= (last | len(chunk) // 4 << 1) << self.beat_bits
+            beats.append(beat)
         return beats
 
     def enc_fields(self, beat: int) -> tuple[int, int, int]:
@@ -375,14 +390,14 @@ async def decode_illegal(
 def bad_padding_stream(
     book: Codebook, symbols: np.ndarray, rng: np.random.Generator, shape: Shape = SINGLE
 ) -> list[int]:
-    """Golden beats of ``symbols`` with one bit of the last beat's padding set to 1."""
+    """Golden beats of ``symbols`` with one bit of the packet's padding set to 1."""
     cw = encode_codewords(symbols, book)
-    beats = shape.word_beats(pack_serial(cw))
-    pad = len(beats) * shape.beat_bits - cw.total_bits
+    data = shape.packet_bytes(pack_serial(cw))
+    pad = 8 * len(data) - cw.total_bits
     if pad == 0:
         raise ValueError("the packet fills its last beat: it has no padding to corrupt")
-    beats[-1] |= 1 << int(rng.integers(pad))
-    return beats
+    bad = int.from_bytes(data, "big") | 1 << int(rng.integers(pad))
+    return shape.word_beats(bad.to_bytes(len(data), "big"))
 
 
 async def decode_bad_padding(

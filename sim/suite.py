@@ -211,7 +211,7 @@ async def illegal_streams(
         await bench.reset()
         bench.watch_error = False
         total.add(await decode_packets(bench, book, [symbols]))
-        symbols = with_padding(book, symbol_mix(rng, real, 40), bench.shape.beat_bits)
+        symbols = with_padding(book, symbol_mix(rng, real, 40), bench.shape.pad_bits)
         total.add(await decode_bad_padding(bench, book, symbols, rng))
         await bench.reset()
         bench.watch_error = False
@@ -219,9 +219,9 @@ async def illegal_streams(
     return total
 
 
-def with_padding(book: Codebook, symbols: np.ndarray, beat_bits: int) -> np.ndarray:
-    """``symbols``, shortened until their codes leave padding in the last beat."""
-    while encode_codewords(symbols, book).total_bits % beat_bits == 0:
+def with_padding(book: Codebook, symbols: np.ndarray, pad_bits: int) -> np.ndarray:
+    """``symbols``, shortened until their codes leave padding before a ``pad_bits`` boundary."""
+    while encode_codewords(symbols, book).total_bits % pad_bits == 0:
         symbols = symbols[:-1]
     return symbols
 

@@ -126,7 +126,7 @@ def test_no_packet_taken_before_the_padding_check(lanes: int) -> None:
     rng = np.random.default_rng(lanes)
     book = SETS[4].book
     shape = Shape(lanes, words_per_beat(lanes), counted=True)
-    bad = with_padding(book, symbol_mix(rng, DATA["fp8_ffn1"], 30), shape.beat_bits)
+    bad = with_padding(book, symbol_mix(rng, DATA["fp8_ffn1"], 30), shape.pad_bits)
     good = symbol_mix(rng, DATA["fp8_ffn1"], 40)
 
     async def body(port):

@@ -12,7 +12,7 @@ from zipccl.golden.codebook import Codebook
 from zipccl.golden.streams import encode_codewords, pack_serial
 from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.pool import QLCDecoderPool
-from zipccl.hw.tables import Mem, words_per_beat
+from zipccl.hw.tables import WORD_BITS, Mem, words_per_beat
 from zipccl.sim.amaranth_port import run_amaranth
 from zipccl.sim.bench import (
     Bench,
@@ -117,7 +117,7 @@ def test_error_in_one_packet_stops_the_packets_after_it(engines: int, kind: str)
     book = illegal_book(rng)
     before = [symbol_mix(rng, DATA["fp8_ffn1"], int(rng.integers(20, 120))) for _ in range(3)]
     after = [symbol_mix(rng, DATA["fp8_ffn1"], 80) for _ in range(2 * engines)]
-    bad = with_padding(book, symbol_mix(rng, DATA["fp8_ffn1"], 60), shape.beat_bits)
+    bad = with_padding(book, symbol_mix(rng, DATA["fp8_ffn1"], 60), shape.pad_bits)
     if kind == "illegal":
         at = int(rng.integers(len(bad)))
         bad_beats, bad_count, kept = illegal_stream(book, bad, at, rng, shape), len(bad) + 1, at
@@ -139,3 +139,35 @@ def test_error_in_one_packet_stops_the_packets_after_it(engines: int, kind: str)
         assert got == want, f"seed {seed}: {len(got)} symbols out, want {len(want)}"
 
     _run(engines, seed, 0.8, 0.8, body, depth=32)
+
+
+def test_words_past_a_beats_count_are_ignored() -> None:
+    """A beat holds its first ``words`` words: ones in the rest of a packet's last beat, and
+    beats holding no word (AXI's null beats, ``tkeep`` all zero) inside a packet, change
+    nothing."""
+    seed = 21
+    rng = np.random.default_rng(seed)
+    shape = _shape(4)
+    book = SETS[2].book
+    packets = [symbol_mix(rng, SETS[2].symbols, int(n)) for n in rng.integers(1, 90, 12)]
+    words_at = shape.beat_bits + 1  # the count of words, above the data and ``last``
+    garbage = (1 << shape.beat_bits) - 1
+
+    def noisy(packet: np.ndarray) -> list[int]:
+        beats = _beats(shape, book, [packet])
+        held = beats[-1] >> words_at
+        unkept = garbage >> WORD_BITS * held  # the low words: past the beat's count
+        null = int.from_bytes(rng.bytes(shape.beat_bits // 8), "big")  # words = 0, last = 0
+        return [*beats[:-1], null, beats[-1] | unkept]
+
+    assert any(_beats(shape, book, [p])[-1] >> words_at == 1 for p in packets), "no partial beat"
+
+    async def body(bench):
+        await bench.feed({"tw": table_beats(book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
+        beats = [b for p in packets for b in noisy(p)]
+        await bench.feed({"n": [len(p) for p in packets], "i": beats})
+        want = [b for p in packets for b in shape.symbol_beats(p)]
+        await bench.drain(len(want))
+        assert shape.symbols_of(bench.sink.got) == shape.symbols_of(want), f"seed {seed}"
+
+    _run(4, seed, 0.7, 0.7, body)
