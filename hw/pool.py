@@ -211,7 +211,10 @@ class QLCDecoderPool(wiring.Component):
             beats.r_en.eq(free & done),
         ]
         with m.If(free):
-            m.d.sync += [word_valid.eq(beats.r_rdy & (head.words != 0)), word.eq(in_order.word_select(index, WORD_BITS))]
+            m.d.sync += [
+                word_valid.eq(beats.r_rdy & (head.words != 0)),
+                word.eq(in_order.word_select(index, WORD_BITS)),
+            ]
             with m.If(beats.r_rdy):
                 m.d.sync += index.eq(Mux(done, 0, index + 1))
 
