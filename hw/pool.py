@@ -40,7 +40,7 @@ from __future__ import annotations
 import operator
 from functools import reduce
 
-from amaranth import Cat, Module, Mux, Signal, Value
+from amaranth import C, Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -57,7 +57,8 @@ from zipccl.hw.tables import (
 )
 
 POOL_ENGINES = (2, 4, 8)
-COUNT_DEPTH = 4  # counts queued per engine
+COUNT_DEPTH = 8  # counts queued per engine
+DISPATCH_MARGIN = 3  # FIFO entries kept free: the room a ready reads is a clock old, a write late
 TAIL_DEPTH = 3  # the smallest SyncFIFOBuffered that moves a beat every clock
 HOLD_MARGIN = 8  # output FIFO beats kept free: an engine's 3 pipeline stages and a late hold
 
@@ -128,8 +129,7 @@ class QLCDecoderPool(wiring.Component):
 
         # micro-step 1, tables: a pending write holds new counts back, and goes to all engines
         # once every counted packet is decoded (an engine's tw.ready: no packet in its pipeline)
-        idle = [e.tw.ready & (c.level == 0) for e, c in zip(engines, counts, strict=True)]
-        settled = reduce(operator.and_, idle)
+        settled = Signal()
         m.d.comb += self.tw.ready.eq(settled & ~err)
         for e in engines:
             m.d.comb += [
@@ -138,24 +138,17 @@ class QLCDecoderPool(wiring.Component):
             ]
 
         # micro-step 2, dispatch: counts and beats each go round the engines, a count of 0 to none
-        count_to, beat_to = Signal(range(e_count)), Signal(range(e_count))
-        m.d.comb += self.n.ready.eq(
-            _pick([c.w_rdy for c in counts], count_to) & ~self.tw.valid & ~err
+        nonzero = self.n.payload != 0
+        counts_sent = self._dispatch(
+            m, "count", self.n, counts, ~self.tw.valid & ~err, keep=nonzero, moves_on=nonzero
         )
-        take_count = self.n.valid & self.n.ready & (self.n.payload != 0)
-        for k, c in enumerate(counts):
-            m.d.comb += [c.w_data.eq(self.n.payload), c.w_en.eq(take_count & (count_to == k))]
-        with m.If(take_count):
-            m.d.sync += count_to.eq(_next(count_to, e_count))
-        beat_room = _pick([b.w_rdy for b in beats], beat_to)
-        m.d.comb += self.i.ready.eq(beat_room & ~err)
-        for k, b in enumerate(beats):
-            m.d.comb += [
-                b.w_data.eq(self.i.payload),
-                b.w_en.eq(self.i.valid & self.i.ready & (beat_to == k)),
-            ]
-        with m.If(self.i.valid & self.i.ready & self.i.payload.last):
-            m.d.sync += beat_to.eq(_next(beat_to, e_count))
+        self._dispatch(m, "beat", self.i, beats, ~err, keep=C(1), moves_on=self.i.payload.last)
+
+        idle = [
+            e.tw.ready & (c.level == 0) & ~sent
+            for e, c, sent in zip(engines, counts, counts_sent, strict=True)
+        ]
+        m.d.comb += settled.eq(reduce(operator.and_, idle))
 
         # micro-step 3, pack: each engine's symbols, E to a beat, into its output FIFO
         pairs = enumerate(zip(engines, outs, strict=True))
@@ -189,6 +182,33 @@ class QLCDecoderPool(wiring.Component):
         with m.Elif(engine_err & emptied):
             m.d.sync += err.eq(1)
         return m
+
+    def _dispatch(
+        self, m: Module, name: str, port, fifos: list, open_: Value, *, keep: Value, moves_on: Value
+    ) -> list[Signal]:
+        """``port``'s payloads for which ``keep`` holds round ``fifos`` (the next FIFO after one
+        for which ``moves_on`` holds), ``port`` ready while ``open_``.
+        Each payload waits a clock in a register, and ready reads registered room left in the
+        FIFOs, so nothing here is a path from one end of the pool to the other in one clock.
+        Returns each FIFO's registered write (a payload on its way to it)."""
+        to = Signal(range(self.engines), name=f"{name}_to")
+        rooms = [Signal(name=f"{name}_room{k}") for k in range(len(fifos))]
+        writes = [Signal(name=f"{name}_write{k}") for k in range(len(fifos))]
+        held = Signal(len(Value.cast(port.payload)), name=f"{name}_held")
+        m.d.comb += port.ready.eq(_pick(rooms, to) & open_)
+        take = port.valid & port.ready
+        kept = take & keep
+        m.d.sync += [
+            held.eq(port.payload),
+            *(r.eq(f.level < f.depth - DISPATCH_MARGIN) for r, f in zip(rooms, fifos, strict=True)),
+            *(w.eq(kept & (to == k)) for k, w in enumerate(writes)),
+        ]
+        m.d.comb += [f.w_data.eq(held) for f in fifos] + [
+            f.w_en.eq(w) for f, w in zip(fifos, writes, strict=True)
+        ]
+        with m.If(take & moves_on):
+            m.d.sync += to.eq(_next(to, self.engines))
+        return writes
 
     def _feed_engine(self, m: Module, k: int, engine, counts, beats) -> None:
         """Engine ``k``'s counts, and its beats' words one a clock from a register (the beat
