@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.pool import QLCDecoderPool
-from zipccl.hw.tables import words_per_beat
 from zipccl.sim.amaranth_port import run_amaranth
 from zipccl.sim.bench import SINGLE, Bench, Shape, Stats, decode_packets
 from zipccl.sim.cases import builder_sets, length_set, load_data
@@ -37,7 +36,7 @@ def run(engines: int, book, symbols: np.ndarray, packet: int) -> Stats:
         block, shape = QLCDecoder(), SINGLE
     else:
         block = QLCDecoderPool(engines)
-        shape = Shape(engines, words_per_beat(engines), counted=True, tlast=True)
+        shape = Shape.pool(engines)
 
     async def body(port) -> Stats:
         bench = Bench.make(port, DEC_IN, 0, 1.0, 1.0, shape)

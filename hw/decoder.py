@@ -110,19 +110,15 @@ class QLCDecoder(wiring.Component):
         book: Codebook | None = None,
         *,
         lanes: int | None = None,
-        words: int | None = None,
         hold: bool = False,
     ) -> None:
-        """``lanes``: None for the single-lane ports, N for N-lane beats (with ``count``).
-        ``words``: 32-bit words per input beat, ``words_per_beat(lanes)`` unless given. ``hold``:
-        a ``hold`` input that stops the parse, for a user that keeps ``o.ready`` high and room for
-        the symbols already in the pipeline (the decoder pool's engines: their output ready is
-        then a constant, out of the loop's logic)."""
+        """``lanes``: None for the single-lane ports, N for N-lane beats (with ``count``) of
+        ``words_per_beat(N)`` words. ``hold``: a ``hold`` input that stops the parse, for a user
+        that keeps ``o.ready`` high and room for the symbols already in the pipeline (the decoder
+        pool's engines: their output ready is then a constant, out of the loop's logic)."""
         self.counted, self.holds = lanes is not None, hold
         self.lanes = lanes or 1
-        self.words = words or words_per_beat(self.lanes)
-        if self.words < words_per_beat(self.lanes):
-            raise ValueError(f"{self.lanes} lanes need beats of {words_per_beat(self.lanes)} words")
+        self.words = words_per_beat(self.lanes)
         self.book = book or default_book()
         symbols = lane_layout(self.lanes) if self.counted else SymbolLayout
         super().__init__(

@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 from zipccl.golden.codebook import Codebook
 from zipccl.golden.streams import Codewords, StreamError, encode_codewords, pack_serial, resolve
-from zipccl.hw.tables import WORD_BITS, Mem, pack_table_write, table_writes
+from zipccl.hw.tables import WORD_BITS, Mem, pack_table_write, table_writes, words_per_beat
 
 MAX_CYCLES_PER_BEAT = 64  # a stuck design fails instead of hanging; generous for 25 % rates
 
@@ -122,6 +122,11 @@ class Shape:
             out += [(b >> 8 * j & 0xFF) | (last and j == count - 1) << 8 for j in range(count)]
         return out
 
+    @classmethod
+    def pool(cls, engines: int) -> Shape:
+        """The decoder pool's beats (hw/pool.py): the E-lane decoder's, with ``tlast``."""
+        return cls(engines, words_per_beat(engines), counted=True, tlast=True)
+
     @property
     def pad_bits(self) -> int:
         """Where a packet's padding ends: a whole beat, or with ``tlast`` a whole word."""
@@ -145,6 +150,15 @@ class Shape:
                 beat |= (last | len(chunk) // 4 << 1) << self.beat_bits
             beats.append(beat)
         return beats
+
+    def packet_beats(self, book: Codebook, packets: Sequence[np.ndarray]) -> tuple[list[int], int]:
+        """Golden's word beats of ``packets`` coded with ``book``, and their codes' bits."""
+        beats, bits = [], 0
+        for p in packets:
+            cw = encode_codewords(p, book)
+            beats += self.word_beats(pack_serial(cw))
+            bits += cw.total_bits
+        return beats, bits
 
     def enc_fields(self, beat: int) -> tuple[int, int, int]:
         """Encoder output beat -> (data, last, bits)."""
@@ -310,12 +324,7 @@ async def decode_packets(
         await bench.feed({"tw": table_beats(book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
     start, first = bench.cycles, len(bench.sink.got)
     shape = bench.shape
-    words: list[int] = []
-    bits = 0
-    for p in packets:
-        cw = encode_codewords(p, book)
-        words += shape.word_beats(pack_serial(cw))
-        bits += cw.total_bits
+    words, bits = shape.packet_beats(book, packets)
     want_beats = [b for p in packets for b in shape.symbol_beats(p)]
     await bench.feed({"n": [len(p) for p in packets], "i": words})
     await bench.drain(first + len(want_beats))

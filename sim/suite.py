@@ -91,11 +91,10 @@ def _tops() -> dict[str, Top]:
                 loopback_packets, DEC_IN, shape, f"qlc_loopback_x{n}", "smoke"
             )
     for n in POOL_ENGINES:  # E whole packets at once: the throughput stage gives it 4 E of them
-        shape = Shape(n, words_per_beat(n), counted=True, tlast=True)
         tops[f"decoder_pool_x{n}"] = Top(
             decode_packets,
             DEC_IN,
-            shape,
+            Shape.pool(n),
             f"qlc_decoder_pool_x{n}",
             "smoke" if n >= 8 else "quick",
             packets=4 * n,

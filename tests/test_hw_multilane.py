@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from zipccl.golden.streams import encode_codewords, pack_serial
 from zipccl.hw.loopback import QLCLoopback
 from zipccl.hw.multilane import QLCDecoderN, QLCEncoderN, words_per_beat
 from zipccl.hw.tables import WORD_BITS, Mem
@@ -135,7 +134,7 @@ def test_no_packet_taken_before_the_padding_check(lanes: int) -> None:
         bench.watch_error = True
         bench.sources["n"].queue.extend([len(bad), len(good)])
         bench.sources["i"].queue.extend(bad_padding_stream(book, bad, rng, shape))
-        bench.sources["i"].queue.extend(shape.word_beats(pack_serial(encode_codewords(good, book))))
+        bench.sources["i"].queue.extend(shape.packet_beats(book, [good])[0])
         await bench.run_until(lambda: False, 2000)
         await bench.idle_cycles(20)
         assert bench.port.get("error"), "no error raised"

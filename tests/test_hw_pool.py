@@ -9,10 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from zipccl.golden.codebook import Codebook
-from zipccl.golden.streams import encode_codewords, pack_serial
-from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.pool import QLCDecoderPool
-from zipccl.hw.tables import WORD_BITS, Mem, words_per_beat
+from zipccl.hw.tables import WORD_BITS, Mem
 from zipccl.sim.amaranth_port import run_amaranth
 from zipccl.sim.bench import (
     Bench,
@@ -29,17 +27,12 @@ DATA = load_data()
 SETS = builder_sets(DATA)
 
 
-def _shape(engines: int) -> Shape:
-    return Shape(engines, words_per_beat(engines), counted=True, tlast=True)
-
-
 def _beats(shape: Shape, book: Codebook, packets: list[np.ndarray]) -> list[int]:
-    """Golden word beats of ``packets``, each packet's last beat marked."""
-    return [b for p in packets for b in shape.word_beats(pack_serial(encode_codewords(p, book)))]
+    return shape.packet_beats(book, packets)[0]
 
 
 def _run(engines: int, seed: int, in_rate: float, out_rate: float, body, depth: int = 16):
-    shape = _shape(engines)
+    shape = Shape.pool(engines)
     return run_amaranth(
         QLCDecoderPool(engines, depth=depth),
         lambda port: body(Bench.make(port, DEC_IN, seed, in_rate, out_rate, shape)),
@@ -51,8 +44,6 @@ def test_bad_parameters() -> None:
         QLCDecoderPool(1)
     with pytest.raises(ValueError, match="depth"):
         QLCDecoderPool(4, depth=8)
-    with pytest.raises(ValueError, match="4 lanes need beats of 2 words"):
-        QLCDecoder(lanes=4, words=1)
 
 
 @pytest.mark.parametrize("engines", [2, 4])
@@ -88,7 +79,7 @@ def test_table_write_waits_for_counted_packets() -> None:
     those keep the old table, the packets after it get the new one."""
     seed = 5
     rng = np.random.default_rng(seed)
-    shape = _shape(4)
+    shape = Shape.pool(4)
     old, new = SETS[1], SETS[4]
     first = [symbol_mix(rng, old.symbols, 200) for _ in range(6)]
     second = [symbol_mix(rng, new.symbols, 150) for _ in range(5)]
@@ -113,7 +104,7 @@ def test_error_in_one_packet_stops_the_packets_after_it(engines: int, kind: str)
     it, although other engines decode them."""
     seed = 3 * engines + len(kind)
     rng = np.random.default_rng(seed)
-    shape = _shape(engines)
+    shape = Shape.pool(engines)
     book = illegal_book(rng)
     before = [symbol_mix(rng, DATA["fp8_ffn1"], int(rng.integers(20, 120))) for _ in range(3)]
     after = [symbol_mix(rng, DATA["fp8_ffn1"], 80) for _ in range(2 * engines)]
@@ -147,7 +138,7 @@ def test_words_past_a_beats_count_are_ignored() -> None:
     nothing."""
     seed = 21
     rng = np.random.default_rng(seed)
-    shape = _shape(4)
+    shape = Shape.pool(4)
     book = SETS[2].book
     packets = [symbol_mix(rng, SETS[2].symbols, int(n)) for n in rng.integers(1, 90, 12)]
     words_at = shape.beat_bits + 1  # the count of words, above the data and ``last``
