@@ -211,31 +211,37 @@ class QLCDecoderPool(wiring.Component):
         return writes
 
     def _feed_engine(self, m: Module, k: int, engine, counts, beats) -> None:
-        """Engine ``k``'s counts, and its beats' words one a clock from a register (the beat
-        FIFO's block RAM output is slow): word ``index`` of the head beat, which leaves the FIFO
-        with its last word (or at once, holding none)."""
+        """Engine ``k``'s counts, and its beats' words one a clock: the FIFO's head beat is
+        first taken into a register (a block RAM's output is slow, so no choice starts from it),
+        then its first ``words`` words go out from a second register, one a clock."""
         m.d.comb += [
             engine.n.valid.eq(counts.r_rdy),
             engine.n.payload.eq(counts.r_data),
             counts.r_en.eq(engine.n.ready),
         ]
-        head = data.View(pool_beat_layout(self.words), beats.r_data)
-        index = Signal(range(self.words), name=f"split{k}_index")
+        head = Signal(pool_beat_layout(self.words), name=f"split{k}_beat")
+        loaded, index = (
+            Signal(name=f"split{k}_loaded"),
+            Signal(range(self.words), name=f"split{k}_index"),
+        )
         word, word_valid = Signal(WORD_BITS, name=f"split{k}_word"), Signal(name=f"split{k}_valid")
         free = ~word_valid | engine.i.ready
-        done = index + 1 >= head.words
+        done = index + 1 >= head.words  # this clock sends the beat's last word (or it has none)
+        load = ~loaded | (free & done)
         in_order = Cat(head.data.word_select(w, WORD_BITS) for w in reversed(range(self.words)))
         m.d.comb += [
             engine.i.valid.eq(word_valid),
             engine.i.payload.eq(word),
-            beats.r_en.eq(free & done),
+            beats.r_en.eq(load),
         ]
+        with m.If(load):
+            m.d.sync += [loaded.eq(beats.r_rdy), head.eq(beats.r_data)]
         with m.If(free):
             m.d.sync += [
-                word_valid.eq(beats.r_rdy & (head.words != 0)),
+                word_valid.eq(loaded & (head.words != 0)),
                 word.eq(in_order.word_select(index, WORD_BITS)),
             ]
-            with m.If(beats.r_rdy):
+            with m.If(loaded):
                 m.d.sync += index.eq(Mux(done, 0, index + 1))
 
     def _pack(self, m: Module, k: int, engine, out) -> Value:
