@@ -73,10 +73,10 @@ def _pick(flags: list[Value], index: Value) -> Value:
     return Cat(*flags).bit_select(index, 1)
 
 
-def pool_beat_layout(words: int) -> data.StructLayout:
-    """A beat of ``words`` words, of which it holds the first ``words`` (``data`` is wider: the
-    first word on top), ``last`` on the packet's final beat."""
-    return data.StructLayout({"data": WORD_BITS * words, "last": 1, "words": range(words + 1)})
+def pool_beat_layout(size: int) -> data.StructLayout:
+    """A beat ``size`` words wide (``data``, its first word on top) that holds its first
+    ``words`` words, and ``last`` on a packet's final beat."""
+    return data.StructLayout({"data": WORD_BITS * size, "last": 1, "words": range(size + 1)})
 
 
 class QLCDecoderPool(wiring.Component):
@@ -220,10 +220,8 @@ class QLCDecoderPool(wiring.Component):
             counts.r_en.eq(engine.n.ready),
         ]
         head = Signal(pool_beat_layout(self.words), name=f"split{k}_beat")
-        loaded, index = (
-            Signal(name=f"split{k}_loaded"),
-            Signal(range(self.words), name=f"split{k}_index"),
-        )
+        loaded = Signal(name=f"split{k}_loaded")
+        index = Signal(range(self.words), name=f"split{k}_index")
         word, word_valid = Signal(WORD_BITS, name=f"split{k}_word"), Signal(name=f"split{k}_valid")
         free = ~word_valid | engine.i.ready
         done = index + 1 >= head.words  # this clock sends the beat's last word (or it has none)
