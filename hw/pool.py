@@ -111,8 +111,8 @@ class QLCDecoderPool(wiring.Component):
         beats = [SyncFIFOBuffered(width=beat.size, depth=self.depth) for _ in engines]
         width = lane_layout(e_count).size
         outs = [SyncFIFOBuffered(width=width, depth=self.depth) for _ in engines]
-        # a few beats in flip-flops behind each block-RAM FIFO: the output's choices (the beat's
-        # ``last``, the next engine) start from a register, not from a block RAM's slow output
+        # a small FIFO behind each block-RAM FIFO (its output registered): the output's choices
+        # (the beat's ``last``, the next engine) start from a register, not a block RAM's output
         tails = [SyncFIFOBuffered(width=width, depth=TAIL_DEPTH) for _ in engines]
         parts_of = zip(engines, counts, beats, outs, tails, strict=True)
         for k, parts in enumerate(parts_of):
