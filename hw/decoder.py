@@ -120,6 +120,7 @@ class QLCDecoder(wiring.Component):
         self.lanes = lanes or 1
         self.words = words_per_beat(self.lanes)
         self.book = book or default_book()
+        self.tables = DecoderTables(self.book)
         symbols = lane_layout(self.lanes) if self.counted else SymbolLayout
         super().__init__(
             {
@@ -136,7 +137,8 @@ class QLCDecoder(wiring.Component):
         m = Module()
         n_lanes = self.lanes
         lane_range = range(n_lanes)
-        tables = DecoderTables(m, self.book)
+        tables = self.tables
+        m.submodules.rank_lut = tables.lut
         regions, num_ranked = tables.regions, tables.num_ranked
         rds = [tables.lut.read_port() for _ in lane_range]
         wr = tables.lut.write_port()

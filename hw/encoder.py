@@ -22,11 +22,9 @@ packets; ``tw.ready`` is low inside a packet so a packet is always coded with on
 from __future__ import annotations
 
 from amaranth import Cat, Module, Signal
-from amaranth.lib import memory, stream, wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from zipccl.golden.codebook import (
-    ALPHABET,
-    ENC_WORD_BITS,
     MAX_CODE_LENGTH,
     MAX_WIDTH,
     PREFIX_BITS,
@@ -41,6 +39,7 @@ from zipccl.hw.tables import (
     SymbolLayout,
     TableWriteLayout,
     default_book,
+    encoder_lut,
     table_write_port,
 )
 
@@ -50,6 +49,7 @@ class QLCEncoder(wiring.Component):
 
     def __init__(self, book: Codebook | None = None) -> None:
         self.book = book or default_book()
+        self.lut = encoder_lut(self.book)
         super().__init__(
             {
                 "i": In(stream.Signature(SymbolLayout)),
@@ -60,9 +60,7 @@ class QLCEncoder(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        m.submodules.lut = lut = memory.Memory(
-            shape=ENC_WORD_BITS, depth=ALPHABET, init=self.book.encoder_words()
-        )
+        m.submodules.lut = lut = self.lut
         rd = lut.read_port()
         wr = lut.write_port()
 

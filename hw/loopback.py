@@ -22,6 +22,10 @@ class QLCLoopback(wiring.Component):
 
     def __init__(self, book: Codebook | None = None, lanes: int | None = None) -> None:
         self.book, self.lanes = book, lanes
+        if lanes is None:
+            self.enc, self.dec = QLCEncoder(book), QLCDecoder(book)
+        else:
+            self.enc, self.dec = QLCEncoderN(lanes, book), QLCDecoderN(lanes, book)
         symbols = SymbolLayout if lanes is None else lane_layout(lanes)
         super().__init__(
             {
@@ -35,11 +39,7 @@ class QLCLoopback(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        if self.lanes is None:
-            enc, dec = QLCEncoder(self.book), QLCDecoder(self.book)
-        else:
-            enc, dec = QLCEncoderN(self.lanes, self.book), QLCDecoderN(self.lanes, self.book)
-        m.submodules.enc, m.submodules.dec = enc, dec
+        m.submodules.enc, m.submodules.dec = enc, dec = self.enc, self.dec
         wiring.connect(m, wiring.flipped(self.i), enc.i)
         wiring.connect(m, wiring.flipped(self.n), dec.n)
         wiring.connect(m, dec.o, wiring.flipped(self.o))

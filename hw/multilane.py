@@ -23,11 +23,9 @@ the single-lane decoder.
 from __future__ import annotations
 
 from amaranth import C, Cat, Module, Mux, Signal, Value
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from zipccl.golden.codebook import (
-    ALPHABET,
-    ENC_WORD_BITS,
     MAX_CODE_LENGTH,
     MAX_WIDTH,
     PREFIX_BITS,
@@ -42,6 +40,7 @@ from zipccl.hw.tables import (
     Mem,
     TableWriteLayout,
     default_book,
+    encoder_lut,
     lane_layout,
     table_write_port,
     words_per_beat,
@@ -108,6 +107,7 @@ class QLCEncoderN(wiring.Component):
     def __init__(self, lanes: int, book: Codebook | None = None) -> None:
         self.lanes, self.words = lanes, words_per_beat(lanes)
         self.book = book or default_book()
+        self.lut = encoder_lut(self.book)
         super().__init__(
             {
                 "i": In(stream.Signature(lane_layout(lanes))),
@@ -119,9 +119,7 @@ class QLCEncoderN(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         n_lanes, beat = self.lanes, WORD_BITS * self.words
-        m.submodules.lut = lut = memory.Memory(
-            shape=ENC_WORD_BITS, depth=ALPHABET, init=self.book.encoder_words()
-        )
+        m.submodules.lut = lut = self.lut
         rds = [lut.read_port() for _ in range(n_lanes)]
         wr = lut.write_port()
 

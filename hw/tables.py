@@ -87,6 +87,12 @@ def default_book() -> Codebook:
     return presets.qlc_e4m3()
 
 
+def encoder_lut(book: Codebook) -> memory.Memory:
+    """An encoder's LUT (symbol -> ``EncEntry``) holding ``book``. The encoders build it with the
+    block, before it elaborates, so that a formal harness can add a read port (sim/formal.py)."""
+    return memory.Memory(shape=ENC_WORD_BITS, depth=ALPHABET, init=book.encoder_words())
+
+
 def table_write_port(m: Module, tw, ready: Value, wr, mem: Mem) -> Value:
     """Accept ``tw`` beats while ``ready`` and write those addressed to ``mem`` through the memory
     write port ``wr``; returns the beat-taken signal (for the tables a block keeps in registers)."""
@@ -102,18 +108,17 @@ def table_write_port(m: Module, tw, ready: Value, wr, mem: Mem) -> Value:
 
 class DecoderTables:
     """A decoder's tables: the 8 region words and the rank count in registers, the rank LUT in a
-    memory (``lut``: the caller adds its read ports), all starting as ``book`` (reset-time init;
-    reset does not touch them, like the memory)."""
+    memory (``lut``: the caller adds its read ports and the memory to its module), all starting
+    as ``book`` (reset-time init; reset does not touch them, like the memory). Built with the
+    block, before it elaborates, so that a formal harness can read them (sim/formal.py)."""
 
-    def __init__(self, m: Module, book: Codebook) -> None:
+    def __init__(self, book: Codebook) -> None:
         self.regions = [
             Signal(REGION_WORD_BITS, init=w, reset_less=True, name=f"region{p}")
             for p, w in enumerate(book.region_words())
         ]
         self.num_ranked = Signal(RANK_COUNT_BITS, init=book.num_ranked, reset_less=True)
-        m.submodules.rank_lut = self.lut = memory.Memory(
-            shape=8, depth=ALPHABET, init=book.rank_words()
-        )
+        self.lut = memory.Memory(shape=8, depth=ALPHABET, init=book.rank_words())
 
     def write_port(self, m: Module, tw, ready: Value, wr) -> None:
         """Take ``tw`` beats while ``ready``: ranks through the memory write port ``wr``, region

@@ -37,13 +37,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from amaranth import C, ClockDomain, Module, Mux, Signal, Value
+from amaranth import Array, C, ClockDomain, Module, Mux, Signal, Value
 from amaranth.asserts import AnyConst, AnySeq
 from amaranth.back import verilog
 from amaranth.hdl import Assert, Assume
+from zipccl.golden.codebook import ALPHABET, MAX_WIDTH
 from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.encoder import QLCEncoder
+from zipccl.hw.loopback import QLCLoopback
 from zipccl.hw.multilane import QLCDecoderN, QLCEncoderN
+from zipccl.hw.tables import EncEntry, RegionEntry
 
 SOLVERS = {"yices": "yices-smt2", "z3": "z3"}
 INSTALL_HINT = (
@@ -52,6 +55,7 @@ INSTALL_HINT = (
 )
 MAX_PACKET = 7  # symbols per packet the decoder harness announces: 1..7, more lanes than N = 4
 IN_FLIGHT = 6  # packets whose symbols the decoder may owe at once (its pipeline is shorter)
+SCOREBOARD = 16  # symbols the loopback check remembers: one goes in a clock at most, so >= depth
 
 
 def free(m: Module, width: int, name: str, seq: bool = True) -> Signal:
@@ -62,18 +66,47 @@ def free(m: Module, width: int, name: str, seq: bool = True) -> Signal:
 
 
 def free_source(m: Module, port, name: str) -> None:
-    """Drive ``port`` with free beats under the stream rules: a beat offered stays offered, with
-    the same payload, until taken."""
+    """Drive ``port`` with free beats under the stream rules (``hold_offer``)."""
     width = len(Value.cast(port.payload))
-    waiting = Signal(name=f"{name}_waiting")
-    held = Signal(width, name=f"{name}_held")
     m.d.comb += [
         port.valid.eq(free(m, 1, f"{name}_valid")),
         Value.cast(port.payload).eq(free(m, width, f"{name}_payload")),
     ]
+    hold_offer(m, port, name)
+
+
+def hold_offer(m: Module, port, name: str) -> None:
+    """Assume the stream rules of a source whose payload the harness drives: a beat offered
+    stays offered, with the same payload, until taken."""
+    waiting = Signal(name=f"{name}_waiting")
+    held = Signal(len(Value.cast(port.payload)), name=f"{name}_held")
     m.d.sync += [waiting.eq(port.valid & ~port.ready), held.eq(Value.cast(port.payload))]
     with m.If(waiting):
         m.d.comb += Assume(port.valid & (Value.cast(port.payload) == held))
+
+
+class Queue:
+    """A harness FIFO of ``depth`` registers (a shift register: the head is entry 0); pushing
+    into a full one is assumed away."""
+
+    def __init__(self, m: Module, width: int, depth: int, name: str) -> None:
+        self.m = m
+        self.entries = [Signal(width, name=f"{name}{k}") for k in range(depth)]
+        self.size = Signal(range(depth + 1), name=f"{name}_size")
+        self.head, self.empty = self.entries[0], self.size == 0
+
+    def update(self, push: Value, value: Value, pop: Value) -> None:
+        m, entries = self.m, self.entries
+        left = self.size - pop
+        shifted = [
+            Mux(pop, nxt, cur) for cur, nxt in zip(entries, [*entries[1:], C(0)], strict=True)
+        ]
+        m.d.sync += [
+            reg.eq(Mux(push & (left == k), value, moved))
+            for k, (reg, moved) in enumerate(zip(entries, shifted, strict=True))
+        ]
+        m.d.sync += self.size.eq(left + push)
+        m.d.comb += Assume(~push | (left < len(entries)))
 
 
 def holds_while_not_ready(m: Module, port, name: str) -> None:
@@ -132,6 +165,98 @@ def decoder_harness(lanes: int = 1, mutant: bool = False) -> Module:
     return m
 
 
+def coded_back(m: Module, enc_lut, tables, symbol: Value) -> Value:
+    """The tables code ``symbol`` and decode that code back to it: the encoder's entry for it and
+    the decoder's region of the entry's prefix agree on the width, and the region maps the
+    payload to ``symbol`` (a legal rank, or the literal region carrying the symbol itself). Every
+    complete table -- a Codebook's images, hw/tables.py -- does so for every symbol
+    (tests/test_hw_tables.py checks the presets' and random codebooks' images)."""
+    enc_read = enc_lut.read_port(domain="comb")
+    rank_read = tables.lut.read_port(domain="comb")
+    entry = EncEntry(enc_read.data)
+    region = RegionEntry(Array(tables.regions)[entry.prefix])
+    rank = region.base + entry.payload
+    m.d.comb += [enc_read.addr.eq(symbol), rank_read.addr.eq(rank)]
+    ranked = (
+        (rank < tables.num_ranked) & (tables.num_ranked <= ALPHABET) & (rank_read.data == symbol)
+    )
+    literal = (entry.width == MAX_WIDTH) & (entry.payload == symbol)
+    return (
+        (region.width == entry.width)
+        & (entry.width <= MAX_WIDTH)
+        & (entry.payload >> entry.width == 0)
+        & Mux(region.literal, literal, ranked)
+    )
+
+
+def loopback_harness(
+    lanes: int = 1, mutant: bool = False, loopback: QLCLoopback | None = None
+) -> Module:
+    """Encoder -> decoder (hw/loopback.py) with *free tables*: the memories and registers start
+    with any contents under which the symbols offered code back (``coded_back``). Packets of
+    free lengths (1..MAX_PACKET, chosen at a packet's first symbol and given to the decoder's
+    ``n`` after it, with any delay), free symbols, stalls anywhere. Asserted: every symbol out is
+    the next symbol that went in, ``last`` included, and ``error`` never rises. ``mutant``: the
+    checker expects each symbol with its low bit flipped, which must fail once one gets through
+    (so a pass is not vacuous: symbols do come out within the depth). ``loopback``: the blocks
+    under test (default: a new QLCLoopback)."""
+    if lanes != 1:
+        raise ValueError(f"the loopback check is of the single-lane blocks, not {lanes} lanes")
+    m = Module()
+    m.submodules.lb = lb = loopback or QLCLoopback()
+    # the tables as they start: no table writes (a reload is another start). The port is free
+    # and assumed idle, not tied off, so that Amaranth does not fold the tables into constants
+    free_source(m, lb.tw, "tw")
+    m.d.comb += Assume(~lb.tw.valid)
+
+    # packets: a length picked at each packet's first symbol, queued for the decoder's count
+    open_packet = Signal(name="open_packet")
+    length, sent = (
+        Signal(range(MAX_PACKET + 1), name="length"),
+        Signal(range(MAX_PACKET + 1), name="sent"),
+    )
+    fresh = free(m, len(length), "fresh_length")
+    m.d.comb += Assume((fresh >= 1) & (fresh <= MAX_PACKET))
+    this_length = Mux(open_packet, length, fresh)
+
+    symbol = lb.i.payload
+    m.d.comb += [
+        lb.i.valid.eq(free(m, 1, "i_valid")),
+        symbol.data.eq(free(m, 8, "i_data")),
+        symbol.last.eq(sent + 1 == this_length),
+    ]
+    hold_offer(m, lb.i, "symbols")
+    with m.If(lb.i.valid):
+        m.d.comb += Assume(coded_back(m, lb.enc.lut, lb.dec.tables, symbol.data))
+    take = lb.i.valid & lb.i.ready
+    with m.If(take):
+        m.d.sync += [open_packet.eq(~symbol.last), sent.eq(Mux(symbol.last, 0, sent + 1))]
+        with m.If(~open_packet):
+            m.d.sync += length.eq(fresh)
+
+    counts = Queue(m, len(fresh), IN_FLIGHT, "counts")
+    counts.update(push=take & ~open_packet, value=fresh, pop=lb.n.valid & lb.n.ready)
+    m.d.comb += [lb.n.valid.eq(~counts.empty & free(m, 1, "n_offer")), lb.n.payload.eq(counts.head)]
+    hold_offer(m, lb.n, "counts")
+
+    # the scoreboard: the symbols in, oldest first, each checked as it comes out
+    sent_symbols = Queue(m, len(Value.cast(symbol)), SCOREBOARD, "scoreboard")
+    out = lb.o.valid & lb.o.ready
+    sent_symbols.update(push=take, value=Value.cast(symbol), pop=out)
+    m.d.comb += lb.o.ready.eq(free(m, 1, "o_ready"))
+    with m.If(out):
+        m.d.comb += [
+            Assert(~sent_symbols.empty, "no symbol out that did not go in"),
+            Assert(
+                Value.cast(lb.o.payload) == sent_symbols.head ^ mutant,
+                "each symbol out is the one that went in",
+            ),
+        ]
+    m.d.comb += Assert(~lb.error, "no error on the encoder's words")
+    holds_while_not_ready(m, lb.o, "loopback output")
+    return m
+
+
 def encoder_harness(lanes: int = 1, mutant: bool = False) -> Module:
     """The encoder on free inputs. ``mutant``: the checker claims no packet ever ends, which a
     working check must refute."""
@@ -162,6 +287,7 @@ class Check:
     make: Callable[..., Module]
     lanes: int
     depth: int
+    free_tables: bool = False  # the table memories and registers start with any contents
 
 
 # Depths: what finishes in about a minute each on a 2-core machine (the solver's time roughly
@@ -171,7 +297,9 @@ CHECKS = {
     "decoder_x4": Check(decoder_harness, 4, 10),
     "encoder": Check(encoder_harness, 1, 24),
     "encoder_x4": Check(encoder_harness, 4, 12),
+    "loopback": Check(loopback_harness, 1, 12, free_tables=True),
 }
+assert CHECKS["loopback"].depth <= SCOREBOARD
 
 
 def _path() -> str:
@@ -185,8 +313,13 @@ def have_tools(solver: str = "yices") -> bool:
     return all(shutil.which(t, path=_path()) for t in tools)
 
 
-def write_model(harness: Module, work: Path) -> Path:
-    """The harness as an SMT-LIBv2 model (Verilog with its formal statements -> Yosys)."""
+# the tables' initial contents: the memories' init and the table registers' (hw/tables.py)
+TABLE_INITS = "proc; delete t:$meminit*; setattr -unset init w:region? w:num_ranked"
+
+
+def write_model(harness: Module, work: Path, free_tables: bool = False) -> Path:
+    """The harness as an SMT-LIBv2 model (Verilog with its formal statements -> Yosys);
+    ``free_tables``: without the tables' initial contents, so that a run starts from any."""
     work.mkdir(parents=True, exist_ok=True)
     source = work / "harness.v"
     top = Module()  # the harness's sync domain has no reset: a run starts from configuration
@@ -199,7 +332,8 @@ def write_model(harness: Module, work: Path) -> Path:
             "yosys",
             "-q",
             "-p",
-            f"read_verilog -formal -sv -icells {source}; prep -top harness; "
+            f"read_verilog -formal -sv -icells {source}; {TABLE_INITS if free_tables else ''}; "
+            "prep -top harness; "
             f"async2sync; dffunmap; write_smt2 -wires {model}",
         ],
         work / "yosys.log",
@@ -258,7 +392,7 @@ def run_check(
     check = CHECKS[name]
     start = time.monotonic()
     stem = f"{name}_mutant" if mutant else name
-    model = write_model(check.make(check.lanes, mutant=mutant), out / stem)
+    model = write_model(check.make(check.lanes, mutant=mutant), out / stem, check.free_tables)
     passed, why = bmc(model, check.depth, solver)
     return passed, why, time.monotonic() - start
 
