@@ -1,7 +1,10 @@
 """Encoder -> decoder loopback: the encoder's word stream feeds the decoder through full handshakes.
 
 Used to verify that the two blocks agree with each other in hardware, not only with golden/. One
-``tw`` stream loads the same table into both (a beat is taken when both blocks take it).
+``tw`` stream loads the same table into both (a beat is taken when both blocks take it). A table
+write applies to the packets whose count (``n``) comes after it: offer it between packets, once
+every packet begun has its count, and hold symbols back while it is offered (sim/formal.py's
+loopback check proves that a write then never lands while symbols are in flight).
 """
 
 from __future__ import annotations

