@@ -21,14 +21,16 @@ but any table write may land in it). Asserted:
 The data check (``loopback``): the single-lane encoder feeding the decoder (hw/loopback.py),
 starting from *any* table contents (memories and table registers free, ``free_tables``) under
 which each symbol offered codes back (``coded_back``: what every complete table does for every
-symbol), any symbols, packet lengths, counts' timing, stalls, and table writes under the
-loopback's rule (between packets, after the counts of the packets begun). Asserted: every
-symbol out is the next symbol that went in (data and ``last``), ``error`` never rises, no table
-write lands while symbols are in flight, and the output keeps the stream rules. Its depth
+symbol), any symbols, packet lengths, counts' timing and stalls. Asserted: every symbol out is
+the next symbol that went in (data and ``last``), ``error`` never rises, and the output keeps
+the stream rules. Its depth
 covers the first three symbols out (the first leaves at clock 9), each of any code length,
-across packet ends and padding; deeper runs cost about 4x per clock (bit-level BMC in ABC
-grows alike), so a run with two codes of every length, or a whole table reloaded through the
-port between packets, is out of its reach.
+closing packets of one to three symbols; deeper runs cost several times more per clock (depth
+11 took 26 s, 12 took 3-7 min), so a run with two codes of every length, or a second packet, or
+a whole table reloaded through the port between packets, is out of its reach. The
+``loopback_writes`` check: the same loopback with free table writes under its rule (between
+packets, once every packet begun has its count); asserted, no write lands while symbols are in
+flight.
 
 Each check also runs a *mutant*: the same harness with one rule broken in the design under
 test's environment must fail, so a pass is not vacuous.
