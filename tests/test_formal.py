@@ -91,12 +91,55 @@ def test_mismatched_tables_break_the_loopback_premise() -> None:
     assert not all(_coded_back(ZIPCCL, QLC))
 
 
-def test_loopback_check_starts_from_any_table(tmp_path) -> None:
-    """With ``free_tables`` the tables are not their default: a check that they are must fail
-    at once (else the loopback check would prove the default table only)."""
+def _loopback_model(tmp_path, claim, writes: bool = False):
+    """The loopback harness with one more assertion, ``claim(m, loopback)``, as a model."""
     loopback = QLCLoopback()
-    m = formal.loopback_harness(loopback=loopback)
-    tables = loopback.dec.tables
-    m.d.comb += Assert(tables.num_ranked == tables.num_ranked.init, "the default table")
-    passed, why = formal.bmc(formal.write_model(m, tmp_path, free_tables=True), 2, "yices")
-    assert not passed and "the default table" in why
+    m = formal.loopback_harness(loopback=loopback, writes=writes)
+    m.d.comb += Assert(claim(m, loopback), "the claim")
+    return formal.write_model(m, tmp_path, free_state=True)
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        lambda m, lb: lb.dec.tables.num_ranked == lb.dec.tables.num_ranked.init,
+        lambda m, lb: lb.o.payload.data == 0,  # the output stage's registers: a stale symbol
+    ],
+    ids=["tables", "stale data"],
+)
+def test_loopback_checks_start_from_any_tables_and_stale_data(tmp_path, claim) -> None:
+    """With ``free_state`` a run starts with any tables and any stale data in the registers
+    outside ``SETTLED``: a claim that they hold their reset values must fail at once (else the
+    checks would prove the reset state only, not every state between packets)."""
+    passed, why = formal.bmc(_loopback_model(tmp_path, claim), 1, "yices")
+    assert not passed and "the claim" in why
+
+
+def _no_write_after_a_symbol(m, lb):
+    seen_out = Signal()
+    m.d.sync += seen_out.eq(seen_out | (lb.o.valid & lb.o.ready))
+    return ~(seen_out & lb.tw.valid & lb.tw.ready)
+
+
+def test_a_table_write_after_a_packet_is_within_the_writes_depth(tmp_path) -> None:
+    """The chain argument needs the writes check to reach a write after a packet's symbols:
+    claiming that none lands after a symbol came out must fail within its depth."""
+    model = _loopback_model(tmp_path, _no_write_after_a_symbol, writes=True)
+    passed, why = formal.bmc(model, formal.CHECKS["loopback_writes"].depth, "yices")
+    assert not passed and "the claim" in why
+
+
+def test_the_data_check_fails_from_an_unsettled_encoder(tmp_path, monkeypatch) -> None:
+    """``SETTLED`` is what the data check stands on: with the packer's pending bits (``acc``)
+    free at the start, stale bits join the first code and the check fails."""
+    settled = dict(formal.SETTLED, enc=tuple(r for r in formal.SETTLED["enc"] if r != "acc"))
+    monkeypatch.setattr(formal, "SETTLED", settled)
+    monkeypatch.setitem(formal.CHECKS, "loopback", replace(formal.CHECKS["loopback"], depth=10))
+    passed, why, _ = formal.run_check("loopback", tmp_path)
+    assert not passed and "each symbol out is the one that went in" in why
+
+
+def test_settled_names_only_registers_of_the_blocks(monkeypatch) -> None:
+    monkeypatch.setattr(formal, "SETTLED", {"dec": ("no_such_register",)})
+    with pytest.raises(ValueError, match=r"dec\.no_such_register"):
+        formal.loopback_harness()
