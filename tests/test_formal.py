@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+import numpy as np
 import pytest
 from amaranth import Module, Signal
 from amaranth.hdl import Assert
 from amaranth.sim import Simulator
 from hypothesis import given, settings
 from zipccl.golden.codebook import ALPHABET, Codebook
+from zipccl.golden.streams import StreamError, encode_codewords, resolve
 from zipccl.hw.loopback import QLCLoopback
 from zipccl.hw.tables import DecoderTables, encoder_lut
 from zipccl.sim import formal
@@ -23,48 +23,58 @@ pytestmark = [
 
 
 @pytest.mark.parametrize(
-    ("name", "mutant_says"),
+    ("name", "depth", "mutant_says"),
     [
-        ("encoder", "a last word only for a packet"),
-        ("decoder", "last on a packet's last symbol"),
-        ("decoder_x4", "last on a packet's last symbol"),
-        ("loopback", "each symbol out is the one that went in"),
-        ("loopback_writes", "no table write lands while symbols are in flight"),
+        ("encoder", 10, "a last word only for a packet"),
+        ("decoder", 10, "last on a packet's last symbol"),
+        ("decoder_x4", 10, "last on a packet's last symbol"),
+        ("loopback", 10, "each symbol out is the one that went in"),
+        ("loopback_writes", 10, "no symbol in flight where a table write can land"),
+        ("loopback_errors", 11, "error never rises"),
     ],
 )
-def test_stream_rules_hold_and_a_broken_rule_is_caught(
-    tmp_path, monkeypatch: pytest.MonkeyPatch, name: str, mutant_says: str
+def test_the_checks_hold_and_a_broken_rule_is_caught(
+    tmp_path, name: str, depth: int, mutant_says: str
 ) -> None:
-    """A shallow run of each check (the full depths run in ``nox -s formal``; the loopback's
-    first symbol leaves at clock 9, so 10 is the shallowest run its mutant fails in)."""
-    monkeypatch.setitem(formal.CHECKS, name, replace(formal.CHECKS[name], depth=10))
-    passed, why, _ = formal.run_check(name, tmp_path)
+    """A shallow run of each check (the full depths run in ``nox -s formal``): the loopback's
+    first symbol leaves at clock 9, so 10 is the shallowest run its mutant fails in, and the
+    first error (an illegal first codeword's) rises a clock later."""
+    passed, why, _ = formal.run_check(name, tmp_path, depth=depth)
     assert passed, why
-    passed, why, _ = formal.run_check(name, tmp_path, mutant=True)
+    passed, why, _ = formal.run_check(name, tmp_path, mutant=True, depth=depth)
     assert not passed and mutant_says in why, why
 
 
-def test_cli_runs_the_named_checks(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    monkeypatch.setitem(formal.CHECKS, "encoder", formal.Check(formal.encoder_harness, 1, 8))
-    assert formal.main(["--checks", "encoder", "--out", str(tmp_path)]) == 0
+def test_cli_runs_the_named_checks(tmp_path, capsys) -> None:
+    argv = ["--checks", "encoder", "encoder_x4", "--depth", "8", "--out", str(tmp_path)]
+    assert formal.main(argv) == 0
     out = capsys.readouterr().out
-    assert "encoder: depth 8, PASS" in out and "mutant caught" in out and "formal: PASS" in out
+    assert "encoder: depth 8, PASS" in out and "encoder_x4: depth 8, PASS" in out
+    assert out.count("mutant caught") == 2 and "formal: PASS" in out
 
 
-def _coded_back(enc_book: Codebook, dec_book: Codebook) -> list[bool]:
-    """The loopback check's premise, ``formal.coded_back``, for every symbol, on the encoder
-    table of ``enc_book`` and the decoder tables of ``dec_book`` (Amaranth simulation)."""
+@pytest.mark.parametrize("bad", [["--depth", "0"], ["--depth", "17"], ["--jobs", "0"]])
+def test_cli_refuses_bad_numbers(bad: list[str], capsys) -> None:
+    with pytest.raises(SystemExit):
+        formal.main(["--checks", "encoder", *bad])
+    assert bad[0] in capsys.readouterr().err
+
+
+def _coding(enc_book: Codebook, dec_book: Codebook) -> list[tuple[bool, bool]]:
+    """``formal.coding`` (back, illegal) for every symbol, on the encoder table of ``enc_book``
+    and the decoder tables of ``dec_book`` (Amaranth simulation)."""
     m = Module()
     enc_lut, tables = encoder_lut(enc_book), DecoderTables(dec_book)
     m.submodules.enc_lut, m.submodules.rank_lut = enc_lut, tables.lut
-    symbol, holds = Signal(8), Signal()
-    m.d.comb += holds.eq(formal.coded_back(m, enc_lut, tables, symbol))
-    results: list[bool] = []
+    symbol, back, illegal = Signal(8), Signal(), Signal()
+    coding = formal.coding(m, enc_lut, tables, symbol)
+    m.d.comb += [back.eq(coding.back), illegal.eq(coding.illegal)]
+    results: list[tuple[bool, bool]] = []
 
     async def bench(ctx) -> None:
         for s in range(ALPHABET):
             ctx.set(symbol, s)
-            results.append(bool(ctx.get(holds)))
+            results.append((bool(ctx.get(back)), bool(ctx.get(illegal))))
 
     sim = Simulator(m)
     sim.add_testbench(bench)
@@ -74,21 +84,48 @@ def _coded_back(enc_book: Codebook, dec_book: Codebook) -> list[bool]:
 
 @pytest.mark.parametrize("book", [QLC, ZIPCCL], ids=["qlc", "zipccl"])
 def test_every_complete_table_meets_the_loopback_premise(book: Codebook) -> None:
-    """The loopback check assumes ``coded_back`` of every symbol offered; a complete table (a
-    Codebook's images) must meet it for all 256, or the check would skip real tables."""
-    assert all(_coded_back(book, book))
+    """The loopback checks assume that every symbol offered codes back (``coding``'s ``back``);
+    a complete table (a Codebook's images) must do so for all 256, or the checks would skip
+    real tables."""
+    assert all(back and not illegal for back, illegal in _coding(book, book))
 
 
 @settings(max_examples=10, deadline=None)
 @given(book=codebooks())
 def test_random_complete_tables_meet_the_loopback_premise(book: Codebook) -> None:
-    assert all(_coded_back(book, book))
+    assert all(back and not illegal for back, illegal in _coding(book, book))
 
 
-def test_mismatched_tables_break_the_loopback_premise() -> None:
-    """Encoder and decoder holding different tables: the premise fails, so it says something."""
-    assert not all(_coded_back(QLC, ZIPCCL))
-    assert not all(_coded_back(ZIPCCL, QLC))
+# QLC's regions with the last one literal: all 104 ranks used, and the same regions ranking 90
+RANKS_104 = Codebook((3, 3, 3, 4, 4, 4, 5, 8), 7, tuple(range(104)), name="ranks-104")
+RANKS_90 = Codebook((3, 3, 3, 4, 4, 4, 5, 8), 7, tuple(range(90)), name="ranks-90")
+
+
+@pytest.mark.parametrize(
+    ("enc_book", "dec_book"),
+    [(QLC, ZIPCCL), (ZIPCCL, QLC), (RANKS_104, RANKS_90)],
+    ids=["qlc-zipccl", "zipccl-qlc", "ranks-104-90"],
+)
+def test_the_premises_match_golden_on_mismatched_tables(
+    enc_book: Codebook, dec_book: Codebook
+) -> None:
+    """``coding`` says what golden/ does with a symbol coded by one table and decoded by
+    another: ``back`` where it decodes to the symbol, ``illegal`` where it is rejected as an
+    illegal codeword (the error check's faults), neither where the widths disagree."""
+    expected = []
+    for symbol in range(ALPHABET):
+        codeword = encode_codewords(np.array([symbol]), enc_book)
+        if dec_book.widths[int(codeword.prefix[0])] != int(codeword.width[0]):
+            expected.append((False, False))
+            continue
+        try:
+            expected.append((int(resolve(codeword, dec_book)[0]) == symbol, False))
+        except StreamError:
+            expected.append((False, True))
+    assert _coding(enc_book, dec_book) == expected
+    assert not all(back for back, _ in expected)
+    if enc_book is RANKS_104:  # ranks 90..103 are illegal there, the rest codes back
+        assert expected == [(not 90 <= s < 104, 90 <= s < 104) for s in range(ALPHABET)]
 
 
 def _loopback_model(tmp_path, claim, writes: bool = False):
@@ -134,8 +171,7 @@ def test_the_data_check_fails_from_an_unsettled_encoder(tmp_path, monkeypatch) -
     free at the start, stale bits join the first code and the check fails."""
     settled = dict(formal.SETTLED, enc=tuple(r for r in formal.SETTLED["enc"] if r != "acc"))
     monkeypatch.setattr(formal, "SETTLED", settled)
-    monkeypatch.setitem(formal.CHECKS, "loopback", replace(formal.CHECKS["loopback"], depth=10))
-    passed, why, _ = formal.run_check("loopback", tmp_path)
+    passed, why, _ = formal.run_check("loopback", tmp_path, depth=10)
     assert not passed and "each symbol out is the one that went in" in why
 
 
