@@ -54,8 +54,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def formal(session: nox.Session) -> None:
-    """Bounded model checks of the blocks' stream rules and of the loopback's data (yosys-smtbmc,
-    yices)."""
+    """Bounded model checks of the blocks' stream rules and of the loopback's data, table writes
+    and errors (yosys-smtbmc, yices; the checks run in parallel, one per core)."""
     _ensure_tool(session, "yosys-smtbmc", "yosys")
     session.install("-e", ".[formal]")
     session.run("python", "-m", "zipccl.sim.formal", *session.posargs)
