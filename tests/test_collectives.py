@@ -18,8 +18,8 @@ import torch.distributed as dist
 import zipccl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from zipccl import _comm, _torch, codec, collectives, switch
-from zipccl.collectives import STATS
+from zipccl import _torch, codec, switch
+from zipccl.collectives import STATS, _exchange, _profile, _protocols, _reduce, _slots, _transport
 from zipccl.golden.container import DEFAULT_BLOCK, HEADER_BYTES
 from zipccl.golden.theory import SAMPLE_SIZE, zipccl_layout
 
@@ -309,7 +309,7 @@ def counted() -> Iterator[list[tuple]]:
     as (name, args, kwargs, result); the exchange's own all-gather is logged too."""
     log: list[tuple] = []
     saved = {name: getattr(dist, name) for name in TORCH_OPS}
-    saved_exchange = collectives.exchange
+    saved_exchange = _exchange.exchange
 
     def wrap(name: str, fn: Callable) -> Callable:
         def call(*args: object, **kwargs: object) -> object:
@@ -321,13 +321,13 @@ def counted() -> Iterator[list[tuple]]:
 
     for name, fn in saved.items():
         setattr(dist, name, wrap(name, fn))
-    collectives.exchange = wrap("exchange", saved_exchange)
+    _exchange.exchange = wrap("exchange", saved_exchange)
     try:
         yield log
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
-        collectives.exchange = saved_exchange
+        _exchange.exchange = saved_exchange
 
 
 def op_case(
@@ -484,10 +484,10 @@ def sc_auto_profile(rank: int, world: int) -> list[float]:
     x = data(1000 + rank, 4096, torch.bfloat16)
     out = torch.empty(world * 4096, dtype=x.dtype)
     zipccl.all_gather_into_tensor(out, x)
-    first = switch.profile_for(zipccl._comm.resolve(None)).vector()
+    first = _profile.profile_for(_transport.resolve(None)).vector()
     switch.set_profile(None, None)
     zipccl.all_gather_into_tensor(out, x)
-    again = switch.profile_for(zipccl._comm.resolve(None)).vector()
+    again = _profile.profile_for(_transport.resolve(None)).vector()
     want = torch.empty_like(out)
     dist.all_gather_into_tensor(want, x)
     assert first == again, (first, again)
@@ -602,7 +602,7 @@ def lopsided(seed: int, numel: int) -> torch.Tensor:
 def sc_overflow(rank: int, world: int, numel: int) -> tuple[bool, int]:
     """Every op on :func:`lopsided` data: the exact result, and how many raw resends it took."""
     resends = 0
-    real = collectives._resend, collectives._resend_pairs
+    real = _protocols.resend, _protocols.resend_pairs
 
     def counted(fn: Callable) -> Callable:
         def run(*args: object) -> object:
@@ -612,7 +612,7 @@ def sc_overflow(rank: int, world: int, numel: int) -> tuple[bool, int]:
 
         return run
 
-    collectives._resend, collectives._resend_pairs = map(counted, real)
+    _protocols.resend, _protocols.resend_pairs = map(counted, real)
     try:
         x = lopsided(700 + rank, numel)
         got, want = (
@@ -629,7 +629,7 @@ def sc_overflow(rank: int, world: int, numel: int) -> tuple[bool, int]:
         dist.broadcast(x, src=0)
         ok = same_bits(got, want) and same_bits(a2a, a2a_want) and same_bits(b, x)
     finally:
-        collectives._resend, collectives._resend_pairs = real
+        _protocols.resend, _protocols.resend_pairs = real
     return ok, resends
 
 
@@ -644,17 +644,17 @@ def test_overflowed_payloads_are_resent_raw(pair, trio):
 
 
 def sc_host_reads(rank: int, world: int, numel: int) -> list[int]:
-    """Host reads after the exchange (``collectives._read``: each one device-to-host copy, a
+    """Host reads after the exchange (``_slots.read_back``: each one device-to-host copy, a
     sync on CUDA) of compressed all-gathers, all-to-alls and a broadcast, each of ``numel`` BF16
     values per rank."""
     reads = []
-    real = collectives._read
+    real = _slots.read_back
 
     def counted(streams: object, parts: list[torch.Tensor]) -> object:
         reads[-1] += sum(t.numel() for t in parts) > 0  # an empty read copies nothing
         return real(streams, parts)
 
-    collectives._read = counted
+    _slots.read_back = counted
     try:
         for fn in (sc_all_gather, sc_all_to_all, sc_broadcast):
             reads.append(0)
@@ -662,7 +662,7 @@ def sc_host_reads(rank: int, world: int, numel: int) -> list[int]:
                 rank, world, torch.bfloat16, numel // 2 if fn is sc_all_to_all else numel, False
             )
     finally:
-        collectives._read = real
+        _slots.read_back = real
     return reads
 
 
@@ -679,10 +679,10 @@ def test_one_host_read_per_call(pair):
 def sc_exchange_reuse(rank: int, world: int) -> list[list[list[int]]]:
     """Three exchanges through the kept buffers -- two of one width, one wider with a filled
     tail -- and the first one's rows as returned, read after the others."""
-    g = _comm.resolve(None)
-    first = _comm.exchange(g, [7, 0, 10 + rank], "probe")
-    second = _comm.exchange(g, [7, 0, 20 + rank], "probe")
-    tail = _comm.exchange(g, [7, 0, 30 + rank], "probe", 2, lambda t: t.fill_(rank - 5))
+    g = _transport.resolve(None)
+    first = _exchange.exchange(g, [7, 0, 10 + rank], "probe")
+    second = _exchange.exchange(g, [7, 0, 20 + rank], "probe")
+    tail = _exchange.exchange(g, [7, 0, 30 + rank], "probe", 2, lambda t: t.fill_(rank - 5))
     return [first.tolist(), second.tolist(), tail.tolist()]
 
 
@@ -702,7 +702,7 @@ def test_exchange_rows_are_each_calls_own(pair):
 @pytest.mark.parametrize("numel", [1, 700, 5000])
 @pytest.mark.parametrize("huge", [False, True])
 def test_packed_piece_is_codec_bytes(dtype, numel, huge):
-    """A piece packed for the wire (collectives._pack, queued) is codec.compress_into's split
+    """A piece packed for the wire (_slots.pack, queued) is codec.compress_into's split
     buffer for the same table; with a room too small for its payload, the header still tells
     the payload's size (the receivers then know to take the piece raw); a raw piece is the
     values' bytes."""
@@ -714,7 +714,7 @@ def test_packed_piece_is_codec_bytes(dtype, numel, huge):
     fixed = codec.fixed_part_bytes(dtype, numel)
     if want.layout == "split":
         store = torch.empty(want.nbytes, dtype=torch.uint8)
-        collectives._pack(x, collectives._Seg(numel, fixed, want.nbytes), table, store)
+        _slots.pack(x, _slots.Seg(numel, fixed, want.nbytes), table, store)
         assert store.equal(want.buffer)
     payload = _torch.encode_into(
         x,
@@ -724,10 +724,10 @@ def test_packed_piece_is_codec_bytes(dtype, numel, huge):
         torch.empty(fixed + numel * 8, dtype=torch.uint8),
     )
     short = torch.empty(fixed, dtype=torch.uint8)
-    collectives._pack(x, collectives._Seg(numel, fixed, fixed), table, short)
-    assert collectives._payload_size(short[:HEADER_BYTES].numpy().tobytes()) == payload
+    _slots.pack(x, _slots.Seg(numel, fixed, fixed), table, short)
+    assert _slots.payload_size(short[:HEADER_BYTES].numpy().tobytes()) == payload
     raw = torch.empty(numel * x.element_size(), dtype=torch.uint8)
-    collectives._pack(x, collectives._Seg(numel, 0, raw.numel()), table, raw)
+    _slots.pack(x, _slots.Seg(numel, 0, raw.numel()), table, raw)
     assert raw.equal(x.view(torch.uint8))
 
 
@@ -828,7 +828,7 @@ def test_uneven_all_to_all_agrees_where_compression_may_pay(pair, trio):
     """With a profile that compresses these all-to-alls, the call exchanges the descriptor once
     even with ZIPCCL_VERIFY=0 (explicit splits: the ranks' sizes differ; even ones: the sample
     summaries), then moves the exact bits in one collective per chunk: between two ranks an
-    all-gather (collectives._swap), between three an all-to-all; the ranks' agreement on the
+    all-gather (_protocols.swap), between three an all-to-all; the ranks' agreement on the
     call's outcome (an all-gather) closes it."""
     env = {**AUTO, "ZIPCCL_VERIFY": "0"}
     exchange = ["all_gather_into_tensor", "exchange"]  # the exchange's own all-gather first
@@ -866,7 +866,7 @@ def test_unpack_checks_every_header_against_the_agreed_piece():
     """A received piece decodes when its payload fits its room; one that overflowed is reported
     (its ranks then resend it raw) and not decoded; a header for other values (count or table)
     is a corrupt buffer."""
-    from zipccl._comm import Group, Streams
+    from zipccl.collectives._transport import Group, Streams
 
     x = data(5, 3000, torch.bfloat16, huge=False)
     table = codec.default_table(x)
@@ -874,16 +874,16 @@ def test_unpack_checks_every_header_against_the_agreed_piece():
     assert c.layout == "split" and c.payload_bytes > 0
     g, streams = Group(None, 0, 2, torch.device("cpu"), "gloo"), Streams(None, None)
     fixed = codec.fixed_part_bytes(x.dtype, x.numel())
-    seg = collectives._Seg(x.numel(), fixed, c.nbytes)
-    unpack, out = collectives._Unpack(g, x.dtype), torch.empty_like(x)
+    seg = _slots.Seg(x.numel(), fixed, c.nbytes)
+    unpack, out = _slots.Unpack(g, x.dtype), torch.empty_like(x)
     unpack("fits", c.buffer, seg, table, out)
     assert unpack.settle(streams) == set() and same_bits(out, x)
-    unpack, out = collectives._Unpack(g, x.dtype), torch.zeros_like(x)
-    unpack("over", c.buffer, collectives._Seg(x.numel(), fixed, c.nbytes - 1), table, out)
+    unpack, out = _slots.Unpack(g, x.dtype), torch.zeros_like(x)
+    unpack("over", c.buffer, _slots.Seg(x.numel(), fixed, c.nbytes - 1), table, out)
     assert unpack.settle(streams) == {"over"} and not out.any()
     other = zipccl_layout(list(range(120, 127)), "other")
-    for wrong, book in ((collectives._Seg(2999, fixed, c.nbytes), table), (seg, other)):
-        unpack = collectives._Unpack(g, x.dtype)
+    for wrong, book in ((_slots.Seg(2999, fixed, c.nbytes), table), (seg, other)):
+        unpack = _slots.Unpack(g, x.dtype)
         unpack.note("wrong", c.buffer, wrong, book)
         with pytest.raises(ValueError, match="corrupt compressed header"):
             unpack.settle(streams)
@@ -892,9 +892,9 @@ def test_unpack_checks_every_header_against_the_agreed_piece():
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from([torch.bfloat16, torch.float16, torch.float32]), st.integers(0, 2**32 - 1))
 def test_two_part_sum_is_the_reference_reduction(dtype, seed):
-    """collectives._reduce_into's one add equals reference_reduce bit for bit (specials too)."""
+    """_reduce._reduce_into's one add equals reference_reduce bit for bit (specials too)."""
     a, b = (data(seed % 1000 + k, 3000, dtype, huge=bool(seed & 1)) for k in (0, 1))
     b[::7] = torch.finfo(dtype).max  # overflows to inf, and inf - inf = nan
     out = torch.empty_like(a)
-    collectives._reduce_into(out, [a, b], dist.ReduceOp.SUM)
+    _reduce._reduce_into(out, [a, b], dist.ReduceOp.SUM)
     assert same_bits(out, zipccl.reference_reduce([a, b])), f"seed {seed}"

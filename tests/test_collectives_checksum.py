@@ -13,7 +13,8 @@ import time
 import pytest
 import torch
 import zipccl
-from zipccl import _plans, collectives
+from zipccl import _plans
+from zipccl.collectives import _slots
 from zipccl.golden.container import HEADER_BYTES
 
 from tests._collectives_cluster import short_timeout_cluster
@@ -72,7 +73,7 @@ def test_checked_collectives_are_exact(pair, op):
 def sc_flip_in_transit(rank: int, world: int, op: str, culprit: int) -> dict[str, object]:
     """Rank ``culprit`` receives its pieces with one mantissa bit flipped (the first raw byte
     plane starts right after the header)."""
-    real = collectives._Unpack.__call__
+    real = _slots.Unpack.__call__
 
     def unpack(self, key, got, seg, *args):
         if not seg.raw:
@@ -81,7 +82,7 @@ def sc_flip_in_transit(rank: int, world: int, op: str, culprit: int) -> dict[str
 
     _plans.forget()
     if rank == culprit:
-        collectives._Unpack.__call__ = unpack
+        _slots.Unpack.__call__ = unpack
     start = time.monotonic()
     try:
         _call(zipccl, op, rank, world, (culprit + 1) % world)
@@ -89,7 +90,7 @@ def sc_flip_in_transit(rank: int, world: int, op: str, culprit: int) -> dict[str
     except Exception as exc:
         raised, message = type(exc).__name__, str(exc)
     finally:
-        collectives._Unpack.__call__ = real
+        _slots.Unpack.__call__ = real
     return {"raised": raised, "message": message, "seconds": time.monotonic() - start}
 
 

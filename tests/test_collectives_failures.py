@@ -19,7 +19,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import zipccl
-from zipccl import _plans, _torch, codec, collectives
+from zipccl import _plans, _torch, codec
+from zipccl.collectives import _slots
 from zipccl.golden.container import CRC_AT
 from zipccl.golden.theory import SAMPLE_SIZE
 
@@ -66,8 +67,8 @@ def _raising(exc: Exception) -> Callable[..., object]:
 
 
 def _corrupting_unpack() -> Callable[..., object]:
-    """collectives._Unpack.__call__ on a piece whose header lost a bit in transit."""
-    real = collectives._Unpack.__call__
+    """_slots.Unpack.__call__ on a piece whose header lost a bit in transit."""
+    real = _slots.Unpack.__call__
 
     def unpack(self: object, key: object, got: torch.Tensor, seg: object, *args: object) -> None:
         got[CRC_AT] ^= 1
@@ -80,7 +81,7 @@ def _corrupting_unpack() -> Callable[..., object]:
 #  peers' PeerError says it reported))
 FAULTS = {
     "corrupt_header": (
-        collectives._Unpack,
+        _slots.Unpack,
         "__call__",
         _corrupting_unpack,
         ("ValueError", "corrupt compressed header", "ValueError: received a"),

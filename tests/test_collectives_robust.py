@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 import zipccl
-from zipccl import codec, collectives
+from zipccl import codec
+from zipccl.collectives import _slots
 from zipccl.golden.theory import SAMPLE_SIZE
 
 from tests._collectives_cluster import Cluster
@@ -53,12 +54,12 @@ def _sums(row: np.ndarray, value: float, at: int = 0) -> None:
 def test_an_impossible_peer_summary_is_an_error_naming_the_rank(edit) -> None:
     rows = np.stack([_summary(), _corrupt(edit)])
     with pytest.raises(ValueError, match="rank 1 sent a corrupt sample summary"):
-        collectives._sources(torch.bfloat16, rows, None)
+        _slots.sources(torch.bfloat16, rows, None)
 
 
 def test_real_and_empty_summaries_are_accepted() -> None:
     rows = np.stack([_summary(), np.zeros_like(_summary())])
-    assert len(collectives._sources(torch.bfloat16, rows, None)) == 2
+    assert len(_slots.sources(torch.bfloat16, rows, None)) == 2
 
 
 def sc_empty_fp8_reductions(rank: int, world: int) -> list[str]:

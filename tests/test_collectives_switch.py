@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from zipccl import switch
+from zipccl.collectives import _profile
 from zipccl.switch import COMPRESSED, NATIVE, Call, Line, Profile
 
 GB = 1e9
@@ -245,7 +246,7 @@ def test_zipccl_protocols_need_a_clear_win_over_native():
 def test_timed_together_interleaves_in_a_fixed_order():
     calls: list[str] = []
     fns = {k: (lambda k=k: calls.append(k)) for k in "abc"}
-    best = switch._timed_together(fns, cuda=False, rounds=3)
+    best = _profile.timed_together(fns, cuda=False, rounds=3)
     assert set(best) == set("abc") and all(t >= 0 for t in best.values())
     assert "".join(calls) == "abc" + "abc" + "bca" + "cab"
 
@@ -264,11 +265,11 @@ def test_group_key_follows_the_default_group(tmp_path):
     try:
         assert first is dist.group.WORLD and switch.group_key(first) is first
         switch.set_profile(None, profile(20.0))
-        assert first in switch._PROFILES
+        assert first in switch.PROFILES
         dist.destroy_process_group()
         init("second")
         assert switch.group_key(None) is not first
-        assert switch.group_key(None) not in switch._PROFILES
+        assert switch.group_key(None) not in switch.PROFILES
     finally:
         switch.set_profile(first, None)
         dist.destroy_process_group()

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from zipccl import _comm, switch
 from zipccl import _kernel_cache as kc
+from zipccl import switch
+from zipccl.collectives import _profile as profiles
+from zipccl.collectives import _transport
 
 AS_ROOT = os.geteuid() == 0
 NOBODY = 65534
@@ -188,7 +190,7 @@ def test_read_private_refuses_what_is_not_a_regular_file(cache: Path) -> None:
 
 
 # ---------------------------------------------------------------------- the switch's profile
-GLOO_PAIR = _comm.Group(None, 0, 2, torch.device("cpu"), "gloo")
+GLOO_PAIR = _transport.Group(None, 0, 2, torch.device("cpu"), "gloo")
 
 
 def _profile(scale: float = 1.0) -> switch.Profile:
@@ -199,15 +201,15 @@ def _profile(scale: float = 1.0) -> switch.Profile:
         line,
         line,
         line,
-        ratio={switch._name(d): 0.7 for d in switch._PRIOR_DTYPES},
+        ratio={switch.dtype_name(d): 0.7 for d in switch.PRIOR_DTYPES},
     )
 
 
 def test_a_profile_is_cached_privately_and_read_back(cache: Path) -> None:
-    switch._save_profile(GLOO_PAIR, _profile(2.0))
+    profiles.save_profile(GLOO_PAIR, _profile(2.0))
     (path,) = cache.glob("profile-*.json")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert switch._load_profile(GLOO_PAIR) == _profile(2.0)
+    assert profiles.load_profile(GLOO_PAIR) == _profile(2.0)
 
 
 @pytest.mark.parametrize(
@@ -232,23 +234,23 @@ def test_a_corrupt_or_unsafe_profile_is_measured_again(cache: Path, corrupt) -> 
     """Before: all zeros raised ZeroDivisionError in every later run, a directory raised on rank
     0 only (the other ranks hung in the broadcast); now rank 0 warns and the group re-measures,
     and the fresh profile replaces a corrupt file."""
-    switch._save_profile(GLOO_PAIR, _profile())
+    profiles.save_profile(GLOO_PAIR, _profile())
     (path,) = cache.glob("profile-*.json")
     corrupt(path)
     with pytest.warns(UserWarning, match="measuring again"):
-        assert switch._load_profile(GLOO_PAIR) is None
+        assert profiles.load_profile(GLOO_PAIR) is None
     if path.is_file() and not stat.S_IMODE(path.stat().st_mode) & 0o022:
-        switch._save_profile(GLOO_PAIR, _profile(3.0))
-        assert switch._load_profile(GLOO_PAIR) == _profile(3.0)
+        profiles.save_profile(GLOO_PAIR, _profile(3.0))
+        assert profiles.load_profile(GLOO_PAIR) == _profile(3.0)
 
 
 def test_a_profile_that_cannot_be_cached_is_a_warning(cache: Path) -> None:
-    switch._save_profile(GLOO_PAIR, _profile())
+    profiles.save_profile(GLOO_PAIR, _profile())
     (path,) = cache.glob("profile-*.json")
     path.unlink()
     path.mkdir()
     with pytest.warns(UserWarning, match="could not cache"):
-        switch._save_profile(GLOO_PAIR, _profile())
+        profiles.save_profile(GLOO_PAIR, _profile())
     os.chmod(cache, 0o777)
     with pytest.warns(UserWarning, match="writable by group or others"):
-        switch._save_profile(GLOO_PAIR, _profile())
+        profiles.save_profile(GLOO_PAIR, _profile())

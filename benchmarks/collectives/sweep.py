@@ -30,15 +30,16 @@ from benchmarks.timing import MIB
 def probe(rank: int, kib: int = 32 << 10) -> dict[str, float]:
     """Fixed costs behind the protocols: the descriptor exchange and the codec's calls (default
     32 MiB), median seconds."""
-    from zipccl import _comm, codec
+    from zipccl import codec
+    from zipccl.collectives import _exchange, _transport
 
-    g = _comm.resolve(None)
+    g = _transport.resolve(None)
     x = make_data("normal", kib << 10, rank, Path())
     table = codec.default_table(x)
     c = codec.compress(x, table)
     out = torch.empty_like(x)
     cases = {
-        "exchange": lambda: _comm.exchange(g, [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "probe"),
+        "exchange": lambda: _exchange.exchange(g, [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], "probe"),
         "default_table": lambda: codec.default_table(x),
         "compress_given_table": lambda: codec.compress(x, table),
         "compress_default_table": lambda: codec.compress(x),

@@ -4,7 +4,7 @@ Training repeats the same calls every step. A call's *key* is its fingerprint on
 the descriptor it would exchange (op, dtype, sizes and splits, table hash, mode, reduce op), the
 device, whether it verifies, and the raw ``ZIPCCL_*`` settings -- and a key's first call runs
 the full descriptor exchange. Once it has completed on every rank, each rank keeps a
-:class:`Plan`: the call's agreed outcome (``collectives._Agreed``: strategy, chunks, every rank's
+:class:`Plan`: the call's agreed outcome (``collectives._slots.Agreed``: strategy, chunks, every rank's
 table, and, for a compressed call, the payload size of every piece as the call's headers told
 it), which the key's next call then uses instead of exchanging summaries and predicting.
 
@@ -13,7 +13,7 @@ The ranks must agree that they all run the same plan, without trusting that they
 it (every rank's descriptor row, gathered alike on every rank, and the exchange's number in its
 group: every rank takes part in every exchange, so the count is alike however the ranks' caches
 differ) and the calls it has served -- so equal tags on every rank mean one plan in one state.
-collectives._agree sends the tag where a sample summary would go, and exchanges afresh when the
+collectives._agree.agree sends the tag where a sample summary would go, and exchanges afresh when the
 tags differ.
 
 ``ZIPCCL_PLAN_CALLS`` (agreed like the other settings; default 64) is how many calls a plan

@@ -16,7 +16,7 @@ group. Every call goes to the inner group of its tensors' device:
 * everything else -- send/recv, barrier, gather, scatter, reduce, ``allreduce_coalesced``, the
   ops of a coalescing window -- straight to the inner group, which returns its own Work.
 
-A compressed call returns a completed :class:`~zipccl._comm.DoneWork` (its future holds the
+A compressed call returns a completed :class:`~zipccl.collectives.DoneWork` (its future holds the
 outputs, CUDA-aware); a call zipccl kept native returns the inner backend's own Work.
 
 The group's ranks agree on their ZIPCCL_* settings when it is created (:mod:`zipccl.settings`):
@@ -35,8 +35,7 @@ from torch._C._distributed_c10d import AllgatherOptions  # (torch.distributed do
 from torch.distributed import distributed_c10d as c10d
 
 from zipccl import collectives, settings
-from zipccl._comm import DoneWork, Forwarding
-from zipccl.collectives import ReduceOpArg
+from zipccl.collectives import DoneWork, Forwarding, ReduceOpArg
 
 NAME = "zipccl"
 _INNER = {

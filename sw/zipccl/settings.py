@@ -6,7 +6,7 @@ one exchanging a descriptor, one calling torch straight away; different chunk co
 or hang inside the transport. So every group agrees on them once, through its store, before its
 first zipccl call (the ``zipccl`` backend: when the group is created): each rank publishes its
 values, and every rank reads every rank's, so all raise the same
-:class:`~zipccl._comm.CollectiveMismatchError` within one store round trip, naming each rank's
+:class:`~zipccl.CollectiveMismatchError` within one store round trip, naming each rank's
 value. The store, not a collective, carries it: it cannot collide with a collective another rank
 is already in. Values are still read at every call (tests and benchmarks change them between
 calls); a program that changes them must change them on every rank between the same two calls.
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from zipccl._comm import CollectiveMismatchError
+from zipccl._errors import CollectiveMismatchError
 
 MODES = ("auto", "always", "never")
 VERIFY_POLICIES = ("auto", "1", "0")

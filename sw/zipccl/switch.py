@@ -31,44 +31,26 @@ all-reduce for every world size and gives up rank-order determinism for W > 2.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import math
-import os
 import statistics
-import time
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from zipccl import _comm, _kernel_cache, _plans, settings
-from zipccl._comm import Group
+from zipccl import _plans, settings
 from zipccl.settings import MODES
 
 MARGIN = 0.9  # compress only when predicted at <= 90 % of the native time
 OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce", "broadcast")
 NATIVE, A2A_REDUCE, COMPRESSED = "native", "a2a_reduce", "compressed"
-_OP_CODE_PROFILE = 99  # the op code of the profiler's timed descriptor exchanges
-_PRIOR_DTYPES = (
+PRIOR_DTYPES = (
     torch.bfloat16,
     torch.float16,
     torch.float32,
     torch.float8_e4m3fn,
     torch.float8_e5m2,
-)
-_TRANSPORT_ENV = (
-    "NCCL_P2P_DISABLE",
-    "NCCL_SHM_DISABLE",
-    "NCCL_NET",
-    "NCCL_IB_DISABLE",
-    "NCCL_PROTO",
-    "NCCL_ALGO",
-    "NCCL_SOCKET_IFNAME",
 )
 
 
@@ -136,12 +118,12 @@ class Profile:
             self.overhead,
         ]:
             out += [line.alpha, line.beta]
-        return out + [self.ratio[_name(d)] for d in _PRIOR_DTYPES]
+        return out + [self.ratio[dtype_name(d)] for d in PRIOR_DTYPES]
 
     @classmethod
     def from_vector(cls, v: list[float]) -> Profile:
-        lines = [Line(v[i], v[i + 1]) for i in range(0, 2 * _LINES, 2)]
-        ratios = v[2 * _LINES :]
+        lines = [Line(v[i], v[i + 1]) for i in range(0, 2 * LINES, 2)]
+        ratios = v[2 * LINES :]
         comp, dec, red, table, exchange, overhead = lines[len(OPS) :]
         return cls(
             dict(zip(OPS, lines[: len(OPS)], strict=True)),
@@ -149,7 +131,7 @@ class Profile:
             dec,
             red,
             table,
-            ratio={_name(d): r for d, r in zip(_PRIOR_DTYPES, ratios, strict=True)},
+            ratio={dtype_name(d): r for d, r in zip(PRIOR_DTYPES, ratios, strict=True)},
             exchange=exchange,
             overhead=overhead,
         )
@@ -171,21 +153,21 @@ class Profile:
 
 def _checked_vector(v: object) -> list[float]:
     """A profile vector: alphas >= 0, bandwidths and ratios > 0, all finite numbers."""
-    size = 2 * _LINES + len(_PRIOR_DTYPES)
+    size = 2 * LINES + len(PRIOR_DTYPES)
     if not isinstance(v, list) or len(v) != size:
         raise ValueError(f"a profile vector has {size} numbers")
     if not all(type(x) in (int, float) and math.isfinite(x) for x in v):
         raise ValueError("a profile vector holds finite numbers only")
-    alphas, positive = v[0 : 2 * _LINES : 2], v[1 : 2 * _LINES : 2] + v[2 * _LINES :]
+    alphas, positive = v[0 : 2 * LINES : 2], v[1 : 2 * LINES : 2] + v[2 * LINES :]
     if min(alphas) < 0 or min(positive) <= 0:
         raise ValueError("a profile has negative latencies or non-positive bandwidths or ratios")
     return [float(x) for x in v]
 
 
-_LINES = len(OPS) + 6  # Lines in a Profile's vector form
+LINES = len(OPS) + 6  # Lines in a Profile's vector form
 
 
-def _name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
@@ -212,13 +194,16 @@ def predict(p: Profile, call: Call) -> dict[str, float]:
     verification policy runs it for them. It is charged whatever ``ZIPCCL_VERIFY`` says, so the
     choice never depends on a variable the ranks do not agree on.
     """
-    return {k: t + (p.exchange.alpha if k != NATIVE else 0.0) for k, t in _predict(p, call).items()}
+    return {
+        k: t + (p.exchange.alpha if k != NATIVE else 0.0)
+        for k, t in predict_stages(p, call).items()
+    }
 
 
 def wire_line(p: Profile, op: str, world: int) -> Line:
     """What the compressed protocol's bytes travel on: the op's own collective, except that
     all-to-all (and the reductions built on it) between two ranks moves each rank's outgoing
-    half by all-gathers (collectives._swap): the all-gather line at twice its per-rank
+    half by all-gathers (collectives._protocols.swap): the all-gather line at twice its per-rank
     bandwidth, as it carries n / 2 of the n bytes the all-to-all line is fitted on."""
     if op in ("all_gather", "broadcast"):
         return p.native[op]
@@ -228,9 +213,9 @@ def wire_line(p: Profile, op: str, world: int) -> Line:
     return Line(gather.alpha, 2 * gather.beta)
 
 
-def _predict(p: Profile, call: Call) -> dict[str, float]:
+def predict_stages(p: Profile, call: Call) -> dict[str, float]:
     n, w, op = float(call.nbytes), call.world, call.op
-    r = p.ratio.get(_name(call.dtype), 1.0)
+    r = p.ratio.get(dtype_name(call.dtype), 1.0)
     recv = {"all_gather": w * n, "broadcast": n}.get(op, n)  # bytes each rank decompresses
 
     def zipped(line: Line, reduce: float) -> float:
@@ -249,8 +234,8 @@ def _predict(p: Profile, call: Call) -> dict[str, float]:
             out[NATIVE] = p.native["reduce_scatter"](n)
         return out
     if op == "all_reduce":
-        rs = _predict(p, replace(call, op="reduce_scatter"))
-        ag = _predict(p, Call("all_gather", call.nbytes // w, call.dtype, w, call.chunks))
+        rs = predict_stages(p, replace(call, op="reduce_scatter"))
+        ag = predict_stages(p, Call("all_gather", call.nbytes // w, call.dtype, w, call.chunks))
         out = {
             A2A_REDUCE: min(v for k, v in rs.items() if k != COMPRESSED) + ag[NATIVE],
             COMPRESSED: min(rs.values()) + min(ag.values()),
@@ -304,7 +289,7 @@ def can_compress(p: Profile, op: str, dtype: torch.dtype, world: int) -> bool:
     ``MARGIN * native`` is convex piecewise linear in n, so its minimum over n >= 0 lies at 0,
     where two stage lines cross, or at infinity.
     """
-    line, wire, r = p.native[op], wire_line(p, op, world), p.ratio.get(_name(dtype), 1.0)
+    line, wire, r = p.native[op], wire_line(p, op, world), p.ratio.get(dtype_name(dtype), 1.0)
     fan = {"all_gather": world}.get(op, 1)  # bytes decompressed per input byte
     stages = [
         (p.compress.alpha, 1 / p.compress.beta),
@@ -324,7 +309,7 @@ def can_compress(p: Profile, op: str, dtype: torch.dtype, world: int) -> bool:
 
 # --------------------------------------------------------------------------- profiling
 
-_PROFILES: dict[object, Profile] = {}
+PROFILES: dict[object, Profile] = {}
 ROUTES: dict[tuple, str] = {}  # collectives' per-call decision cache; depends on the profiles
 
 
@@ -334,9 +319,9 @@ def set_profile(group: dist.ProcessGroup | None, profile: Profile | None) -> Non
     ROUTES.clear()
     _plans.forget()
     if profile is None:
-        _PROFILES.pop(group_key(group), None)
+        PROFILES.pop(group_key(group), None)
     else:
-        _PROFILES[group_key(group)] = profile
+        PROFILES[group_key(group)] = profile
 
 
 def group_key(group: dist.ProcessGroup | None) -> object:
@@ -347,182 +332,7 @@ def group_key(group: dist.ProcessGroup | None) -> object:
     return dist.group.WORLD if group is None else group
 
 
-def profile_for(g: Group) -> Profile:
-    """The group's agreed profile: memory, then rank 0's cache file, then a fresh measurement."""
-    key = group_key(g.pg)
-    if key in _PROFILES:
-        return _PROFILES[key]
-    size = 2 * _LINES + len(_PRIOR_DTYPES)
-    shared = torch.zeros(size + 1, dtype=torch.float64, device=g.device)
-    cached = _load_profile(g) if g.rank == 0 else None  # never raises: the others wait on it
-    if cached is not None:
-        shared[1:] = torch.tensor(cached.vector(), dtype=torch.float64)
-        shared[0] = 1
-    dist.broadcast(shared, src=dist.get_global_rank(g.pg, 0) if g.pg else 0, group=g.pg)
-    if shared[0].item() == 1:
-        profile = Profile.from_vector(shared[1:].cpu().tolist())
-    else:
-        mine = torch.tensor(_measure(g).vector(), dtype=torch.float64, device=g.device)
-        # ratios: max is the pessimistic choice; alphas: max; betas: min (negate for MAX)
-        mine[1::2][:_LINES] *= -1
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=g.pg)
-        mine[1::2][:_LINES] *= -1
-        profile = Profile.from_vector(mine.cpu().tolist())
-        if g.rank == 0:
-            _save_profile(g, profile)
-    _PROFILES[key] = profile
-    return profile
-
-
-def _cache_path(g: Group) -> Path:
-    """The profile's file in the private cache directory (refused if not private)."""
-    device = torch.cuda.get_device_name(g.device) if g.cuda else "cpu"
-    env = {k: os.environ.get(k, "") for k in _TRANSPORT_ENV}
-    ident = json.dumps([g.backend, g.world, device, torch.__version__, env, _PROFILE_VERSION])
-    digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
-    return _kernel_cache.cache_dir() / f"profile-{digest}.json"
-
-
-_PROFILE_BYTES = 1 << 16  # a profile is ~1 KiB of JSON
-
-
-def _load_profile(g: Group) -> Profile | None:
-    """Rank 0's cached profile, or None (measure again) for a missing, corrupt or unsafe one
-    -- a warning, never an exception, since the other ranks are waiting on rank 0."""
-    try:
-        raw = _kernel_cache.read_private(_cache_path(g), _PROFILE_BYTES)
-        return None if raw is None else Profile.from_json(raw.decode())
-    except (OSError, ValueError) as exc:  # UnsafeCacheError, a directory, bad JSON or values
-        warnings.warn(f"zipccl: not using the cached profile, measuring again: {exc}", stacklevel=3)
-        return None
-
-
-def _save_profile(g: Group, profile: Profile) -> None:
-    """Cache the agreed profile atomically; a failure to cache costs a later run a measurement,
-    so it is a warning."""
-    try:
-        _kernel_cache.write_private(_cache_path(g), profile.to_json().encode())
-    except OSError as exc:
-        warnings.warn(f"zipccl: could not cache the profile: {exc}", stacklevel=3)
-
-
-_PROFILE_VERSION = 6  # 5: + the measured overhead of compressed calls; 6: one collective
 # per chunk (the overhead is measured against that model)
-
-
-def _once(fn: Callable[[], object], cuda: bool) -> float:
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    if cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
-def _timed(fn: Callable[[], object], cuda: bool, reps: int = 5) -> float:
-    """Fastest of ``reps`` timings of ``fn`` after one warm-up call: on a shared machine a
-    median of few reps still catches scheduling spikes, which then mislead the choice."""
-    fn()
-    return min(_once(fn, cuda) for _ in range(reps))
-
-
-def _timed_together(
-    fns: dict[object, Callable[[], object]], cuda: bool, rounds: int = 11
-) -> dict[object, float]:
-    """Fastest time of each closure over ``rounds`` rounds that call them all in turn (after one
-    warm-up round), starting one later each round. Interleaved, a burst of load on a shared
-    machine hits every closure alike instead of skewing one op's line -- which is what made a
-    noisy gloo profile pick a2a_reduce over the native all-reduce. The order depends only on the
-    keys, so ranks timing collectives call them in the same order."""
-    keys = list(fns)
-    for key in keys:
-        fns[key]()
-    best = dict.fromkeys(keys, float("inf"))
-    for r in range(rounds):
-        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
-            best[key] = min(best[key], _once(fns[key], cuda))
-    return best
-
-
-def _sizes(g: Group) -> list[int]:
-    return [1 << 20, 8 << 20, 32 << 20] if g.cuda else [64 << 10, 192 << 10, 512 << 10]
-
-
-def _measure(g: Group) -> Profile:
-    from zipccl import codec
-
-    sizes = _sizes(g)
-    timed = _timed_together({(op, s): _native_op(g, op, s) for op in OPS for s in sizes}, g.cuda)
-    native = {op: Line.fit([float(s) for s in sizes], [timed[op, s] for s in sizes]) for op in OPS}
-    gen = torch.Generator().manual_seed(0)
-    data = {s: torch.randn(s // 2, generator=gen).to(torch.bfloat16).to(g.device) for s in sizes}
-    book = codec.default_table(data[sizes[-1]])
-    packed = {s: codec.compress(x, book) for s, x in data.items()}
-    comp = Line.fit(
-        [float(s) for s in sizes],
-        [_timed(functools.partial(codec.compress, x, book), g.cuda) for x in data.values()],
-    )
-    table = Line(_timed(lambda: codec.default_table(data[sizes[-1]]), g.cuda), 1e18)
-    dec = Line.fit(
-        [float(s) for s in sizes],
-        [_timed(functools.partial(codec.decompress, c), g.cuda) for c in packed.values()],
-    )
-    red = Line.fit(
-        [float(s) for s in sizes],
-        [_timed(functools.partial(_reduce_once, x, g.world), g.cuda) for x in data.values()],
-    )
-    ratio = {}
-    for dtype in _PRIOR_DTYPES:
-        x = torch.randn(1 << 16, generator=gen).to(dtype).to(g.device)
-        ratio[_name(dtype)] = float(codec.compress(x).ratio)
-    fields = [_OP_CODE_PROFILE, 0] + [0] * (5 + 2 * g.world + 1)  # a descriptor's length
-    exchange = Line(_timed(lambda: _comm.exchange(g, fields, "profile"), g.cuda), 1e18)
-    lines = Profile(native, comp, dec, red, table, ratio, exchange)
-    return replace(lines, overhead=_overhead(g, lines, data[sizes[-1]]))
-
-
-def _overhead(g: Group, p: Profile, x: torch.Tensor) -> Line:
-    """What the lines miss of a real compressed call -- host round trips, allocations and
-    launches between the stages, ~1-2 ms per call over shared memory: the largest excess of a
-    measured call of each of zipccl's protocols (one chunk, at the largest profiled size) over
-    the model's prediction for it, never negative. Without it the model took a shared-memory
-    all-to-all for a 1.28x win that measured 0.97x (BENCHMARKS.md, run D)."""
-    from zipccl import collectives
-
-    x = x[: x.numel() // g.world * g.world]
-    n = x.numel() * x.element_size()
-    excess = 0.0
-    for op in ("all_gather", "all_to_all", "broadcast"):
-        measured = _timed(collectives.protocol_call(g, op, x), g.cuda)
-        excess = max(excess, measured - _predict(p, Call(op, n, x.dtype, g.world))[COMPRESSED])
-    return Line(excess, 1e18)
-
-
-def _reduce_once(x: torch.Tensor, world: int) -> torch.Tensor:
-    parts = x.view(world, -1) if x.numel() % world == 0 else x[: x.numel() // world * world]
-    return parts.view(world, -1).float().sum(0).to(x.dtype)
-
-
-def _native_op(g: Group, op: str, nbytes: int) -> Callable[[], object]:
-    """A closure running the native collective on ``nbytes`` per rank (BF16 data)."""
-    numel = nbytes // 2 // g.world * g.world
-    x = torch.zeros(numel, dtype=torch.bfloat16, device=g.device)
-    if op == "all_gather":
-        out = torch.empty(numel * g.world, dtype=x.dtype, device=g.device)
-        return lambda: dist.all_gather_into_tensor(out, x, group=g.pg)
-    if op == "all_to_all":
-        out = torch.empty_like(x)
-        return lambda: dist.all_to_all_single(out, x, group=g.pg)
-    if op == "reduce_scatter":
-        out = torch.empty(numel // g.world, dtype=x.dtype, device=g.device)
-        return lambda: dist.reduce_scatter_tensor(out, x, group=g.pg)
-    if op == "all_reduce":
-        return lambda: dist.all_reduce(x, group=g.pg)
-    if op == "broadcast":
-        src = dist.get_global_rank(g.pg, 0) if g.pg else 0
-        return lambda: dist.broadcast(x, src=src, group=g.pg)
-    raise ValueError(f"unknown op {op!r}")
 
 
 __all__ = [
@@ -541,7 +351,6 @@ __all__ = [
     "mode",
     "native_reduce",
     "predict",
-    "profile_for",
     "set_profile",
     "wire_line",
 ]

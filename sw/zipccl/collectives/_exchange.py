@@ -1,16 +1,16 @@
-"""Process-group plumbing shared by the compressed collectives.
+"""The one agreement exchange of a call, and the closing agreement on its outcome.
 
-A verified zipccl collective (see collectives.py for when: by default every call on zipccl's own
-protocols, none on the native fast path) starts with one tiny all-gather of a fixed-length int64
-*descriptor* (op, dtype, sizes, table hash, a local error code, ..., and for a call that may
-compress the words of its sample summary, which the device appends; a planned call sends its
-plan's tag instead and zeros there: collectives.py, Plans). Its length depends only
-on the world size, so it can never mismatch; after it every rank knows every other rank's call,
-checks the same things in the same order and either proceeds with the same decision or raises the
-same :class:`CollectiveMismatchError`. A rank whose own arguments are bad does not raise early (the
-others would hang in the exchange): it reports an error code in its descriptor instead; so does a
-rank whose sample summary raises, which then raises that exception while the others raise a
-:class:`PeerError` naming it.
+A verified zipccl collective (see the package docstring for when: by default every call on
+zipccl's own protocols, none on the native fast path) starts with one tiny all-gather of a
+fixed-length int64 *descriptor* (op, dtype, sizes, table hash, a local error code, ..., and for
+a call that may compress the words of its sample summary, which the device appends; a planned
+call sends its plan's tag instead and zeros there: the package docstring, Plans). Its length
+depends only on the world size, so it can never mismatch; after it every rank knows every other
+rank's call, checks the same things in the same order and either proceeds with the same decision
+or raises the same :class:`CollectiveMismatchError`. A rank whose own arguments are bad does not
+raise early (the others would hang in the exchange): it reports an error code in its descriptor
+instead; so does a rank whose sample summary raises, which then raises that exception while the
+others raise a :class:`PeerError` naming it.
 
 A compressed protocol ends the same way (:class:`Outcome`): a rank whose own step fails (encode,
 decode, the checks of what it received) keeps the exception, still issues every collective of
@@ -23,15 +23,15 @@ reported.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from zipccl._errors import CollectiveMismatchError, PeerError
+from zipccl.collectives import _transport
 from zipccl.golden.formats import FORMATS
 
 #  Local error codes a rank reports in its descriptor (0 = fine).
@@ -43,12 +43,28 @@ ERRORS = {
     5: "tensors are on the wrong device for this process group's backend",
     6: "src is not a rank of the group",
 }
+
+
 SUMMARY_FAILED = 7  # the error code of a rank whose exchange ``fill`` raised (not a mismatch)
+
+
+OP_CODES = {
+    "all_gather": 1,
+    "all_to_all": 2,
+    "reduce_scatter": 3,
+    "all_reduce": 4,
+    "broadcast": 5,
+}
+
 
 #  A descriptor's dtype code: the codec's formats carry golden's own format codes (the
 #  compressed-buffer header's), the dtypes zipccl only moves natively codes of their own.
 CODEC_DTYPES = frozenset(getattr(torch, f.name) for f in FORMATS.values())
+
+
 DTYPE_CODES: dict[torch.dtype, int] = {getattr(torch, f.name): f.code for f in FORMATS.values()}
+
+
 DTYPE_CODES |= {
     torch.float64: 16,
     torch.uint8: 17,
@@ -58,62 +74,12 @@ DTYPE_CODES |= {
     torch.int64: 21,
     torch.bool: 22,
 }
+
+
 assert len(set(DTYPE_CODES.values())) == len(DTYPE_CODES), "dtype codes must be distinct"
+
+
 _CODE_NAMES = {c: str(d).removeprefix("torch.") for d, c in DTYPE_CODES.items()}
-
-
-class CollectiveMismatchError(ValueError):
-    """Ranks called a collective with arguments that do not fit together (raised on every rank)."""
-
-
-class PeerError(RuntimeError):
-    """Another rank of the group failed inside the same zipccl call.
-
-    Raised, once the call's ranks have agreed on its outcome, on every rank whose own steps did
-    not fail (the failing rank raises its own exception). ``failures``: group rank -> what that
-    rank reported ("Type: message", truncated to 128 bytes).
-    """
-
-    def __init__(self, message: str, failures: dict[int, str] | None = None) -> None:
-        super().__init__(message)
-        self.failures = failures or {}
-
-
-class Forwarding:
-    """Marks a process group whose own collectives call zipccl's on inner groups (the ``zipccl``
-    backend): zipccl's functions hand a call on it straight to torch.distributed, which brings
-    it back through the backend, instead of compressing it twice."""
-
-
-@dataclass(frozen=True)
-class Group:
-    """A resolved process group: the handle torch wants plus what the protocols need."""
-
-    pg: dist.ProcessGroup | None
-    rank: int
-    world: int
-    device: torch.device  # where collective buffers must live (cuda for NCCL, cpu for gloo)
-    backend: str
-
-    @property
-    def cuda(self) -> bool:
-        return self.device.type == "cuda"
-
-
-def resolve(group: dist.ProcessGroup | None, like: torch.Tensor | None = None) -> Group:
-    """The group's rank, size, backend and buffer device (the tensor's own if it is a CUDA one)."""
-    if not dist.is_initialized():
-        raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
-    backend = str(dist.get_backend(group)).lower()
-    if "nccl" in backend:
-        device = (
-            like.device
-            if like is not None and like.is_cuda
-            else torch.device("cuda", torch.cuda.current_device())
-        )
-    else:
-        device = torch.device("cpu")
-    return Group(group, dist.get_rank(group), dist.get_world_size(group), device, backend)
 
 
 def dtype_code(dtype: torch.dtype) -> int:
@@ -130,7 +96,7 @@ def to_i64(value: int) -> int:
 
 
 def exchange(
-    g: Group,
+    g: _transport.Group,
     fields: Sequence[int],
     op_name: str,
     extra_words: int = 0,
@@ -172,7 +138,7 @@ def exchange(
 
 
 def _gather(
-    g: Group,
+    g: _transport.Group,
     fields: Sequence[int],
     extra_words: int = 0,
     fill: Callable[[torch.Tensor], object] | None = None,
@@ -209,7 +175,11 @@ def _gather(
 #  Where a rank's step failed, as it reports it: a failure while preparing what it sends leaves
 #  its pieces invalid, so it is the cause of any failure of its peers on what they received.
 SENDING, RECEIVING = 1, 2
+
+
 _PHASES = {SENDING: "preparing what it sends", RECEIVING: "on what it received"}
+
+
 TEXT_WORDS = 16  # int64 words of "Type: message" that a failing rank reports
 
 
@@ -223,7 +193,7 @@ class Outcome:
     after the call's read of its headers and decoder flag.
     """
 
-    def __init__(self, g: Group, name: str) -> None:
+    def __init__(self, g: _transport.Group, name: str) -> None:
         self.g, self.name = g, name
         self.error: Exception | None = None
         self.phase = 0
@@ -293,24 +263,11 @@ class _Rows:
     uploaded: torch.cuda.Event | None  # after the host row's upload (CUDA)
 
 
-_LOCAL = threading.local()
-_T = TypeVar("_T")
+def _rows(g: _transport.Group, width: int) -> _Rows:
+    return _transport.per_thread(("rows", g.device, width, g.world), lambda: _new_rows(g, width))
 
 
-def per_thread(key: tuple, make: Callable[[], _T]) -> _T:
-    """This thread's object under ``key``, made on first use: small buffers a call reuses, which
-    that call is done with (its host reads waited for them) before the thread's next call."""
-    kept = _LOCAL.__dict__.setdefault("kept", {})
-    if key not in kept:
-        kept[key] = make()
-    return kept[key]
-
-
-def _rows(g: Group, width: int) -> _Rows:
-    return per_thread(("rows", g.device, width, g.world), lambda: _new_rows(g, width))
-
-
-def _new_rows(g: Group, width: int) -> _Rows:
+def _new_rows(g: _transport.Group, width: int) -> _Rows:
     if not g.cuda:
         row = torch.zeros(width, dtype=torch.int64)
         table = torch.empty(g.world * width, dtype=torch.int64)
@@ -332,110 +289,3 @@ def require_same(table: np.ndarray, column: int, what: str, op_name: str, show=s
         listed = ", ".join(f"rank {r}: {show(v)}" for r, v in enumerate(values))
         raise CollectiveMismatchError(f"zipccl.{op_name}: ranks disagree on {what} ({listed})")
     return int(values[0])
-
-
-class DoneWork(dist._Work):
-    """What ``async_op=True`` returns for a collective whose work is already enqueued in order.
-
-    Compressed collectives finish their host-side protocol before returning and leave the
-    caller's current stream ordered after all their GPU work. The future is CUDA-aware, as
-    NCCL's is: waiting on it (``wait()``, ``get_future().wait()``/``then``) orders the waiting
-    stream after the stream that issued the call, without blocking the host.
-    """
-
-    def __init__(self, result: list[torch.Tensor] | None = None) -> None:
-        super().__init__()
-        self._result = result
-        devices = {t.device for t in result or () if t.is_cuda}
-        self._future: torch.futures.Future = torch.futures.Future(devices=list(devices) or None)
-        self._future.set_result(result)
-
-    def wait(self, timeout: object = None) -> bool:
-        self._future.wait()
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def is_success(self) -> bool:
-        return True
-
-    # torch's stub has Work.result() -> list[Tensor]; this returns None for a collective without
-    # outputs (as it always has), which the stub cannot express
-    def result(self) -> list[torch.Tensor] | None:  # type: ignore[override]
-        return self._result
-
-    def get_future(self) -> torch.futures.Future:
-        return self._future
-
-
-@dataclass
-class Streams:
-    """Side streams for pipelining on CUDA (compress | NCCL | decompress); none on CPU."""
-
-    compress: torch.cuda.Stream | None
-    decompress: torch.cuda.Stream | None
-
-    @contextlib.contextmanager
-    def on(self, stream: torch.cuda.Stream | None) -> Iterator[None]:
-        """Make ``stream`` current inside the block. A protocol switches streams a few times per
-        chunk, and ``torch.cuda.stream`` costs ~30 us of host time per switch (device lookups),
-        so this calls torch's own setter directly where it exists."""
-        if stream is None:
-            yield
-        elif (
-            _SET_STREAM is None
-            or _GET_STREAM is None
-            or torch.cuda.current_device() != stream.device_index
-        ):
-            with torch.cuda.stream(stream):
-                yield
-        else:
-            before = _GET_STREAM(stream.device_index)
-            _SET_STREAM(
-                stream_id=stream.stream_id,
-                device_index=stream.device_index,
-                device_type=stream.device_type,
-            )
-            try:
-                yield
-            finally:
-                _SET_STREAM(stream_id=before[0], device_index=before[1], device_type=before[2])
-
-
-_GET_STREAM = getattr(torch._C, "_cuda_getCurrentStream", None)
-_SET_STREAM = getattr(torch._C, "_cuda_setStream", None)
-
-
-_STREAMS: dict[torch.device, Streams] = {}
-
-
-def streams_for(g: Group) -> Streams:
-    if not g.cuda:
-        return Streams(None, None)
-    if g.device not in _STREAMS:
-        _STREAMS[g.device] = Streams(torch.cuda.Stream(g.device), torch.cuda.Stream(g.device))
-    return _STREAMS[g.device]
-
-
-@contextlib.contextmanager
-def ordered(g: Group, streams: Streams) -> Iterator[None]:
-    """Side streams start after the caller's work and the caller resumes after theirs.
-
-    All temporaries are allocated on the caller's stream, so this ordering is also what keeps the
-    caching allocator from handing a buffer back out while a side stream still reads it.
-    """
-    if not g.cuda:
-        yield
-        return
-    main = torch.cuda.current_stream(g.device)
-    compress, decompress = streams.compress, streams.decompress
-    assert compress is not None and decompress is not None  # streams_for made both on CUDA
-    sides = (compress, decompress)
-    for s in sides:
-        s.wait_stream(main)
-    try:
-        yield
-    finally:
-        for s in sides:
-            main.wait_stream(s)

@@ -1,0 +1,384 @@
+"""What a call sends, agreed by every rank: the local decision (native fast path), the plan
+cache and the descriptor exchange that fixes strategy and chunk count on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import cast
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from zipccl import _plans, codec, settings, switch
+from zipccl.collectives import _exchange, _profile, _slots, _transport
+from zipccl.golden.codebook import Codebook
+
+ReduceOp = dist.ReduceOp
+
+
+# an op argument: torch's stubs type ReduceOp.SUM & co. as ReduceOp.RedOpType, which its bindings
+# take (converted) wherever they take a ReduceOp
+ReduceOpArg = ReduceOp | ReduceOp.RedOpType
+
+
+MODE_CODES = {m: i for i, m in enumerate(switch.MODES)}
+
+
+LOCAL_OPS: dict[ReduceOpArg, int] = {
+    ReduceOp.SUM: 0,
+    ReduceOp.AVG: 1,
+    ReduceOp.PRODUCT: 2,
+    ReduceOp.MIN: 3,
+    ReduceOp.MAX: 4,
+}
+
+
+def table_hash(table: Codebook | None) -> int:
+    if table is not None and not isinstance(table, Codebook):
+        raise TypeError(f"table must be a golden Codebook or None, got {type(table).__name__}")
+    return table.hash64 if table is not None else 0
+
+
+VERIFY_POLICIES = settings.VERIFY_POLICIES
+
+
+def verify_policy(verify: bool | None = None) -> str:
+    """The verification policy of one call: ``verify`` if given, else ``ZIPCCL_VERIFY``.
+
+    ``auto`` (default): exchange the descriptor for calls that take zipccl's own protocols
+    (compressed, a2a_reduce) and hand native calls straight to torch; ``1``: every call (debug);
+    ``0``: none.
+    """
+    if verify is not None:
+        return "1" if verify else "0"
+    return settings.value("ZIPCCL_VERIFY")
+
+
+def direct(
+    group: dist.ProcessGroup | None,
+    t: torch.Tensor,
+    name: str,
+    nbytes: int | None,
+    red_code: int,
+    verify: bool | None,
+) -> bool:
+    """Whether this call goes straight to torch.distributed with the caller's own arguments.
+
+    True when the local decision is native and the policy does not ask for verification
+    (``ZIPCCL_MODE=never`` always bypasses zipccl), and for a group of the ``zipccl`` backend,
+    which compresses inside. The decision depends only on values every rank shares in a correct
+    program -- the group's first call checks that they do (:func:`entered`) -- so no rank can
+    take the other branch.
+    """
+    if entered(group):
+        return True
+    env = settings.raw()
+    policy = verify_policy(verify)
+    if policy == "1":  # first: the local decision may load the profile, itself a collective
+        return switch.mode() == "never"  # that ranks in different modes would not match
+    return _local_strategy(group, t, name, nbytes, red_code, env) == switch.NATIVE
+
+
+def entered(group: dist.ProcessGroup | None) -> bool:
+    """Whether ``group`` belongs to the ``zipccl`` backend (whose own collectives call zipccl's
+    on its inner groups); for any other group, its ranks' settings are agreed first (once per
+    group: settings.ensure_agreed)."""
+    key = switch.group_key(group)
+    if isinstance(key, _transport.Forwarding):
+        return True
+    settings.ensure_agreed(cast(dist.ProcessGroup, key))  # the group itself, WORLD for None
+    return False
+
+
+def _local_strategy(
+    group: dist.ProcessGroup | None,
+    t: torch.Tensor,
+    name: str,
+    nbytes: int | None,
+    red_code: int,
+    env: tuple[object, ...] | None = None,
+) -> str:
+    """:func:`strategy_of` from this rank's own (op, dtype, size, reduce op), cached per group
+    (switch.group_key: a re-created default group is a new key) and environment (``env``:
+    :func:`settings.raw`, read again when None).
+
+    ``nbytes`` None: an all-to-all with explicit splits, whose sizes differ per rank; it is native
+    only where the profile never compresses that op and dtype, else AGREE (needs the exchange).
+    """
+    env = env or settings.raw()
+    key = (switch.group_key(group), name, t.dtype, nbytes, red_code, env[0], env[2], env[3])
+    found = switch.ROUTES.get(key)
+    if found is None:
+        g = _transport.resolve(group, t)
+        found = (
+            strategy_of(g, name, t.dtype, nbytes, red_code)
+            if nbytes is not None
+            else _uneven_strategy(g, name, t.dtype)
+        )
+        if len(switch.ROUTES) >= 1 << 16:
+            switch.ROUTES.clear()
+        switch.ROUTES[key] = found
+    return found
+
+
+_AGREE = "agree"  # the strategy needs the sizes of every rank (uneven all-to-all)
+
+
+def _uneven_strategy(g: _transport.Group, name: str, dtype: torch.dtype) -> str:
+    """NATIVE where no size could make this op compressed, else AGREE."""
+    mode = switch.mode()
+    if dtype not in _exchange.CODEC_DTYPES or mode == "never":
+        return switch.NATIVE
+    if mode == "auto" and not switch.can_compress(_profile.profile_for(g), name, dtype, g.world):
+        return switch.NATIVE
+    return _AGREE
+
+
+_TAG = 7  # the descriptor's column of the plan tag (0: none), after the common head
+
+
+_FIELDS = _TAG + 1  # where the op's own fields start
+
+
+def agree(
+    g: _transport.Group,
+    name: str,
+    dtype: torch.dtype,
+    nbytes: int,
+    err: int,
+    fields: Sequence[int],
+    table: Codebook | None,
+    exchange_desc: bool,
+    red: ReduceOpArg | None = None,
+    sample: torch.Tensor | None = None,
+    check: Callable[[np.ndarray], None] | None = None,
+) -> _slots.Agreed:
+    """Exchange the descriptor (if asked, or if the call compresses: the exchange also carries
+    every rank's sample summary of ``sample``, which the compressed protocols size their pieces
+    by), check it (``check``: the op's own checks of every rank's ``fields``), pick the strategy
+    from the agreed size.
+
+    Without ``exchange_desc`` (an even call, whose size every rank shares in a correct program)
+    the local plan tells whether the call compresses; with it, nothing collective may precede the
+    exchange (loading the profile is one), so every call that could compress sends a summary.
+
+    A key's later calls (zipccl._plans) send their plan's tag instead of a summary, in the same
+    exchange: where every rank sent the same tag they take the plan -- no summary, table or
+    strategy to compute -- else every rank sees the difference and they exchange afresh.
+    """
+    mode = switch.mode()
+    red_code = -1 if red is None else reduce_code(red)
+    head = [
+        _exchange.OP_CODES[name],
+        err,
+        _exchange.dtype_code(dtype),
+        _exchange.to_i64(table_hash(table)),
+        MODE_CODES[mode],
+        red_code,
+        nbytes,
+    ]
+    group = switch.group_key(g.pg)
+    ticket = _plans.Ticket(group, (*head, *fields, g.device, exchange_desc, settings.raw()))
+    plan = _plans.find(group, ticket.key)
+    if plan is not None:
+        rows, _ = _exchanged(g, name, head, plan.tag, fields, None, check)
+        if (rows[:, _TAG] == plan.tag).all():
+            _slots.STATS.strategy = plan.agreed.strategy
+            return _settled(replace(plan.agreed, ticket=replace(ticket, previous=plan)))
+        exchange_desc = True  # the ranks' plans differ: every rank exchanges afresh, below
+    local = None if exchange_desc else strategy_and_chunks(g, name, dtype, nbytes, red_code)
+    if local is None:  # no collective before the exchange (the profile is one): a guess
+        may_compress = dtype in _exchange.CODEC_DTYPES and red_code != 99 and mode != "never"
+    else:
+        may_compress = local[0] == switch.COMPRESSED
+    if not (exchange_desc or may_compress):
+        assert local is not None  # planned: exchange_desc is False
+        _slots.STATS.strategy = local[0]
+        return _slots.Agreed(g, name, local[0], table, local[1])  # no exchange, nothing to keep
+    summarized = sample if may_compress and not err else None
+    rows, count = _exchanged(g, name, head, 0, fields, summarized, check)
+    if rows[:, _TAG].any():  # some ranks repeat a plan the others lack: all exchange afresh
+        rows, count = _exchanged(g, name, head, 0, fields, summarized, check)
+    agreed = int(rows[:, 6].max())
+    if agreed != nbytes:  # the local plan was for another size
+        nbytes, local = agreed, None
+    strategy, chunks = local or strategy_and_chunks(g, name, dtype, nbytes, red_code)
+    _slots.STATS.strategy = strategy
+    sources: tuple[_slots.Source, ...] = ()
+    if strategy == switch.COMPRESSED:
+        sources = _slots.sources(dtype, rows[:, _FIELDS + _extra_fields(g.world) :], table)
+    digest = _plans.digest(count, rows.tobytes())
+    return _settled(
+        _slots.Agreed(
+            g, name, strategy, table, chunks, sources, ticket=replace(ticket, digest=digest)
+        )
+    )
+
+
+def _exchanged(
+    g: _transport.Group,
+    name: str,
+    head: list[int],
+    tag: int,
+    fields: Sequence[int],
+    sample: torch.Tensor | None,
+    check: Callable[[np.ndarray], None] | None,
+) -> tuple[np.ndarray, int]:
+    """One descriptor exchange -- every rank's row of ``head``, plan ``tag``, ``fields`` and
+    sample summary (zeros without ``sample``) -- and the checks of it that raise the same
+    CollectiveMismatchError on every rank. Returns the rows and the exchange's number in its
+    group (zipccl._plans.digest). Every op's row has the same length: no op can mismatch."""
+    pad = [0] * (_extra_fields(g.world) - len(fields))
+    row = [*head, tag, *fields, *pad]
+    count = _plans.exchanged(switch.group_key(g.pg))
+    rows = _exchange.exchange(g, row, name, codec.SUMMARY_WORDS, _slots.summary_fill(sample))
+    _exchange.require_same(rows, 2, "the dtype", name, _exchange.dtype_name)
+    _exchange.require_same(
+        rows,
+        3,
+        "the table (hash; 0 = each rank's own theory table)",
+        name,
+        lambda h: f"{h % (1 << 64):#018x}",
+    )
+    _exchange.require_same(rows, 4, "ZIPCCL_MODE", name, lambda m: switch.MODES[m])
+    _exchange.require_same(rows, 5, "the reduce op", name)
+    if check is not None:
+        check(rows[:, _FIELDS:])
+    return rows, count
+
+
+def _settled(a: _slots.Agreed) -> _slots.Agreed:
+    """``a`` as the call runs it: a call with nothing to measure keeps its plan at once."""
+    if a.strategy != switch.COMPRESSED:
+        keep(a)
+        return replace(a, ticket=None)
+    return a
+
+
+def keep(a: _slots.Agreed) -> None:
+    """Keep ``a`` (with what the call measured) as its key's plan, once the call has completed
+    its agreement on every rank."""
+    if a.ticket is not None:
+        _plans.keep(a.ticket, replace(a, ticket=None))
+
+
+def same_fields(name: str, *named: tuple[int, str]) -> Callable[[np.ndarray], None]:
+    """A ``check`` for :func:`agree`: the op's fields at these columns agree across ranks."""
+
+    def check(fields: np.ndarray) -> None:
+        for column, what in named:
+            _exchange.require_same(fields, column, what, name)
+
+    return check
+
+
+def _chunks(g: _transport.Group, nbytes: int) -> int:
+    return max(1, -(-nbytes // switch.chunk_bytes(g.cuda)))
+
+
+def _extra_fields(world: int) -> int:
+    """Op-specific descriptor fields: all-to-all's two split vectors and row size at most."""
+    return 2 * world + 1
+
+
+def reduce_code(op: object) -> int:
+    """0..4 for the ops zipccl reduces locally, 99 for the rest (PREMUL_SUM, bitwise): native."""
+    try:
+        return LOCAL_OPS.get(op, 99)  # type: ignore[call-overload]
+    except TypeError:  # an unhashable custom ReduceOp
+        return 99
+
+
+def strategy_of(
+    g: _transport.Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int
+) -> str:
+    return strategy_and_chunks(g, name, dtype, nbytes, red_code)[0]
+
+
+def strategy_and_chunks(
+    g: _transport.Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int
+) -> tuple[str, int]:
+    """Strategy and chunk count, the same on every rank: they depend only on agreed values and
+    the agreed profile. Auto mode on CUDA takes the model's chunk count unless
+    ``ZIPCCL_CHUNK_BYTES`` is set (switch.best_chunks)."""
+    chunks = _chunks(g, nbytes)
+    if dtype not in _exchange.CODEC_DTYPES or red_code == 99:
+        return switch.NATIVE, chunks  # nothing to compress, or an op only the backend implements
+    if nbytes == 0:  # nothing to compress; but gloo cannot reduce fp8, not even an empty tensor
+        gloo_fp8 = red_code >= 0 and dtype in _slots.BYTE_VIEW and not g.cuda
+        return (switch.A2A_REDUCE if gloo_fp8 else switch.NATIVE), chunks
+    mode = switch.mode()
+    if mode != "auto":
+        return (switch.COMPRESSED if mode == "always" else switch.NATIVE), chunks
+    native_ok = native_reduce_ok(g, dtype) if name in ("reduce_scatter", "all_reduce") else None
+    call = switch.Call(name, nbytes, dtype, g.world, chunks, native_ok)
+    profile = _profile.profile_for(g)
+    if g.cuda and not switch.chunks_given():
+        call = replace(call, chunks=switch.best_chunks(profile, call))
+    return switch.choose(profile, call), call.chunks
+
+
+def all_reduce_strategy(
+    tensor: torch.Tensor, op: ReduceOpArg = ReduceOp.SUM, group: dist.ProcessGroup | None = None
+) -> str:
+    """What :func:`all_reduce` would do with this tensor (without verification).
+
+    The switch's local decision from values every rank shares (op, dtype, size, world size,
+    ``ZIPCCL_MODE``, ``ZIPCCL_CHUNK_BYTES``, ``ZIPCCL_NATIVE_REDUCE`` and the group's profile),
+    cached per group and call shape. :func:`zipccl.ddp_hook` uses it to hand native buckets
+    straight to torch. In ``auto`` mode the group's first decision measures (or loads) the
+    switch's profile, a collective, so every rank must ask at the same point; a group's first
+    zipccl call also agrees on the settings (a store round trip).
+
+    Args:
+        tensor (Tensor): the tensor that would be all-reduced.
+        op (ReduceOp, optional): the reduce op; default SUM.
+        group (ProcessGroup, optional): the group; None (default): the default group.
+
+    Returns:
+        str: ``"native"`` (torch's all-reduce; always for a ``zipccl``-backend group),
+        ``"a2a_reduce"`` (an uncompressed all-to-all and zipccl's local reduction) or
+        ``"compressed"``.
+
+    Raises:
+        CollectiveMismatchError: on a group's first call, ranks whose ``ZIPCCL_*`` settings
+            differ.
+        ValueError: a malformed ``ZIPCCL_*`` value.
+
+    Example::
+
+        >>> # on every rank, after dist.init_process_group("nccl")
+        >>> t = torch.randn(1 << 24, dtype=torch.bfloat16, device="cuda")
+        >>> zipccl.all_reduce_strategy(t) in ("native", "a2a_reduce", "compressed")
+        True
+    """
+    if entered(group):
+        return switch.NATIVE
+    nbytes = tensor.numel() * tensor.element_size()
+    return _local_strategy(group, tensor, "all_reduce", nbytes, reduce_code(op))
+
+
+def native_reduce_ok(g: _transport.Group, dtype: torch.dtype) -> bool:
+    """Native reductions equal the fp32 rank-order one only for two ranks (ZIPCCL_NATIVE_REDUCE=1
+    takes them for any world size), and gloo lacks fp8."""
+    return (g.world == 2 or switch.native_reduce()) and not (
+        dtype in _slots.BYTE_VIEW and not g.cuda
+    )
+
+
+def check_pair(
+    g: _transport.Group, inp: torch.Tensor, out: torch.Tensor, out_numel: int, want: int
+) -> int:
+    """The local error code for an (input, output) pair (0 when fine)."""
+    if out_numel != want:
+        return 1
+    if inp.dtype != out.dtype:
+        return 2
+    if not (inp.is_contiguous() and out.is_contiguous()):
+        return 4
+    if any(t.device.type != g.device.type for t in (inp, out)):
+        return 5
+    return 0
