@@ -13,8 +13,8 @@ The ranks must agree that they all run the same plan, without trusting that they
 it (every rank's descriptor row, gathered alike on every rank, and the exchange's number in its
 group: every rank takes part in every exchange, so the count is alike however the ranks' caches
 differ) and the calls it has served -- so equal tags on every rank mean one plan in one state.
-collectives._agree.agree sends the tag where a sample summary would go, and exchanges afresh when the
-tags differ.
+collectives._agree.agree sends the tag where a sample summary would go, and exchanges afresh
+when the tags differ.
 
 ``ZIPCCL_PLAN_CALLS`` (agreed like the other settings; default 64) is how many calls a plan
 serves before its key is agreed afresh (new tables from a fresh sample; 0: no plans).
