@@ -4,8 +4,8 @@ Training repeats the same calls every step. A call's *key* is its fingerprint on
 the descriptor it would exchange (op, dtype, sizes and splits, table hash, mode, reduce op), the
 device, whether it verifies, and the raw ``ZIPCCL_*`` settings -- and a key's first call runs
 the full descriptor exchange. Once it has completed on every rank, each rank keeps a
-:class:`Plan`: the call's agreed outcome (``collectives._slots.Agreed``: strategy, chunks, every rank's
-table, and, for a compressed call, the payload size of every piece as the call's headers told
+:class:`Plan`: the call's agreed outcome (``collectives._slots.Agreed``: strategy, chunks, every
+rank's table, and, for a compressed call, the payload size of every piece as the call's headers told
 it), which the key's next call then uses instead of exchanging summaries and predicting.
 
 The ranks must agree that they all run the same plan, without trusting that they do: a plan's

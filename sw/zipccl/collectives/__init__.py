@@ -140,8 +140,8 @@ no rank is left waiting for the group's timeout:
   reads -- keeps the exception and still issues each of the call's collectives (sending what
   its buffers hold: its peers may fail decoding that too). The call then ends with the ranks'
   agreement (:class:`~zipccl.collectives._exchange.Outcome`): one all-gather of every rank's
-  report -- whether it failed, where (preparing what it sends, or on what it received), "Type: message", and
-  whether it has overflowed pieces, which tells every rank of an all-to-all that the raw resend
+  report -- whether it failed, where (preparing what it sends, or on what it received), "Type:
+  message", and whether it has overflowed pieces, which tells every rank of an all-to-all that the raw resend
   follows. The rank that failed raises its own exception (ValueError for a corrupt piece), with
   the report as a note; every other rank a PeerError naming it and what it reported. A failure
   preparing what a rank sends is the cause, before its peers' failures on what they received.
