@@ -137,15 +137,16 @@ no rank is left waiting for the group's timeout:
   a :class:`PeerError` on the others;
 * after the exchange every collective of the call and its size follow from agreed values, so a
   rank whose own step fails -- encode, decode, the checks of the headers and decoder flag it
-  reads -- keeps the exception and still issues each of the call's collectives (sending what
-  its buffers hold: its peers may fail decoding that too). The call then ends with the ranks'
+  reads -- keeps the exception and still issues each of the call's collectives (sending what its
+  buffers hold: its peers may fail decoding that too). The call then ends with the ranks'
   agreement (:class:`~zipccl.collectives._exchange.Outcome`): one all-gather of every rank's
   report -- whether it failed, where (preparing what it sends, or on what it received), "Type:
-  message", and whether it has overflowed pieces, which tells every rank of an all-to-all that the raw resend
-  follows. The rank that failed raises its own exception (ValueError for a corrupt piece), with
-  the report as a note; every other rank a PeerError naming it and what it reported. A failure
-  preparing what a rank sends is the cause, before its peers' failures on what they received.
-  Every rank issued the same collectives, so the group carries the next call.
+  message", and whether it has overflowed pieces, which tells every rank of an all-to-all that
+  the raw resend follows. The rank that failed raises its own exception (ValueError for a
+  corrupt piece), with the report as a note; every other rank a PeerError naming it and what it
+  reported. A failure preparing what a rank sends is the cause, before its peers' failures on
+  what they received. Every rank issued the same collectives, so the group carries the next
+  call.
 * cost: one all-gather of W x 18 int64 per compressed protocol call, after its last data
   collective, and on CUDA one more host sync after the final read (which must come first: the
   headers are checked on the host). Native calls and a2a_reduce have none: between their
