@@ -285,19 +285,19 @@ def _mismatch(rank: int, world: int, case: str) -> str:
 
 
 TORCH_OPS = (
-    "all_gather_into_tensor",
+    _transport.ALL_GATHER,
     "all_gather",
     "all_to_all_single",
-    "reduce_scatter_tensor",
+    _transport.REDUCE_SCATTER,
     "all_reduce",
     "broadcast",
 )
 CASES = {
-    "all_gather_into_tensor": "all_gather_into_tensor",
+    "all_gather_into_tensor": _transport.ALL_GATHER,
     "all_gather": "all_gather",
     "all_to_all": "all_to_all_single",
     "all_to_all_uneven": "all_to_all_single",
-    "reduce_scatter": "reduce_scatter_tensor",
+    "reduce_scatter": _transport.REDUCE_SCATTER,
     "all_reduce": "all_reduce",
     "broadcast": "broadcast",
 }  # case -> the torch.distributed op it must call

@@ -6,8 +6,10 @@ collectives go through zipccl's switch -- DDP, FSDP2, DTensor and anything else 
 torch.distributed then reach zipccl without a hook.
 
 A :class:`ProcessGroupZipccl` creates, for the same ranks, an inner gloo group (CPU tensors) and,
-where NCCL is available, an inner NCCL group (CUDA tensors), each a regular registered process
-group. Every call goes to the inner group of its tensors' device:
+where there is a GPU, an inner group for CUDA tensors: NCCL, or the gloo group itself -- zipccl's
+host-staged transport, through pinned memory -- where ranks share a GPU (NCCL refuses them),
+NCCL is missing, or ``ZIPCCL_CUDA_TRANSPORT=gloo`` asks for it (``auto``, the default, picks;
+``nccl`` insists). Every call goes to the inner group of its tensors' device:
 
 * what zipccl compresses -- all-gather (list, into-tensor, coalesced), reduce-scatter (list,
   tensor, coalesced), all-reduce, all-to-all (single, list), broadcast -- through zipccl's
@@ -38,10 +40,7 @@ from zipccl import collectives, settings
 from zipccl.collectives import DoneWork, Forwarding, ReduceOpArg
 
 NAME = "zipccl"
-_INNER = {
-    "cpu": ("gloo", dist.ProcessGroup.BackendType.GLOO),
-    "cuda": ("nccl", dist.ProcessGroup.BackendType.NCCL),
-}
+_KINDS = {"gloo": dist.ProcessGroup.BackendType.GLOO, "nccl": dist.ProcessGroup.BackendType.NCCL}
 
 
 # The overrides below take the arguments torch's C++ dispatcher passes a Python backend (tensors,
@@ -55,7 +54,9 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
     ``dist.init_process_group("zipccl")``, ``"cpu:gloo,cuda:zipccl"`` or
     ``dist.new_group(ranks, backend="zipccl")``. It first agrees with its peers, through the
     store, on their ``ZIPCCL_*`` settings, then creates an inner gloo group (CPU tensors) and,
-    where this torch has NCCL and a GPU, an inner NCCL group (CUDA tensors) of the same ranks.
+    where there is a GPU, an inner NCCL group (CUDA tensors) of the same ranks -- or, where the
+    ranks share a GPU, NCCL is missing or ``ZIPCCL_CUDA_TRANSPORT=gloo``, moves CUDA tensors
+    through the gloo group, staged through pinned host memory.
     All-gather, reduce-scatter, all-reduce, all-to-all and broadcast go through zipccl's
     functions on the inner group of their tensors' device (the switch, ``ZIPCCL_MODE`` and
     verification as on any group); everything else, and any op inside a coalescing window,
@@ -93,16 +94,20 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         global_ranks: list[int],
         name: str,
     ) -> None:
-        settings.agree(store, rank, size)  # before anything else: a mismatch raises here
+        agreed = settings.agree(store, rank, size)  # before anything else: a mismatch raises
         # the binding's (rank, size) constructor, which torch's stub lacks (it has only the store's)
         super().__init__(rank, size)  # type: ignore[call-arg]
         self._coalescing = False
         self._inner: dict[str, dist.ProcessGroup] = {}
-        for device in _devices():
-            backend, kind = _INNER[device]
-            pg = _inner_group(backend, store, rank, size, timeout, global_ranks, name)
+        cuda = _cuda_backend(agreed.cuda_transport, store, rank, size)
+        for device, backend in (("cpu", "gloo"), ("cuda", cuda)):
+            if backend is None:
+                continue
+            pg = self._inner.get("cpu") if backend == "gloo" else None  # gloo moves both
+            if pg is None:
+                pg = _inner_group(backend, store, rank, size, timeout, global_ranks, name)
             on = torch.device(device)  # torch's helpers that look a device's backend up (FSDP2's
-            self._register_backend(on, kind, pg._get_backend(on))  # buffers, eager NCCL init)
+            self._register_backend(on, _KINDS[backend], pg._get_backend(on))  # buffers, NCCL init)
             settings.mark_agreed(pg)
             self._inner[device] = pg
 
@@ -117,12 +122,12 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
             device (torch.device or str): e.g. ``"cpu"``, ``"cuda"`` or ``"cuda:1"``.
 
         Returns:
-            ProcessGroup: the inner gloo group for ``"cpu"``, the inner NCCL group for
-            ``"cuda"``, each a regular torch.distributed group of the same ranks.
+            ProcessGroup: the inner gloo group for ``"cpu"``; for ``"cuda"`` the inner NCCL
+            group, or the gloo group where CUDA tensors are staged through host memory; each
+            a regular torch.distributed group of the same ranks.
 
         Raises:
-            ValueError: no inner group moves that device's tensors (e.g. ``"cuda"`` without
-                NCCL or a GPU).
+            ValueError: no inner group moves that device's tensors (``"cuda"`` without a GPU).
         """
         kind = torch.device(device).type
         if kind not in self._inner:
@@ -380,10 +385,30 @@ for _method in (
     setattr(ProcessGroupZipccl, _method, _passed(_method))
 
 
-def _devices() -> list[str]:
-    """cpu always (gloo); cuda where this torch has NCCL and a GPU."""
-    cuda = dist.is_nccl_available() and torch.cuda.is_available()
-    return ["cpu", "cuda"] if cuda else ["cpu"]
+def _cuda_backend(choice: str, store: dist.Store, rank: int, size: int) -> str | None:
+    """What moves the group's CUDA tensors (None: no GPU here): NCCL, or gloo -- the host-staged
+    transport, for ranks that share a GPU (NCCL refuses them) or where ``ZIPCCL_CUDA_TRANSPORT``
+    asks for it. Every rank decides alike: the setting is agreed, and ``auto`` compares every
+    rank's GPU through the store."""
+    if not torch.cuda.is_available():
+        return None
+    if choice == "nccl" and not dist.is_nccl_available():
+        raise ValueError("ZIPCCL_CUDA_TRANSPORT=nccl, but this torch has no NCCL")
+    if choice != "auto":
+        return choice
+    shared = _gpus_shared(store, rank, size)
+    return "nccl" if dist.is_nccl_available() and not shared else "gloo"
+
+
+def _gpus_shared(store: dist.Store, rank: int, size: int) -> bool:
+    """Whether two of the group's ranks use one GPU (its UUID), from every rank's entry in the
+    store: one round trip, the same answer on every rank."""
+    mine = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    round_no = (store.add("zipccl/gpus/arrivals", 1) - 1) // size
+    keys = [f"zipccl/gpus/{round_no}/{r}" for r in range(size)]
+    store.set(keys[rank], mine)
+    store.wait(keys)
+    return len({value.decode() for value in store.multi_get(keys)}) < size
 
 
 def _inner_group(

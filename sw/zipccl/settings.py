@@ -37,7 +37,9 @@ KEYS = (
     "ZIPCCL_NATIVE_REDUCE",
     "ZIPCCL_PLAN_CALLS",
     "ZIPCCL_CHECKSUM",
+    "ZIPCCL_CUDA_TRANSPORT",
 )
+CUDA_TRANSPORTS = ("auto", "nccl", "gloo")  # what moves a zipccl group's CUDA tensors
 BACKENDS = ("auto", "torch", "triton")  # auto: the CUDA kernels on CUDA tensors, torch elsewhere
 LOCAL_KEYS = ("ZIPCCL_BACKEND", "ZIPCCL_FAST")  # the codec's kernels: same bytes whichever
 
@@ -52,6 +54,7 @@ class Settings:
     native_reduce: bool = False  # ZIPCCL_NATIVE_REDUCE=1
     plan_calls: int = 64  # ZIPCCL_PLAN_CALLS: calls one plan serves (0: no plan cache)
     checksum: bool = False  # ZIPCCL_CHECKSUM=1: compressed pieces carry a values checksum
+    cuda_transport: str = "auto"  # ZIPCCL_CUDA_TRANSPORT: the zipccl backend's inner CUDA group
 
 
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
@@ -124,6 +127,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {  # KEYS order: Settings' fields
     "ZIPCCL_NATIVE_REDUCE": lambda v: _choice("ZIPCCL_NATIVE_REDUCE", v, ("0", "1")) == "1",
     "ZIPCCL_PLAN_CALLS": _plan_calls,
     "ZIPCCL_CHECKSUM": lambda v: _choice("ZIPCCL_CHECKSUM", v, ("0", "1")) == "1",
+    "ZIPCCL_CUDA_TRANSPORT": lambda v: _choice("ZIPCCL_CUDA_TRANSPORT", v, CUDA_TRANSPORTS),
     "ZIPCCL_BACKEND": lambda v: _choice("ZIPCCL_BACKEND", v, BACKENDS),
     "ZIPCCL_FAST": lambda v: _choice("ZIPCCL_FAST", v, ("1", "0")) == "1",  # BF16 fast path
 }
@@ -189,6 +193,7 @@ def mark_agreed(group: dist.ProcessGroup) -> None:
 
 
 __all__ = [
+    "CUDA_TRANSPORTS",
     "KEYS",
     "MODES",
     "VERIFY_POLICIES",

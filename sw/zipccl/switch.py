@@ -313,15 +313,24 @@ PROFILES: dict[object, Profile] = {}
 ROUTES: dict[tuple, str] = {}  # collectives' per-call decision cache; depends on the profiles
 
 
-def set_profile(group: dist.ProcessGroup | None, profile: Profile | None) -> None:
+def set_profile(
+    group: dist.ProcessGroup | None, profile: Profile | None, staged: bool = False
+) -> None:
     """Install (or with None forget) the profile for a group, e.g. a synthetic one in tests;
-    the calls' decisions and plans made under the old one go too."""
+    the calls' decisions and plans made under the old one go too. ``staged``: the profile of
+    the group's CUDA tensors on a host transport (gloo), which has its own."""
     ROUTES.clear()
     _plans.forget()
     if profile is None:
-        PROFILES.pop(group_key(group), None)
+        PROFILES.pop(profile_key(group, staged), None)
     else:
-        PROFILES[group_key(group)] = profile
+        PROFILES[profile_key(group, staged)] = profile
+
+
+def profile_key(group: dist.ProcessGroup | None, staged: bool = False) -> object:
+    """The profile cache's key: a gloo group moves host tensors and, staged through pinned
+    memory, CUDA ones -- two transports, two profiles."""
+    return (group_key(group), "staged") if staged else group_key(group)
 
 
 def group_key(group: dist.ProcessGroup | None) -> object:

@@ -109,7 +109,8 @@ def _local_strategy(
     only where the profile never compresses that op and dtype, else AGREE (needs the exchange).
     """
     env = env or settings.raw()
-    key = (switch.group_key(group), name, t.dtype, nbytes, red_code, env[0], env[2], env[3])
+    where = t.device.type  # a gloo group's host and (staged) CUDA tensors differ
+    key = (switch.group_key(group), where, name, t.dtype, nbytes, red_code, env[0], env[2], env[3])
     found = switch.ROUTES.get(key)
     if found is None:
         g = _transport.resolve(group, t)
@@ -308,7 +309,7 @@ def strategy_and_chunks(
     if dtype not in _exchange.CODEC_DTYPES or red_code == 99:
         return switch.NATIVE, chunks  # nothing to compress, or an op only the backend implements
     if nbytes == 0:  # nothing to compress; but gloo cannot reduce fp8, not even an empty tensor
-        gloo_fp8 = red_code >= 0 and dtype in _slots.BYTE_VIEW and not g.cuda
+        gloo_fp8 = red_code >= 0 and dtype in _slots.BYTE_VIEW and not g.nccl
         return (switch.A2A_REDUCE if gloo_fp8 else switch.NATIVE), chunks
     mode = switch.mode()
     if mode != "auto":
@@ -365,7 +366,7 @@ def native_reduce_ok(g: _transport.Group, dtype: torch.dtype) -> bool:
     """Native reductions equal the fp32 rank-order one only for two ranks (ZIPCCL_NATIVE_REDUCE=1
     takes them for any world size), and gloo lacks fp8."""
     return (g.world == 2 or switch.native_reduce()) and not (
-        dtype in _slots.BYTE_VIEW and not g.cuda
+        dtype in _slots.BYTE_VIEW and not g.nccl
     )
 
 

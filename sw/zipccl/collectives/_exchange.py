@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from zipccl._errors import CollectiveMismatchError, PeerError
 from zipccl.collectives import _transport
@@ -162,13 +161,16 @@ def _gather(
     bufs.host_row.numpy()[:head] = fields
     if failed is not None:
         bufs.host_row.numpy()[1] = SUMMARY_FAILED
-    if g.cuda:
+    if g.nccl:
         assert bufs.uploaded is not None  # made with an event on CUDA
         bufs.row[:head].copy_(bufs.host_row[:head], non_blocking=True)
         bufs.uploaded.record()
-    dist.all_gather_into_tensor(bufs.table, bufs.row, group=g.pg)
-    if g.cuda:
+        _transport.native_all_gather(bufs.table, bufs.row, g.pg)
         bufs.host_table.copy_(bufs.table)  # into pinned memory: one copy, then the host waits
+    else:
+        if extra_words and g.staged:  # the words ``fill`` wrote on the device, down to the row
+            bufs.host_row[head:].copy_(bufs.row[head:])
+        _transport.native_all_gather(bufs.host_table, bufs.host_row, g.pg)
     return bufs.host_table.numpy().reshape(g.world, -1).copy(), failed
 
 
@@ -256,22 +258,26 @@ def _raise_reported(
 class _Rows:
     """One thread's exchange buffers for a (device, row width, world size)."""
 
-    host_row: torch.Tensor  # pinned on CUDA; the row itself on CPU
-    row: torch.Tensor
+    host_row: torch.Tensor  # pinned for NCCL; the row itself on gloo with host tensors
+    row: torch.Tensor  # where ``fill`` writes: the call's device
     table: torch.Tensor
     host_table: torch.Tensor
     uploaded: torch.cuda.Event | None  # after the host row's upload (CUDA)
 
 
 def _rows(g: _transport.Group, width: int) -> _Rows:
-    return _transport.per_thread(("rows", g.device, width, g.world), lambda: _new_rows(g, width))
+    key = ("rows", g.device, g.staged, width, g.world)
+    return _transport.per_thread(key, lambda: _new_rows(g, width))
 
 
 def _new_rows(g: _transport.Group, width: int) -> _Rows:
-    if not g.cuda:
-        row = torch.zeros(width, dtype=torch.int64)
+    """NCCL gathers device rows (uploaded from a pinned host row); gloo host rows, which for a
+    staged group's device sample summary means one copy down."""
+    if not g.nccl:
+        host_row = torch.zeros(width, dtype=torch.int64)
+        row = torch.zeros(width, dtype=torch.int64, device=g.device) if g.staged else host_row
         table = torch.empty(g.world * width, dtype=torch.int64)
-        return _Rows(row, row, table, table, None)
+        return _Rows(host_row, row, table, table, None)
     table = torch.empty(g.world * width, dtype=torch.int64, device=g.device)
     return _Rows(
         torch.zeros(width, dtype=torch.int64).pin_memory(),

@@ -96,7 +96,7 @@ def all_gather_into_tensor(
     """
     nbytes = input_tensor.numel() * input_tensor.element_size()
     if _agree.direct(group, input_tensor, "all_gather", nbytes, -1, verify):
-        return dist.all_gather_into_tensor(
+        return _transport.native_all_gather(
             _slots.as_wire(output_tensor), _slots.as_wire(input_tensor), group, async_op
         )
     g = _transport.resolve(group, input_tensor)
@@ -116,7 +116,7 @@ def all_gather_into_tensor(
         check=_agree.same_fields("all_gather", (0, "the input numel")),
     )
     if agreed.strategy != switch.COMPRESSED:
-        return dist.all_gather_into_tensor(
+        return _transport.native_all_gather(
             _slots.as_wire(output_tensor), _slots.as_wire(input_tensor), group, async_op
         )
     sizes = _protocols.gather_compressed(

@@ -38,11 +38,11 @@ _TRANSPORT_ENV = (
 
 def profile_for(g: _transport.Group) -> Profile:
     """The group's agreed profile: memory, then rank 0's cache file, then a fresh measurement."""
-    key = switch.group_key(g.pg)
+    key = switch.profile_key(g.pg, g.staged)
     if key in switch.PROFILES:
         return switch.PROFILES[key]
     size = 2 * switch.LINES + len(switch.PRIOR_DTYPES)
-    shared = torch.zeros(size + 1, dtype=torch.float64, device=g.device)
+    shared = torch.zeros(size + 1, dtype=torch.float64, device=g.wire)
     cached = load_profile(g) if g.rank == 0 else None  # never raises: the others wait on it
     if cached is not None:
         shared[1:] = torch.tensor(cached.vector(), dtype=torch.float64)
@@ -51,7 +51,7 @@ def profile_for(g: _transport.Group) -> Profile:
     if shared[0].item() == 1:
         profile = Profile.from_vector(shared[1:].cpu().tolist())
     else:
-        mine = torch.tensor(measure(g).vector(), dtype=torch.float64, device=g.device)
+        mine = torch.tensor(measure(g).vector(), dtype=torch.float64, device=g.wire)
         # ratios: max is the pessimistic choice; alphas: max; betas: min (negate for MAX)
         mine[1::2][: switch.LINES] *= -1
         dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=g.pg)
@@ -95,7 +95,7 @@ def save_profile(g: _transport.Group, profile: Profile) -> None:
         warnings.warn(f"zipccl: could not cache the profile: {exc}", stacklevel=3)
 
 
-_PROFILE_VERSION = 6  # 5: + the measured overhead of compressed calls; 6: one collective
+_PROFILE_VERSION = 7  # bumped whenever what a profile measures changes: old caches are not read
 
 
 def _once(fn: Callable[[], object], cuda: bool) -> float:
@@ -202,13 +202,13 @@ def native_op(g: _transport.Group, op: str, nbytes: int) -> Callable[[], object]
     x = torch.zeros(numel, dtype=torch.bfloat16, device=g.device)
     if op == "all_gather":
         out = torch.empty(numel * g.world, dtype=x.dtype, device=g.device)
-        return lambda: dist.all_gather_into_tensor(out, x, group=g.pg)
+        return lambda: _transport.native_all_gather(out, x, g.pg)
     if op == "all_to_all":
         out = torch.empty_like(x)
         return lambda: dist.all_to_all_single(out, x, group=g.pg)
     if op == "reduce_scatter":
         out = torch.empty(numel // g.world, dtype=x.dtype, device=g.device)
-        return lambda: dist.reduce_scatter_tensor(out, x, group=g.pg)
+        return lambda: _transport.native_reduce_scatter(out, x, dist.ReduceOp.SUM, g.pg)
     if op == "all_reduce":
         return lambda: dist.all_reduce(x, group=g.pg)
     if op == "broadcast":

@@ -5,11 +5,11 @@ raw resend of any piece whose payload outgrew its room.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import cast
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TypeVar, cast
 
 import torch
-import torch.distributed as dist
 
 from zipccl import switch
 from zipccl.collectives import _exchange, _slots, _transport
@@ -26,6 +26,34 @@ def settle(
     with outcome.local():
         over = unpack.settle(streams)
     return over, outcome.agree(bool(over))
+
+
+_T = TypeVar("_T")
+
+#  Chunks a host transport (gloo) keeps in flight ahead of the one being received: its wire
+#  runs while the host queues the next chunk's encode and waits for its copy down
+HOST_AHEAD = 2
+
+
+def pipelined(
+    g: _transport.Group,
+    chunks: Iterable[int],
+    send: Callable[[int], _T],
+    receive: Callable[[int, _T], None],
+) -> None:
+    """``send(k)`` then ``receive(k, sent)`` for every chunk k, in order. NCCL queues both
+    without blocking the host, so each chunk's receive follows its send; a host transport
+    blocks the host in both (the staged copy down before the wire, the wire itself), so the
+    next HOST_AHEAD chunks are sent before a chunk is received: their encode and copies
+    overlap its wire, and its decode the next chunk's."""
+    ahead = 0 if g.nccl else HOST_AHEAD
+    queue: deque[tuple[int, _T]] = deque()
+    for k in chunks:
+        queue.append((k, send(k)))
+        if len(queue) > ahead:
+            receive(*queue.popleft())
+    while queue:
+        receive(*queue.popleft())
 
 
 def protocol_call(g: _transport.Group, op: str, x: torch.Tensor) -> Callable[[], object]:
@@ -69,30 +97,35 @@ def gather_compressed(a: _slots.Agreed, inp: torch.Tensor, out: torch.Tensor) ->
     stores = _slots.buffers(widths, g.device)
     received = _slots.buffers([g.world * w for w in widths], g.device)
     outcome = _exchange.Outcome(g, a.name)
+    copied = False  # the rank's own row: copied once the first chunk is on the wire
+
+    def send_chunk(k: int) -> _transport.Pending:
+        s, m = pieces[k]
+        with streams.on(streams.compress):
+            with outcome.local(_exchange.SENDING):
+                _slots.pack(inp[s : s + m], segs[k][g.rank], a.sources[g.rank].table, stores[k])
+            sent = _transport.all_gather(g, received[k], stores[k])
+        _slots.STATS.sent += widths[k]
+        return sent
+
+    def receive_chunk(k: int, sent: _transport.Pending) -> None:
+        nonlocal copied
+        s, m = pieces[k]
+        with streams.on(streams.decompress):
+            if not copied:
+                copy_behind(streams, rows[g.rank], inp)
+                copied = True
+            sent.wait()
+            got = received[k].view(g.world, widths[k])
+            with outcome.local():
+                for r, (seg, src) in enumerate(zip(segs[k], a.sources, strict=True)):
+                    if r == g.rank:  # every rank notes every header: same overflows
+                        unpack.note((k, r), got[r], seg, src.table)
+                    else:
+                        unpack((k, r), got[r], seg, src.table, rows[r, s : s + m])
+
     with _transport.ordered(g, streams):
-        copied = False  # the rank's own row: copied once the first chunk is on the wire
-        for k, (s, m) in enumerate(pieces):
-            if not m:
-                continue
-            with streams.on(streams.compress):
-                with outcome.local(_exchange.SENDING):
-                    _slots.pack(inp[s : s + m], segs[k][g.rank], a.sources[g.rank].table, stores[k])
-                work = dist.all_gather_into_tensor(
-                    received[k], stores[k], group=g.pg, async_op=True
-                )
-            _slots.STATS.sent += widths[k]
-            with streams.on(streams.decompress):
-                if not copied:
-                    copy_behind(streams, rows[g.rank], inp)
-                    copied = True
-                work.wait()
-                got = received[k].view(g.world, widths[k])
-                with outcome.local():
-                    for r, (seg, src) in enumerate(zip(segs[k], a.sources, strict=True)):
-                        if r == g.rank:  # every rank notes every header: same overflows
-                            unpack.note((k, r), got[r], seg, src.table)
-                        else:
-                            unpack((k, r), got[r], seg, src.table, rows[r, s : s + m])
+        pipelined(g, [k for k, (_, m) in enumerate(pieces) if m], send_chunk, receive_chunk)
         over, _ = settle(outcome, unpack, streams)
         for r in range(g.world):
             ks = [k for k in range(a.chunks) if (k, r) in over]
@@ -127,7 +160,7 @@ def resend(
             buf = torch.cat([own[s : s + m] for _, s, m in parts])
         else:
             buf = torch.empty(sum(m for *_, m in parts), dtype=parts[0][0].dtype, device=g.device)
-        dist.broadcast(_slots.as_wire(buf), _transport.global_rank(g, src), group=g.pg)
+        _transport.broadcast(g, _slots.as_wire(buf), src).wait()
         _slots.STATS.sent += buf.numel() * buf.element_size() if own is not None else 0
         if own is None:
             for (row, s, m), piece in zip(parts, buf.split([m for *_, m in parts]), strict=True):
@@ -147,25 +180,29 @@ def broadcast_compressed(a: _slots.Agreed, flat: torch.Tensor, group_src: int) -
     segs = [a.seg(k, flat.dtype, m, group_src) for k, (_, m) in enumerate(pieces)]
     buffers = _slots.buffers([seg.width for seg in segs], g.device)
     outcome = _exchange.Outcome(g, a.name)
+
+    def send_chunk(k: int) -> _transport.Pending:
+        s, m = pieces[k]
+        with streams.on(streams.compress):
+            if sender:
+                with outcome.local(_exchange.SENDING):
+                    _slots.pack(flat[s : s + m], segs[k], source.table, buffers[k])
+            sent = _transport.broadcast(g, buffers[k], group_src)
+        _slots.STATS.sent += segs[k].width if sender else 0
+        return sent
+
+    def receive_chunk(k: int, sent: _transport.Pending) -> None:
+        s, m = pieces[k]
+        with streams.on(streams.decompress):
+            sent.wait()
+            if sender:
+                unpack.note(k, buffers[k], segs[k], source.table)
+            else:
+                with outcome.local():
+                    unpack(k, buffers[k], segs[k], source.table, flat[s : s + m])
+
     with _transport.ordered(g, streams):
-        for k, (s, m) in enumerate(pieces):
-            if not m:
-                continue
-            with streams.on(streams.compress):
-                if sender:
-                    with outcome.local(_exchange.SENDING):
-                        _slots.pack(flat[s : s + m], segs[k], source.table, buffers[k])
-                work = dist.broadcast(
-                    buffers[k], _transport.global_rank(g, group_src), group=g.pg, async_op=True
-                )
-            _slots.STATS.sent += segs[k].width if sender else 0
-            with streams.on(streams.decompress):
-                work.wait()
-                if sender:
-                    unpack.note(k, buffers[k], segs[k], source.table)
-                else:
-                    with outcome.local():
-                        unpack(k, buffers[k], segs[k], source.table, flat[s : s + m])
+        pipelined(g, [k for k, (_, m) in enumerate(pieces) if m], send_chunk, receive_chunk)
         over, _ = settle(outcome, unpack, streams)
         if over:
             resend(
@@ -210,33 +247,38 @@ def a2a_compressed(
     stores = _slots.buffers([sum(s.width for s in out) for out in outs], g.device)
     keep = []  # receive buffers live until the caller's stream is re-joined (see ordered)
     outcome = _exchange.Outcome(g, a.name)
+
+    def send_chunk(k: int) -> tuple[list[torch.Tensor], _transport.Pending | None]:
+        mine = _slots.segments(stores[k], [s.width for s in outs[k]])
+        with streams.on(streams.compress), outcome.local(_exchange.SENDING):
+            for j in peers:
+                s, m = sent_at[j][k]
+                if m and j != g.rank:
+                    _slots.pack(send[j][s : s + m], outs[k][j], me.table, mine[j])
+                    unpack.note(("out", k, j), mine[j], outs[k][j], me.table)
+        got, sent = swap(g, streams, stores[k], mine, [s.width for s in ins[k]])
+        keep.append(got)
+        return got, sent
+
+    def receive_chunk(
+        k: int, swapped: tuple[list[torch.Tensor], _transport.Pending | None]
+    ) -> None:
+        got, sent = swapped
+        with streams.on(streams.decompress):
+            if k == 0:  # the rank's piece to itself, once the first chunk is on the wire
+                copy_behind(streams, recv[g.rank], send[g.rank])
+            if sent is not None:
+                sent.wait()
+            with outcome.local():
+                for i in peers:
+                    s, m = got_at[i][k]
+                    if m and i != g.rank:
+                        unpack(
+                            ("in", k, i), got[i], ins[k][i], a.sources[i].table, recv[i][s : s + m]
+                        )
+
     with _transport.ordered(g, streams):
-        for k in range(a.chunks):
-            mine = _slots.segments(stores[k], [s.width for s in outs[k]])
-            with streams.on(streams.compress), outcome.local(_exchange.SENDING):
-                for j in peers:
-                    s, m = sent_at[j][k]
-                    if m and j != g.rank:
-                        _slots.pack(send[j][s : s + m], outs[k][j], me.table, mine[j])
-                        unpack.note(("out", k, j), mine[j], outs[k][j], me.table)
-            got, work = swap(g, streams, stores[k], mine, [s.width for s in ins[k]])
-            keep.append(got)
-            with streams.on(streams.decompress):
-                if k == 0:  # the rank's piece to itself, once the first chunk is on the wire
-                    copy_behind(streams, recv[g.rank], send[g.rank])
-                if work is not None:
-                    work.wait()
-                with outcome.local():
-                    for i in peers:
-                        s, m = got_at[i][k]
-                        if m and i != g.rank:
-                            unpack(
-                                ("in", k, i),
-                                got[i],
-                                ins[k][i],
-                                a.sources[i].table,
-                                recv[i][s : s + m],
-                            )
+        pipelined(g, range(a.chunks), send_chunk, receive_chunk)
         over, anywhere = settle(outcome, unpack, streams)
         if anywhere:  # an all-to-all: every rank takes part, with or without pieces of its own
             resend_pairs(g, streams, over, send, sent_at, recv, got_at)
@@ -263,13 +305,13 @@ def resend_pairs(
         got = torch.empty(
             sum(m for at in incoming for _, m in at), dtype=buf.dtype, device=buf.device
         )
-        dist.all_to_all_single(
+        _transport.all_to_all(
+            g,
             _slots.as_wire(got),
             _slots.as_wire(buf),
             [sum(m for _, m in at) for at in incoming],
             [sum(m for _, m in at) for at in outgoing],
-            group=g.pg,
-        )
+        ).wait()
         _slots.STATS.sent += buf.numel() * buf.element_size()
         pieces = got.split([m for at in incoming for _, m in at])
         targets = [recv[i][s : s + m] for i, at in enumerate(incoming) for s, m in at]
@@ -283,32 +325,31 @@ def swap(
     whole: torch.Tensor,
     out: list[torch.Tensor],
     in_sizes: list[int],
-) -> tuple[list[torch.Tensor], dist.Work | None]:
+) -> tuple[list[torch.Tensor], _transport.Pending | None]:
     """Send ``out[j]`` (views of the one buffer ``whole``, in rank order) to every rank j and
     receive ``in_sizes[i]`` bytes from every rank i, issued from the compress stream; returns
-    the received pieces and the Work (None where two ranks have nothing to swap).
+    the received pieces and the transfer (None where two ranks have nothing to swap).
 
-    Two ranks: one all-gather of the outgoing piece, which the caller made as wide as the
-    incoming one. NCCL's all-gather outruns its all-to-all of the same bytes over sockets by
-    ~1.4x (BENCHMARKS.md, run D); otherwise all_to_all_single. Called on the caller's stream,
-    where receive buffers are allocated (see :func:`ordered`).
+    Two ranks on NCCL: one all-gather of the outgoing piece, which the caller made as wide as
+    the incoming one; NCCL's all-gather outruns its all-to-all of the same bytes over sockets by
+    ~1.4x. Otherwise all_to_all_single (gloo's all-to-all outruns its all-gather). Called on the
+    caller's stream, where receive buffers are allocated (see :func:`ordered`).
     """
     if g.world == 2 and not whole.numel():  # nothing either way: both ranks skip
         return [whole, whole], None
+    by_gather = g.world == 2 and g.nccl
     got = torch.empty(
-        sum(in_sizes) if g.world != 2 else 2 * whole.numel(), dtype=torch.uint8, device=g.device
+        2 * whole.numel() if by_gather else sum(in_sizes), dtype=torch.uint8, device=g.device
     )
     with streams.on(streams.compress):
-        if g.world != 2:
-            work = dist.all_to_all_single(
-                got, whole, in_sizes, [t.numel() for t in out], group=g.pg, async_op=True
-            )
+        if by_gather:
+            sent = _transport.all_gather(g, got, whole)
         else:
-            work = dist.all_gather_into_tensor(got, whole, group=g.pg, async_op=True)
+            sent = _transport.all_to_all(g, got, whole, in_sizes, [t.numel() for t in out])
     _slots.STATS.sent += whole.numel()
-    if g.world != 2:
-        return _slots.segments(got, in_sizes), work
+    if not by_gather:
+        return _slots.segments(got, in_sizes), sent
     peer = 1 - g.rank
     pieces = [got[:0], got[:0]]
     pieces[peer] = got[peer * whole.numel() : (peer + 1) * whole.numel()]
-    return pieces, work
+    return pieces, sent

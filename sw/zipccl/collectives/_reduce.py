@@ -153,7 +153,7 @@ def reduce_scatter_tensor(
     """
     nbytes = input.numel() * input.element_size()
     if _agree.direct(group, input, "reduce_scatter", nbytes, _agree.reduce_code(op), verify):
-        return dist.reduce_scatter_tensor(output, input, op, group, async_op)
+        return _transport.native_reduce_scatter(output, input, op, group, async_op)
     g = _transport.resolve(group, input)
     err = _agree.check_pair(g, input, output, input.numel(), output.numel() * g.world)
     agreed = _agree.agree(
@@ -170,7 +170,7 @@ def reduce_scatter_tensor(
         check=_agree.same_fields("reduce_scatter", (0, "the input numel")),
     )
     if agreed.strategy == switch.NATIVE:
-        return dist.reduce_scatter_tensor(output, input, op, group, async_op)
+        return _transport.native_reduce_scatter(output, input, op, group, async_op)
     _agree.keep(_reduce_scatter(agreed, _slots.flat(input), _slots.flat(output), op))
     return _transport.done(async_op)
 
@@ -184,7 +184,7 @@ def _reduce_scatter(
     if a.strategy != switch.COMPRESSED:
         _slots.STATS.sent += inp.numel() * inp.element_size() * (g.world - 1) // g.world
     if a.strategy == switch.NATIVE:
-        dist.reduce_scatter_tensor(out, inp, op, g.pg)
+        _transport.native_reduce_scatter(out, inp, op, g.pg)
         return a
     staging = torch.empty_like(inp).view(g.world, -1)
     if a.strategy == switch.COMPRESSED:
@@ -192,7 +192,7 @@ def _reduce_scatter(
             a, sizes=_protocols.a2a_compressed(a, list(inp.view(g.world, -1)), list(staging))
         )
     else:
-        dist.all_to_all_single(_slots.as_wire(staging), _slots.as_wire(inp), group=g.pg)
+        _transport.all_to_all(g, _slots.as_wire(staging), _slots.as_wire(inp)).wait()
     _reduce_into(out, list(staging), op)
     return a
 
@@ -357,7 +357,7 @@ def _gather_half(a: _slots.Agreed, part: torch.Tensor, out: torch.Tensor) -> _sl
     """An all-reduce's all-gather of the reduced shards; returns ``a`` with the sources and
     sizes a compressed one used (a first call exchanges the shards' summaries for them)."""
     if a.strategy != switch.COMPRESSED:
-        dist.all_gather_into_tensor(_slots.as_wire(out), _slots.as_wire(part), group=a.g.pg)
+        _transport.all_gather(a.g, _slots.as_wire(out), _slots.as_wire(part)).wait()
         _slots.STATS.sent += part.numel() * part.element_size()
         return a
     if not a.sources:

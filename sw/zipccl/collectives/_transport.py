@@ -32,28 +32,46 @@ class Group:
     pg: dist.ProcessGroup | None
     rank: int
     world: int
-    device: torch.device  # where collective buffers must live (cuda for NCCL, cpu for gloo)
+    device: torch.device  # where the call's tensors and the codec's buffers live
     backend: str
+    staged: bool = False  # CUDA tensors on a host transport (gloo): buffers cross pinned memory
 
     @property
     def cuda(self) -> bool:
+        """The codec runs on the GPU, its work pipelined on side streams."""
         return self.device.type == "cuda"
+
+    @property
+    def nccl(self) -> bool:
+        """Device buffers go on the wire as they are (else the wire reads host memory)."""
+        return self.cuda and not self.staged
+
+    @property
+    def wire(self) -> torch.device:
+        """Where the transport reads and writes: the device for NCCL, the host for gloo."""
+        return torch.device("cpu") if self.staged else self.device
 
 
 def resolve(group: dist.ProcessGroup | None, like: torch.Tensor | None = None) -> Group:
-    """The group's rank, size, backend and buffer device (the tensor's own if it is a CUDA one)."""
+    """The group's rank, size and backend, and where the call's buffers live: NCCL's device
+    (``like``'s own if it is a CUDA tensor), else the host -- or, for CUDA tensors on a host
+    backend (gloo), the tensors' device, with the transport staged through pinned memory."""
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
     backend = str(dist.get_backend(group)).lower()
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    on = like.device if like is not None and (like.is_cuda or STAGE_HOST_TENSORS) else None
     if "nccl" in backend:
-        device = (
-            like.device
-            if like is not None and like.is_cuda
-            else torch.device("cuda", torch.cuda.current_device())
-        )
-    else:
-        device = torch.device("cpu")
-    return Group(group, dist.get_rank(group), dist.get_world_size(group), device, backend)
+        device = on if on is not None else torch.device("cuda", torch.cuda.current_device())
+        return Group(group, rank, world, device, backend)
+    if on is not None:
+        return Group(group, rank, world, on, backend, staged=True)
+    return Group(group, rank, world, torch.device("cpu"), backend)
+
+
+#  Tests and benchmarks only: stage host tensors too, so that the staged transport's chunking,
+#  ordering and copies run on a machine without a GPU (plain host memory stands for the device)
+STAGE_HOST_TENSORS = False
 
 
 def global_rank(g: Group, rank: int) -> int:
@@ -187,3 +205,126 @@ def per_thread(key: tuple, make: Callable[[], _T]) -> _T:
     if key not in kept:
         kept[key] = make()
     return kept[key]
+
+
+# --------------------------------------------------------------------------- the wire
+
+#  torch 2.13 renamed the tensor forms (the old names warn); older torch has only the old ones
+ALL_GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+REDUCE_SCATTER = (
+    "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+)
+
+
+def native_all_gather(
+    out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup | None, async_op: bool = False
+) -> dist.Work | None:
+    """torch.distributed's all-gather into one tensor, under this torch's current name."""
+    return getattr(dist, ALL_GATHER)(out, inp, group, async_op)
+
+
+def native_reduce_scatter(
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    op: object,
+    group: dist.ProcessGroup | None,
+    async_op: bool = False,
+) -> dist.Work | None:
+    """torch.distributed's reduce-scatter of one tensor, under this torch's current name."""
+    return getattr(dist, REDUCE_SCATTER)(out, inp, op, group, async_op)
+
+
+class Pending:
+    """A transfer in flight: :meth:`wait` makes its results usable on the current stream (NCCL:
+    the stream waits, the host does not; gloo: the host waits for the wire)."""
+
+    def __init__(self, work: dist.Work | None) -> None:
+        self.work = work
+
+    def wait(self) -> None:
+        if self.work is not None:
+            self.work.wait()
+
+
+class _Staged(Pending):
+    """A staged transfer: once the wire is done, the received host bytes are copied up into
+    ``into`` on the current stream (the pinned buffer stays reserved until that copy ran: the
+    caching host allocator records the stream's use)."""
+
+    def __init__(
+        self, work: dist.Work | None, into: torch.Tensor | None, host: torch.Tensor | None
+    ) -> None:
+        super().__init__(work)
+        self.into, self.host = into, host
+
+    def wait(self) -> None:
+        super().wait()
+        if self.into is not None and self.host is not None:
+            self.into.copy_(self.host, non_blocking=True)
+
+
+def _pinned(like: torch.Tensor, copies: int = 1) -> torch.Tensor:
+    """An uninitialised host tensor of ``copies`` times ``like``'s values, pinned for a CUDA
+    ``like`` (the caching host allocator reuses them: pinning fresh memory every chunk would
+    cost more than the copy)."""
+    numel = copies * like.numel()
+    return torch.empty(numel, dtype=like.dtype, pin_memory=like.is_cuda).view(
+        like.shape if copies == 1 else (numel,)
+    )
+
+
+def _down(t: torch.Tensor, copies: int = 1) -> torch.Tensor:
+    """``copies`` copies of the flat ``t`` end to end in host memory, once everything queued on
+    the current stream (the encode that wrote ``t``) and the copies are done: the host waits
+    here, and only here, before the wire reads the bytes. The previous chunks are on the wire
+    meanwhile (the protocols send ahead: zipccl.collectives._protocols.pipelined)."""
+    host = _pinned(t, copies)
+    for part in host.view(copies, -1) if copies > 1 else (host,):
+        part.copy_(t.view(part.shape), non_blocking=True)
+    if t.is_cuda:
+        torch.cuda.current_stream(t.device).synchronize()
+    return host
+
+
+def all_gather(g: Group, out: torch.Tensor, inp: torch.Tensor) -> Pending:
+    """Every rank's flat ``inp`` into ``out`` in rank order, after the current stream's queued
+    work. On gloo, an all-to-all of ``inp`` repeated for every rank: gloo's all-gather moves the
+    same bytes several times slower (benchmarks/collectives: gloo_ops)."""
+    if g.nccl:
+        return Pending(native_all_gather(out, inp, g.pg, async_op=True))
+    if not g.staged:
+        repeated = inp.repeat(g.world)
+        return Pending(dist.all_to_all_single(out, repeated, group=g.pg, async_op=True))
+    host = _pinned(out)
+    work = dist.all_to_all_single(host, _down(inp, g.world), group=g.pg, async_op=True)
+    return _Staged(work, out, host)
+
+
+def all_to_all(
+    g: Group,
+    out: torch.Tensor,
+    inp: torch.Tensor,
+    out_splits: list[int] | None = None,
+    in_splits: list[int] | None = None,
+) -> Pending:
+    """all_to_all_single of ``inp`` into ``out`` (None splits: even), after the current
+    stream's queued work."""
+    if not g.staged:
+        return Pending(
+            dist.all_to_all_single(out, inp, out_splits, in_splits, group=g.pg, async_op=True)
+        )
+    host = _pinned(out)
+    work = dist.all_to_all_single(
+        host, _down(inp), out_splits, in_splits, group=g.pg, async_op=True
+    )
+    return _Staged(work, out, host)
+
+
+def broadcast(g: Group, buf: torch.Tensor, src: int) -> Pending:
+    """Group rank ``src``'s ``buf`` into every other rank's ``buf``, after the current stream's
+    queued work."""
+    if not g.staged:
+        return Pending(dist.broadcast(buf, global_rank(g, src), group=g.pg, async_op=True))
+    host = _down(buf) if g.rank == src else _pinned(buf)
+    work = dist.broadcast(host, global_rank(g, src), group=g.pg, async_op=True)
+    return _Staged(work, None if g.rank == src else buf, host)

@@ -1,0 +1,217 @@
+"""Compressed collectives over a host-staged transport: CUDA tensors on a gloo group, several
+ranks sharing one GPU (each rank ``torch.cuda.set_device(0)``; NCCL refuses two ranks on one GPU).
+
+Run from the repository root on a GPU machine::
+
+    torchrun --nproc-per-node 2 -m benchmarks.collectives.staged --out OUT
+    torchrun --nproc-per-node 4 -m benchmarks.collectives.staged --out OUT --sizes 16 64
+
+For every op, per-rank size and data (BF16 N(0,1); real MiniLM BF16 weights from
+``--minilm``, tiled to size and rotated per rank) the same processes time, in interleaved rounds
+(median wall time between barriers and device syncs):
+
+* ``native``: torch.distributed on the gloo group with the CUDA tensors (gloo's own staging);
+* ``staged_raw``: zipccl's protocol with every piece sent raw -- its own pipelined staging
+  through pinned memory, no compression (what compression itself adds is ``always`` over this);
+* ``auto``: zipccl's switch (profiles this transport on first use);
+* ``always``: zipccl compressing every call.
+
+Every zipccl result is checked against native first (bit for bit for data moves; reductions
+against the fp32 rank-order reference). Host time per call: the calling thread's CPU time
+(``time.thread_time``), beside the wall time. ``--probe`` first times gloo's own primitives on
+pinned host memory (what the staged transport can reach). Rows go to ``OUT/staged-wW.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import zipccl
+from zipccl.collectives import STATS, _slots
+
+from benchmarks.collectives import common
+
+MIB = 1 << 20
+MODES = ("native", "staged_raw", "auto", "always")
+
+
+@contextlib.contextmanager
+def raw_slots() -> Iterator[None]:
+    """zipccl's protocol with every piece raw: its staging and pipelining without the codec."""
+    real = _slots.Agreed.seg
+
+    def raw(self: _slots.Agreed, key: object, dtype: torch.dtype, numel: int, rank: int):
+        return _slots.make_seg(dtype, numel, None)
+
+    _slots.Agreed.seg = raw  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        _slots.Agreed.seg = real  # type: ignore[method-assign]
+
+
+def run_mode(mode: str, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` under ``mode``'s settings (zipccl's calls read them at every call)."""
+    env = "never" if mode == "native" else "always" if mode == "staged_raw" else mode
+
+    def call() -> object:
+        os.environ["ZIPCCL_MODE"] = env
+        if mode != "staged_raw":
+            return fn()
+        with raw_slots():
+            return fn()
+
+    return call
+
+
+def timed_rounds(calls: dict[str, Callable[[], object]], reps: int) -> dict[str, dict]:
+    """Median wall and host (thread CPU) seconds of each call, in interleaved rounds."""
+    wall: dict[str, list[float]] = {m: [] for m in calls}
+    host: dict[str, list[float]] = {m: [] for m in calls}
+    for _ in range(reps):
+        for mode, fn in calls.items():
+            dist.barrier()
+            torch.cuda.synchronize()
+            t0, c0 = time.perf_counter(), time.thread_time()
+            fn()
+            torch.cuda.synchronize()
+            wall[mode].append(time.perf_counter() - t0)
+            host[mode].append(time.thread_time() - c0)
+    return {
+        m: {"s": statistics.median(wall[m]), "host_s": statistics.median(host[m])} for m in calls
+    }
+
+
+def probe_calls(n: int, world: int) -> dict[str, Callable[[], object]]:
+    """gloo's primitives on ``n`` bytes of pinned host memory per rank."""
+    x = torch.randint(0, 255, (n,), dtype=torch.uint8).pin_memory()
+    out = torch.empty(n, dtype=torch.uint8).pin_memory()
+    big = torch.empty(world * n, dtype=torch.uint8).pin_memory()
+    rep = x.repeat(world).pin_memory()
+    f32 = torch.zeros(n // 4).pin_memory()
+
+    def in_flight(k: int) -> Callable[[], object]:
+        parts, outs = x.chunk(k), out.chunk(k)
+
+        def run() -> None:
+            works = [
+                dist.all_to_all_single(o, p, async_op=True)
+                for o, p in zip(outs, parts, strict=True)
+            ]
+            for w in works:
+                w.wait()
+
+        return run
+
+    return {
+        "all_gather": lambda: dist.all_gather_into_tensor(big, x),
+        "all_to_all": lambda: dist.all_to_all_single(out, x),
+        "all_to_all_repeated": lambda: dist.all_to_all_single(big, rep),
+        "broadcast": lambda: dist.broadcast(x, 0),
+        "all_reduce_f32": lambda: dist.all_reduce(f32),
+        "all_to_all_4_in_flight": in_flight(4),
+        "all_to_all_16_in_flight": in_flight(16),
+    }
+
+
+def probe(rank: int, world: int, sizes: list[int]) -> list[dict]:
+    """gloo's primitives on pinned host memory, and all-to-all with chunks in flight at once:
+    what the staged transport's wire can reach."""
+    rows = []
+    for mib in sizes:
+        calls = probe_calls(mib * MIB, world)
+        for fn in calls.values():
+            fn()
+        row = {"mib": mib, **{k: v["s"] for k, v in timed_rounds(calls, 3).items()}}
+        rows.append(row)
+        if rank == 0:
+            print(json.dumps({"probe": row}), flush=True)
+    return rows
+
+
+def sweep(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
+    rows = []
+    for kind in args.data:
+        for mib in args.sizes:
+            x = common.make_data(kind, mib * MIB, rank, args.minilm)
+            for op in args.ops:
+                want = common.reference(op, x, world, rank)
+                calls = {}
+                row: dict[str, object] = {"op": op, "mib": mib, "data": kind, "world": world}
+                for mode in MODES:
+                    fn, out = common.op_call(op, x, world, zipccl if mode != "native" else dist)
+                    call = run_mode(mode, fn)
+                    STATS.reset()
+                    call()
+                    torch.cuda.synchronize()
+                    row[f"{mode}_ok"] = torch.equal(out.view(torch.int16), want.view(torch.int16))
+                    row[f"{mode}_strategy"] = STATS.strategy or "native"
+                    row[f"{mode}_sent"] = STATS.sent
+                    calls[mode] = call
+                reps = 3 if mib >= 256 else 5
+                for mode, t in timed_rounds(calls, reps).items():
+                    row[f"{mode}_s"], row[f"{mode}_host_s"] = t["s"], t["host_s"]
+                for mode in MODES[1:]:
+                    row[f"{mode}_x"] = row["native_s"] / row[f"{mode}_s"]  # type: ignore[operator]
+                row["compression_x"] = row["staged_raw_s"] / row["always_s"]  # type: ignore[operator]
+                rows.append(row)
+                if rank == 0:
+                    print(json.dumps(row), flush=True)
+                del calls
+            del x
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """A markdown table of speed-ups over native gloo."""
+    lines = [
+        "| op | MiB/rank | data | native ms | staged raw | auto | always | always/raw | exact |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        ok = all(r[f"{m}_ok"] for m in MODES)
+        lines.append(
+            f"| {r['op']} | {r['mib']} | {r['data']} | {1e3 * r['native_s']:.1f} | "
+            f"{r['staged_raw_x']:.2f}x | {r['auto_x']:.2f}x ({r['auto_strategy']}) | "
+            f"{r['always_x']:.2f}x | {r['compression_x']:.2f}x | {'yes' if ok else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        prog="torchrun --nproc-per-node W -m benchmarks.collectives.staged",
+        description=__doc__.split("\n\n")[0],
+    )
+    ap.add_argument("--out", type=Path, required=True, help="folder for staged-wW.json")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256], help="MiB per rank")
+    ap.add_argument("--ops", nargs="+", default=list(common.OPS), choices=common.OPS)
+    ap.add_argument("--data", nargs="+", default=["normal", "weights"])
+    ap.add_argument("--minilm", type=Path, default=Path(".data/minilm.npz"))
+    ap.add_argument("--probe", type=int, nargs="*", default=[], help="MiB sizes to probe first")
+    args = ap.parse_args()
+    torch.cuda.set_device(0)  # every rank on the one GPU
+    common.DEV = torch.device("cuda", 0)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    probed = probe(rank, world, args.probe) if args.probe else []
+    rows = sweep(args, rank, world)
+    if rank == 0:
+        args.out.mkdir(parents=True, exist_ok=True)
+        doc = {"world": world, "torch": torch.__version__, "probe": probed, "rows": rows}
+        (args.out / f"staged-w{world}.json").write_text(json.dumps(doc, indent=1))
+        print(table(rows), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

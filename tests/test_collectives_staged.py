@@ -1,0 +1,154 @@
+"""The staged transport (CUDA tensors on a gloo group, through pinned host memory) on CPU.
+
+zipccl.collectives._transport.STAGE_HOST_TENSORS makes a gloo group stage host tensors as it
+stages CUDA ones: every byte then crosses an extra host buffer, the transfers go through the
+same copies down and up, and the protocols pipeline their chunks as they do on a GPU (chunks sent
+ahead of the one received). The scenarios are test_collectives.py's, so the results are checked
+against torch.distributed bit for bit; tests/test_collectives_gpu_staged.py runs the CUDA path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from zipccl.collectives import _protocols, _transport
+
+from tests import test_collectives as base
+from tests._collectives_cluster import Cluster
+
+DTYPES = base.DTYPES
+ALWAYS = base.ALWAYS
+SMALL_CHUNKS = base.SMALL_CHUNKS
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Cluster]:
+    c = Cluster(2)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def trio() -> Iterator[Cluster]:
+    c = Cluster(3)
+    yield c
+    c.close()
+
+
+def sc_staged(rank: int, world: int, scenario: str, *args: object) -> tuple[object, int]:
+    """test_collectives' ``scenario`` with host tensors staged; returns its result and how many
+    buffers crossed the staged transport's copy down (0 would mean the path was not taken)."""
+    downs = 0
+    real = _transport._down
+
+    def counted(t: torch.Tensor, copies: int = 1) -> torch.Tensor:
+        nonlocal downs
+        downs += 1
+        return real(t, copies)
+
+    _transport.STAGE_HOST_TENSORS, _transport._down = True, counted
+    try:
+        fn: Callable[..., object] = getattr(base, scenario)
+        return fn(rank, world, *args), downs
+    finally:
+        _transport.STAGE_HOST_TENSORS, _transport._down = False, real
+
+
+def staged(cluster: Cluster, scenario: str, *args: object, env: dict[str, str]) -> list[object]:
+    """The scenario's per-rank results, after checking that data crossed the staged path."""
+    results = cluster.run(sc_staged, scenario, *args, env=env)
+    assert all(downs > 0 for _, downs in results), results  # type: ignore[misc]
+    return [result for result, _ in results]  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("env", [ALWAYS, SMALL_CHUNKS], ids=["one_chunk", "chunked"])
+def test_every_op_bit_exact(pair, dtype, env):
+    assert all(staged(pair, "sc_all_gather", dtype, 5000, env=env))
+    assert all(staged(pair, "sc_all_to_all", dtype, 700, env=env))
+    assert all(staged(pair, "sc_broadcast", dtype, 5000, env=env))
+    assert all(staged(pair, "sc_reduce_scatter", dtype, 2500, "SUM", env=env))
+    assert all(staged(pair, "sc_all_reduce", dtype, 4999, "AVG", env=env))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_three_ranks_random_splits(trio, seed):
+    assert all(staged(trio, "sc_all_to_all_random", seed, env=ALWAYS))
+
+
+def test_three_ranks_reductions_chunked(trio):
+    assert all(staged(trio, "sc_all_reduce", torch.bfloat16, 7001, "SUM", env=SMALL_CHUNKS))
+    assert all(staged(trio, "sc_reduce_scatter", torch.float32, 3000, "MAX", env=SMALL_CHUNKS))
+
+
+def test_overflowed_payloads_are_resent_raw(pair):
+    """A payload that outgrew its room is resent raw through the staged transport too."""
+    results = staged(pair, "sc_overflow", 40_000, env=SMALL_CHUNKS)
+    assert all(ok for ok, _ in results), results  # type: ignore[misc]
+    assert all(resends > 0 for _, resends in results), results  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("case", "needle"),
+    [
+        ("dtype", "disagree on the dtype (rank 0: bfloat16, rank 1: float16)"),
+        ("numel", "disagree on the input numel"),
+        ("splits", "rank 0 sends 2 rows to rank 1, which expects 3"),
+        ("reduce_op", "disagree on the reduce op"),
+    ],
+)
+def test_mismatch_raises_on_every_rank(pair, case, needle):
+    msgs = pair.run(sc_staged, "sc_mismatch", case, env=ALWAYS)
+    assert all(needle in m for m, _ in msgs), msgs  # type: ignore[misc]
+
+
+def sc_failing_decode(rank: int, world: int) -> str:
+    """Rank 1's decode raises inside a staged, chunked all-gather: every rank must raise."""
+    real = _protocols._slots.Unpack.__call__
+
+    def broken(self, key, got, seg, table, out):  # type: ignore[no-untyped-def]
+        if rank == 1:
+            raise ValueError("injected decode failure")
+        return real(self, key, got, seg, table, out)
+
+    _protocols._slots.Unpack.__call__ = broken  # type: ignore[method-assign]
+    try:
+        sc_staged(rank, world, "sc_all_gather", torch.bfloat16, 9000)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        _protocols._slots.Unpack.__call__ = real  # type: ignore[method-assign]
+    return "no error"
+
+
+def test_failure_on_one_rank_raises_on_every_rank(pair):
+    """The failing rank raises its own error, its peer a PeerError naming it; both within the
+    cluster's timeout (far under the group's), and the group carries the next call."""
+    msgs = pair.run(sc_failing_decode, env=SMALL_CHUNKS)
+    assert msgs[1].startswith("ValueError: injected decode failure"), msgs
+    assert msgs[0].startswith("PeerError") and "rank 1 failed" in msgs[0], msgs
+    assert all(staged(pair, "sc_all_gather", torch.bfloat16, 3000, env=SMALL_CHUNKS))
+
+
+def test_pipelined_sends_ahead_on_host_transports() -> None:
+    """On a host transport the next chunks are sent before a chunk is received; on NCCL each
+    chunk's receive follows its send (both queue without blocking there)."""
+    order: list[str] = []
+
+    def send(k: int) -> int:
+        order.append(f"s{k}")
+        return k
+
+    def receive(k: int, sent: int) -> None:
+        assert sent == k
+        order.append(f"r{k}")
+
+    host = _transport.Group(None, 0, 2, torch.device("cpu"), "gloo")
+    _protocols.pipelined(host, range(4), send, receive)
+    assert order == ["s0", "s1", "s2", "r0", "s3", "r1", "r2", "r3"]
+    order.clear()
+    nccl = _transport.Group(None, 0, 2, torch.device("cuda", 0), "nccl")
+    _protocols.pipelined(nccl, range(3), send, receive)
+    assert order == ["s0", "r0", "s1", "r1", "s2", "r2"]
