@@ -1,8 +1,8 @@
 """Compressed offload to host memory: tensors and saved activations moved over PCIe coded.
 
-:func:`offload_tensor` compresses a tensor on its device (the codec, :mod:`zipccl.codec`) and copies only
-the compressed bytes into host memory; :meth:`HostCopy.load` copies them back and decompresses.
-:func:`offload_activations` does that to the tensors autograd saves for backward
+:func:`offload_tensor` compresses a tensor on its device (the codec, :mod:`zipccl.codec`) and
+copies only the compressed bytes into host memory; :meth:`HostCopy.load` copies them back and
+decompresses. :func:`offload_activations` does that to the tensors autograd saves for backward
 (``torch.autograd.graph.saved_tensors_hooks``), bringing them back ahead of the backward pass.
 
 How a CUDA tensor travels (docs/offload.md has the whole story):
@@ -52,8 +52,8 @@ __all__ = [
     "HostMemory",
     "empty_host_cache",
     "host_memory",
-    "offload_tensor",
     "offload_activations",
+    "offload_tensor",
 ]
 
 CODED = frozenset(
@@ -65,8 +65,14 @@ _CHUNK_ELEMENTS = 4096  # chunks hold whole codec blocks (codec.DEFAULT_BLOCK)
 
 
 # ---------------------------------------------------------------------- per-device machinery
+STAGING_SLOTS = 4  # device buffers that compressed chunks land in before they are decoded
+
+
 class _Lanes:
-    """One device's side streams, host pool and worker thread (which runs jobs in order)."""
+    """One device's side streams, host pool, worker thread (which runs jobs in order) and
+    staging ring: compressed chunks coming up land in one of ``STAGING_SLOTS`` device buffers,
+    each reused once the decode of its previous chunk has run (the copy waits for it on the
+    device), so loads in flight hold no per-chunk buffers. Only the worker touches the ring."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -75,6 +81,9 @@ class _Lanes:
         self.d2h, self.h2d, self.decode = make(), make(), make()
         self.pool = HostPool(pinned=self.cuda)
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._slots: list[torch.Tensor | None] = [None] * STAGING_SLOTS
+        self._slot_free: list[torch.cuda.Event | None] = [None] * STAGING_SLOTS
+        self._next_slot = 0
         name = f"zipccl-offload-{device}"
         threading.Thread(target=self._work, name=name, daemon=True).start()
 
@@ -87,6 +96,12 @@ class _Lanes:
 
     def submit(self, job: Callable[[], None]) -> None:
         self._jobs.put(job)
+
+    def drain(self) -> None:
+        """Wait until the worker has run (and let go of) every job queued so far."""
+        done = threading.Event()
+        self.submit(done.set)
+        done.wait()
 
     def on(self, stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
@@ -101,6 +116,25 @@ class _Lanes:
 
     def current(self) -> torch.cuda.Stream | None:
         return torch.cuda.current_stream(self.device) if self.cuda else None
+
+    def stage(self, host: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Queue the copy of ``host`` into the next staging slot (on the h2d stream, after that
+        slot's last decode); returns the device copy and the slot, for :meth:`staged`."""
+        index, self._next_slot = self._next_slot, (self._next_slot + 1) % STAGING_SLOTS
+        slot, nbytes = self._slots[index], host.numel()
+        if slot is None or slot.numel() < nbytes:  # (made on the decode stream, written on h2d)
+            size = -(-nbytes // MIN_CHUNK_BYTES) * MIN_CHUNK_BYTES
+            slot = self._slots[index] = torch.empty(size, dtype=torch.uint8, device=self.device)
+            _used_on(slot, self.h2d)
+        with self.on(self.h2d):
+            _wait(self.h2d, self._slot_free[index])
+            slot[:nbytes].copy_(host, non_blocking=True)
+        _wait(self.decode, self.mark(self.h2d))
+        return slot[:nbytes], index
+
+    def staged(self, index: int) -> None:
+        """The decode reading slot ``index`` is queued (on the decode stream)."""
+        self._slot_free[index] = self.mark(self.decode)
 
 
 _LANES: dict[torch.device, _Lanes] = {}
@@ -132,7 +166,8 @@ def _used_on(tensor: torch.Tensor, stream: torch.cuda.Stream | None) -> None:
 def _dense_order(t: torch.Tensor) -> list[int] | None:
     """A permutation of ``t``'s dims under which it is contiguous (so it can travel as it lies in
     memory and come back with its strides), or None for views with gaps or overlaps."""
-    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), -t.size(d)))
+    strides, sizes = t.stride(), t.shape
+    order = sorted(range(t.dim()), key=lambda d: (-strides[d], -sizes[d]))
     return order if t.permute(order).is_contiguous() else None
 
 
@@ -167,9 +202,9 @@ class HostCopy:
     """A tensor's copy in host memory, compressed where the codec codes its dtype; made by
     :func:`offload_tensor` (not constructed directly).
 
-    The copy is queued, not finished, when :func:`offload_tensor` returns; :meth:`wait` waits for it.
-    :meth:`load` (or :meth:`prefetch` then :meth:`load`) brings the tensor back, bit-exact, on its
-    device. The host memory is given back when the HostCopy is garbage collected (after the
+    The copy is queued, not finished, when :func:`offload_tensor` returns; :meth:`wait` waits for
+    it. :meth:`load` (or :meth:`prefetch` then :meth:`load`) brings the tensor back, bit-exact,
+    on its device. The host memory is given back when the HostCopy is garbage collected (after the
     copies that use it have run).
 
     Attributes:
@@ -367,13 +402,10 @@ class HostCopy:
                 _wait(lanes.h2d, self._stored)
                 target.view(torch.uint8).copy_(host.view[skip:], non_blocking=True)
             return
-        buffer = torch.empty(host.view.numel(), dtype=torch.uint8, device=self.device)
-        with lanes.on(lanes.h2d):
-            _wait(lanes.h2d, self._stored)
-            buffer.copy_(host.view, non_blocking=True)
-            _used_on(buffer, lanes.h2d)
-        _wait(lanes.decode, lanes.mark(lanes.h2d))
+        _wait(lanes.h2d, self._stored)
+        buffer, slot = lanes.stage(host.view)
         decompress(Compressed._of(buffer, piece.head), out=target, sync=False)
+        lanes.staged(slot)
 
     def __del__(self) -> None:
         after = [e for e in (self._stored, self._last_use) if e is not None]
@@ -533,14 +565,12 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
         self.chunk_bytes = _check_chunk_bytes(chunk_bytes)
         self._run: list[weakref.ref[_Saved]] = []
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, weakref.ref[_Saved]]] = {}
-        self._inflight: collections.deque[tuple[weakref.ref[HostCopy], int]] = (
-            collections.deque()
-        )
+        self._inflight: collections.deque[tuple[weakref.ref[HostCopy], int]] = collections.deque()
         self._inflight_bytes = 0
         self._active = False
         super().__init__(self._pack, self._unpack)
 
-    def __enter__(self) -> ActivationOffload:
+    def __enter__(self) -> ActivationOffload:  # type: ignore[override]  # (torch's: None)
         if self._active:
             raise RuntimeError(
                 "this offload_activations() is already active: nest a new one instead"
@@ -643,8 +673,9 @@ def offload_activations(
     """A context manager that keeps the activations autograd saves in host memory, compressed.
 
     Inside ``with zipccl.offload_activations(): loss = model(x)`` every tensor autograd saves for
-    backward is offloaded as :func:`offload_tensor` does (compressed on its device, only the compressed
-    bytes copied, on side streams, without the caller's thread waiting for the device), unless
+    backward is offloaded as :func:`offload_tensor` does (compressed on its device, only the
+    compressed bytes copied, on side streams, without the caller's thread waiting for the device),
+    unless
     the rule below keeps it. The backward pass brings each one back: when it needs a tensor, the
     ones saved just before it are already on their way (``prefetch_bytes`` of them; the tail of
     the forward pass is sent for when the block exits), so the copies overlap compute. Losses
@@ -702,4 +733,3 @@ def offload_activations(
         max_inflight_bytes=max_inflight_bytes,
         chunk_bytes=chunk_bytes,
     )
-
