@@ -65,7 +65,7 @@ _CHUNK_ELEMENTS = 4096  # chunks hold whole codec blocks (codec.DEFAULT_BLOCK)
 
 
 # ---------------------------------------------------------------------- per-device machinery
-STAGING_SLOTS = 4  # device buffers that compressed chunks land in before they are decoded
+STAGING_SLOTS = 2  # device buffers that compressed chunks land in before they are decoded
 
 
 class _Lanes:
