@@ -175,6 +175,20 @@ def test_a_failed_copy_is_raised_where_it_is_used(monkeypatch: pytest.MonkeyPatc
         copy.load()
 
 
+def test_a_failed_decode_is_raised_by_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    copy = zipccl.offload_tensor(sample((5000,), torch.float16))
+
+    def corrupt(*args: object, **kwargs: object) -> None:
+        raise ValueError("corrupt compressed buffer")
+
+    monkeypatch.setattr(offload, "decompress", corrupt)
+    with pytest.raises(RuntimeError, match=r"load of a torch\.float16 tensor failed") as info:
+        copy.load()
+    assert isinstance(info.value.__cause__, ValueError)
+    monkeypatch.undo()
+    assert same(copy.load(), sample((5000,), torch.float16))  # the host copy is intact
+
+
 # ---------------------------------------------------------------------- activations
 class Saves(torch.autograd.Function):
     """y = x * sum of the saved extras' (float) means: saves x and each extra, and checks in

@@ -267,7 +267,9 @@ class HostCopy:
 
     # ------------------------------------------------------------ down (worker)
     def _store(self) -> None:
-        """Learn each chunk's size from its header, take that much host memory, queue the copy."""
+        """Learn each chunk's size from its header, take that much host memory, queue the copy.
+        ``_stored`` is recorded after whatever was queued, also when a chunk fails, so that the
+        host memory of the chunks before it is not reused under their copies."""
         lanes = self._lanes
         try:
             for piece in self._pieces:
@@ -279,12 +281,12 @@ class HostCopy:
                     piece.host.view.copy_(piece.source[:nbytes], non_blocking=True)
                     _used_on(piece.source, lanes.d2h)
                 piece.source = None
-            self._stored = lanes.mark(lanes.d2h)
         except BaseException as exc:  # raised to the caller by wait() and load()
             self._error = exc
-            for piece in self._pieces:
-                piece.source = None
         finally:
+            self._stored = lanes.mark(lanes.d2h)
+            for piece in self._pieces:
+                piece.source = piece.header = None
             self._stored_issued.set()
 
     def _size(self, piece: _Piece) -> int:
@@ -296,7 +298,6 @@ class HostCopy:
         if piece.ready is not None:
             piece.ready.synchronize()  # the GIL is released while it waits
         piece.head = Header.unpack(bytes(piece.header.numpy()))
-        piece.header = None
         return _expected_size(piece.head)
 
     # ------------------------------------------------------------ the caller's view
@@ -364,17 +365,22 @@ class HostCopy:
 
     # ------------------------------------------------------------ up (worker)
     def _load(self, ticket: _Ticket) -> None:
+        """Queue the chunks' copies up and decodes into a new tensor. ``done`` is recorded
+        after whatever was queued, also when a chunk fails (the tensor and the host memory are
+        marked as used until then)."""
         lanes = self._lanes
         try:
             self._check()
             with lanes.on(lanes.decode):
                 tensor, flat = self._empty()
-                for piece in self._pieces:
-                    self._load_piece(piece, flat)
-                _wait(lanes.decode, lanes.mark(lanes.h2d))  # raw chunks were copied there
-                _used_on(tensor, lanes.h2d)
-                ticket.tensor, ticket.done = tensor, lanes.mark(lanes.decode)
-            self._last_use = ticket.done
+                _used_on(tensor, lanes.h2d)  # raw chunks are copied into it there
+                try:
+                    for piece in self._pieces:
+                        self._load_piece(piece, flat)
+                finally:
+                    _wait(lanes.decode, lanes.mark(lanes.h2d))
+                    self._last_use = ticket.done = lanes.mark(lanes.decode)
+                ticket.tensor = tensor
         except BaseException as exc:  # raised to the caller by load()
             ticket.error = exc
         finally:
