@@ -157,8 +157,9 @@ def _wait(stream: torch.cuda.Stream | None, event: torch.cuda.Event | None) -> N
 
 
 def _used_on(tensor: torch.Tensor, stream: torch.cuda.Stream | None) -> None:
-    """Tell the caching allocator that ``stream`` uses ``tensor`` (no-op on CPU)."""
-    if stream is not None:
+    """Tell the caching allocator that ``stream`` uses ``tensor`` (no-op on CPU and for empty
+    tensors, which own no memory)."""
+    if stream is not None and tensor.numel():
         tensor.record_stream(stream)
 
 
@@ -226,6 +227,8 @@ class HostCopy:
 
     def __init__(self, tensor: torch.Tensor, compress: bool, chunk_bytes: int) -> None:
         self._pieces: list[_Piece] = []
+        if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise ValueError("offload waits on events, which a CUDA graph capture cannot hold")
         self._stored_issued = threading.Event()
         self._stored: torch.cuda.Event | None = None  # on the d2h stream, after the copies
         self._last_use: torch.cuda.Event | None = None  # after the latest load's copies
@@ -499,8 +502,6 @@ def offload_tensor(
     why = _unsupported(tensor)
     if why is not None:
         raise ValueError(f"cannot offload {why}")
-    if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise ValueError("offload waits on events, which a CUDA graph capture cannot hold")
     with torch.no_grad():
         return HostCopy(tensor.detach(), compress, chunk_bytes)
 
