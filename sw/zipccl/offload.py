@@ -593,7 +593,14 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
         self._prefetch_below(len(self._run), self._run)  # the backward pass starts at the end
 
     def keeps(self, tensor: torch.Tensor) -> bool:
-        """Whether a saved ``tensor`` stays where it is (the rule in offload_activations)."""
+        """Whether a saved tensor stays where it is (the rule in :func:`offload_activations`).
+
+        Args:
+            tensor (Tensor): a tensor autograd would save.
+
+        Returns:
+            bool: True where it is kept, False where it would be offloaded.
+        """
         base = tensor._base if tensor._base is not None else tensor
         return (
             type(tensor) is not torch.Tensor  # parameters, subclasses (FakeTensor, DTensor...)
