@@ -37,9 +37,11 @@ if TYPE_CHECKING or "torch" in sys.modules:  # torch loaded already: load (and r
 
 __all__ = [
     "FSDP2_HOOKS",
+    "ActivationOffload",
     "Calibrator",
     "CollectiveMismatchError",
     "Compressed",
+    "HostCopy",
     "PeerError",
     "ProcessGroupZipccl",
     "ZipAllGather",
@@ -59,6 +61,8 @@ __all__ = [
     "fixed_part_bytes",
     "histogram_table",
     "max_compressed_bytes",
+    "offload_activations",
+    "offload_tensor",
     "reduce_scatter_tensor",
     "reference_reduce",
 ]

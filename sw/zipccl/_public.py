@@ -29,3 +29,4 @@ from zipccl.collectives import (
     reference_reduce,
 )
 from zipccl.hooks import FSDP2_HOOKS, ZipAllGather, ZipReduceScatter, ddp_hook
+from zipccl.offload import ActivationOffload, HostCopy, offload_activations, offload_tensor

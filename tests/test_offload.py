@@ -1,0 +1,383 @@
+"""zipccl.offload (issue 40): the host round trip and activation offloading.
+
+On CPU the "host copy" is a compact CPU buffer made by the same code as on CUDA (streams and
+events are absent, the worker thread and the pool are the same), so these tests check the logic:
+bit-exact round trips of every dtype and layout, the dtype/threshold/parameter rule, gradients
+bit-identical to a run without offload, nesting, tensors saved twice, retain_graph, prefetch and
+the in-flight bound, errors, and that host memory is given back. tests/test_offload_gpu.py runs
+the CUDA path.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import zipccl
+from zipccl import offload
+from zipccl.offload import ActivationOffload, HostCopy, host_memory
+
+ROOT = Path(__file__).resolve().parents[1]
+CODED = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
+OTHER = [torch.float64, torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool]
+
+
+def sample(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=gen) < 0.5
+    if not dtype.is_floating_point:
+        return torch.randint(-100 if dtype.is_signed else 0, 100, shape, generator=gen).to(dtype)
+    return torch.randn(shape, generator=gen).to(dtype)
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-identical (NaN patterns and -0.0 included), same dtype and shape."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
+    as_bytes = lambda t: t.contiguous().view(-1).view(torch.uint8)  # noqa: E731
+    return torch.equal(as_bytes(a), as_bytes(b))
+
+
+def in_use() -> int:
+    """Host bytes in CPU tensors' host copies, once the worker has let go of finished jobs."""
+    offload._lanes(torch.device("cpu")).drain()
+    return host_memory("cpu").in_use
+
+
+# ---------------------------------------------------------------------- the round trip
+@pytest.mark.parametrize("dtype", CODED + OTHER)
+def test_round_trip_every_dtype(dtype: torch.dtype) -> None:
+    x = sample((64, 1000), dtype)
+    copy = zipccl.offload_tensor(x)
+    assert copy.compressed == (dtype in CODED)
+    y = copy.load()
+    assert same(y, x) and y.stride() == x.stride()
+    if dtype in (torch.bfloat16, torch.float16, torch.float32):  # N(0, 1): the codec shrinks it
+        assert copy.host_bytes < copy.nbytes
+    elif dtype not in CODED:
+        assert copy.host_bytes == copy.nbytes  # raw: exactly its bytes
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int32])
+def test_compress_false_is_raw(dtype: torch.dtype) -> None:
+    x = sample((300, 100), dtype)
+    copy = zipccl.offload_tensor(x, compress=False)
+    assert not copy.compressed and copy.host_bytes == copy.nbytes
+    assert same(copy.load(), x)
+
+
+def test_incompressible_chunks_are_stored_raw() -> None:
+    """Random bits do not shrink: the codec's raw layout, header + the bytes, comes back."""
+    x = torch.randint(0, 1 << 16, (50_000,), dtype=torch.int32).to(torch.int16)
+    x = x.view(torch.bfloat16)
+    copy = zipccl.offload_tensor(x)
+    assert copy.compressed and copy.host_bytes == copy.nbytes + 512
+    assert same(copy.load(), x)
+
+
+def test_chunks() -> None:
+    """A tensor of several chunks (1 MiB each) compresses and comes back chunk by chunk."""
+    x = sample((3, 1000, 300), torch.bfloat16)  # 1.8 MB: two chunks
+    copy = zipccl.offload_tensor(x, chunk_bytes=1 << 20)
+    assert len(copy._pieces) == 2
+    assert same(copy.load(), x) and copy.host_bytes < copy.nbytes
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda t: t.t(),  # dense, permuted: strides kept
+        lambda t: t.view(16, 8, 100).permute(2, 0, 1),
+        lambda t: t[:, ::2],  # gaps: comes back contiguous
+        lambda t: t[3],
+        lambda t: t[5, 7],  # 0-dim
+        lambda t: t[:0],  # empty
+        lambda t: t.expand(2, 128, 100),  # overlapping
+    ],
+)
+def test_views(view) -> None:
+    x = view(sample((128, 100), torch.float32))
+    y = zipccl.offload_tensor(x).load()
+    assert same(y, x)
+    dense = x.numel() == 0 or offload._dense_order(x) is not None
+    assert y.stride() == x.stride() if dense else y.is_contiguous()
+
+
+def test_loads_are_independent_and_the_copy_stays() -> None:
+    x = sample((1000,), torch.float16)
+    copy = zipccl.offload_tensor(x)
+    copy.prefetch()
+    copy.prefetch()  # no second load
+    a, b = copy.load(), copy.load()
+    assert a.data_ptr() != b.data_ptr() and same(a, x) and same(b, x)
+
+
+def test_wait_and_landed() -> None:
+    copy = zipccl.offload_tensor(sample((1000,), torch.bfloat16))
+    copy.wait()
+    assert copy.landed()
+
+
+def test_host_memory_is_given_back() -> None:
+    before = in_use()
+    copies = [zipccl.offload_tensor(sample((4000,), d)) for d in (torch.bfloat16, torch.int64)]
+    [c.wait() for c in copies]
+    assert in_use() - before == sum(-(-c.host_bytes // 512) * 512 for c in copies)
+    del copies
+    assert in_use() == before
+
+
+def test_bad_arguments() -> None:
+    x = torch.zeros(10)
+    with pytest.raises(TypeError, match=r"expected a torch\.Tensor"):
+        zipccl.offload_tensor([1.0])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="compress must be a bool"):
+        zipccl.offload_tensor(x, compress=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="chunk_bytes must be an int"):
+        zipccl.offload_tensor(x, chunk_bytes=2.0**20)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="chunk_bytes must be at least"):
+        zipccl.offload_tensor(x, chunk_bytes=4096)
+    with pytest.raises(ValueError, match=r"cannot offload a torch\.sparse_coo tensor"):
+        zipccl.offload_tensor(x.to_sparse())
+    with pytest.raises(ValueError, match="cannot offload a tensor on meta"):
+        zipccl.offload_tensor(torch.zeros(10, device="meta"))
+    for name, value, error in [
+        ("min_bytes", -1, ValueError),
+        ("min_bytes", "1", TypeError),
+        ("prefetch_bytes", -5, ValueError),
+        ("max_inflight_bytes", True, TypeError),
+        ("compress", None, TypeError),
+        ("chunk_bytes", 1, ValueError),
+    ]:
+        with pytest.raises(error, match=name):
+            zipccl.offload_activations(**{name: value})
+
+
+def test_a_failed_copy_is_raised_where_it_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = offload._lanes(torch.device("cpu")).pool
+
+    def no_memory(nbytes: int) -> None:
+        raise MemoryError("host memory exhausted")
+
+    monkeypatch.setattr(pool, "alloc", no_memory)
+    copy = zipccl.offload_tensor(sample((100,), torch.bfloat16))
+    with pytest.raises(RuntimeError, match=r"offload of a torch\.bfloat16 tensor failed") as info:
+        copy.wait()
+    assert isinstance(info.value.__cause__, MemoryError)
+    with pytest.raises(RuntimeError, match=r"load of a torch\.bfloat16 tensor failed"):
+        copy.load()
+
+
+def test_a_failed_decode_is_raised_by_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    copy = zipccl.offload_tensor(sample((5000,), torch.float16))
+
+    def corrupt(*args: object, **kwargs: object) -> None:
+        raise ValueError("corrupt compressed buffer")
+
+    monkeypatch.setattr(offload, "decompress", corrupt)
+    with pytest.raises(RuntimeError, match=r"load of a torch\.float16 tensor failed") as info:
+        copy.load()
+    assert isinstance(info.value.__cause__, ValueError)
+    monkeypatch.undo()
+    assert same(copy.load(), sample((5000,), torch.float16))  # the host copy is intact
+
+
+# ---------------------------------------------------------------------- activations
+class Saves(torch.autograd.Function):
+    """y = x * sum of the saved extras' (float) means: saves x and each extra, and checks in
+    backward that every saved tensor came back bit-identical."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, *extras: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, *extras)
+        ctx.originals = [t.clone() for t in (x, *extras)]
+        return x * sum(float(e.double().mean()) for e in extras)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        saved = ctx.saved_tensors
+        assert all(same(s, o) for s, o in zip(saved, ctx.originals, strict=True))
+        scale = sum(float(e.double().mean()) for e in saved[1:])
+        return (grad * scale, *(None for _ in saved[1:]))
+
+
+def mlp(dtype: torch.dtype) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 256),
+        torch.nn.GELU(),
+        torch.nn.LayerNorm(256),
+        torch.nn.Linear(256, 64),
+        torch.nn.Tanh(),
+    ).to(dtype)
+
+
+def step(model: torch.nn.Module, x: torch.Tensor, hooks=None) -> tuple[torch.Tensor, list]:
+    model.zero_grad(set_to_none=True)
+    if hooks is None:
+        loss = model(x).float().square().mean()
+    else:
+        with hooks:
+            loss = model(x).float().square().mean()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("compress", [True, False])
+def test_gradients_bit_identical(dtype: torch.dtype, compress: bool) -> None:
+    model = mlp(dtype)
+    x = sample((128, 64), dtype, seed=1)
+    loss, grads = step(model, x)
+    hooks = zipccl.offload_activations(min_bytes=1024, compress=compress, prefetch_bytes=1 << 16)
+    for _ in range(2):  # one instance, entered once per step
+        loss2, grads2 = step(model, x, hooks)
+        assert same(loss, loss2)
+        assert all(same(a, b) for a, b in zip(grads, grads2, strict=True))
+    assert len(hooks._run) >= 4  # the saved activations went through it
+
+
+@pytest.mark.parametrize("dtype", CODED + OTHER)
+def test_every_saved_dtype_comes_back(dtype: torch.dtype) -> None:
+    x = sample((500,), torch.float32, seed=2).requires_grad_()
+    extra = sample((40, 50), dtype, seed=3)
+    with zipccl.offload_activations(min_bytes=0) as hooks:
+        y = Saves.apply(x * 1, extra, extra.t())  # (x itself is a leaf that requires grad: kept)
+    assert len(hooks._run) == 3
+    y.sum().backward()
+    assert x.grad is not None
+
+
+def test_the_rule_keeps_parameters_small_tensors_and_subclasses() -> None:
+    hooks = zipccl.offload_activations(min_bytes=4096)
+    param = torch.nn.Parameter(torch.zeros(100, 100))
+    leaf = torch.zeros(100, 100, requires_grad=True)
+    big = torch.zeros(100, 100) + 1
+    assert hooks.keeps(param) and hooks.keeps(param.t()) and hooks.keeps(param[0:50])
+    assert hooks.keeps(leaf) and hooks.keeps(leaf.view(-1))
+    assert hooks.keeps(torch.zeros(1000))  # 4000 bytes < 4096
+    assert hooks.keeps(big.to_sparse())
+    assert not hooks.keeps(big) and not hooks.keeps(big.t())
+    assert not hooks.keeps(torch.zeros(100, 100))  # a leaf without grad: an input, a mask
+
+
+def test_kept_tensors_are_not_copied() -> None:
+    param = torch.nn.Parameter(sample((64, 64), torch.float32))
+    x = sample((64, 64), torch.float32).requires_grad_()
+    with zipccl.offload_activations(min_bytes=1 << 20) as hooks:  # x is too small as well
+        loss = (x @ param).sum()
+    assert hooks._run == []
+    loss.backward()
+
+
+def test_nested() -> None:
+    """An inner block's hooks take over inside it; each keeps its own order."""
+    x = sample((2000,), torch.float32, seed=4).requires_grad_()
+    extras = [sample((2000,), torch.bfloat16, seed=s) for s in range(3)]
+    outer = zipccl.offload_activations(min_bytes=0)
+    with outer:
+        y = Saves.apply(x * 1, extras[0])
+        with zipccl.offload_activations(min_bytes=0, compress=False) as inner:
+            y = Saves.apply(y, extras[1])
+        y = Saves.apply(y, extras[2])
+    assert len(outer._run) == 4 and len(inner._run) == 2
+    assert not inner._run[1]().copy.compressed and outer._run[3]().copy.compressed
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="already active"), outer, outer:
+        pass
+
+
+def test_a_tensor_saved_twice_is_offloaded_once() -> None:
+    x = sample((3000,), torch.float32, seed=5).requires_grad_()
+    h = x * 2
+    with zipccl.offload_activations(min_bytes=0) as hooks:
+        y = Saves.apply(h, h) + Saves.apply(h, h)
+    assert len(hooks._run) == 1
+    y.sum().backward()
+    ref = sample((3000,), torch.float32, seed=5).requires_grad_()
+    (Saves.apply(ref * 2, ref * 2) * 2).sum().backward()
+    assert same(x.grad, ref.grad)
+
+
+def test_retain_graph_backward_twice() -> None:
+    model, x = mlp(torch.float32), sample((128, 64), torch.float32, seed=6)
+    loss = model(x).square().mean()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    before = in_use()
+    with zipccl.offload_activations(min_bytes=1024, prefetch_bytes=0):
+        loss = model(x).square().mean()
+    loss.backward(retain_graph=True)
+    assert in_use() > before  # still held for the second backward
+    loss.backward()
+    assert all(same(p.grad, w) for p, w in zip(model.parameters(), want, strict=True))
+    del loss
+    assert in_use() == before
+
+
+def test_no_host_memory_left_after_backward() -> None:
+    model, x = mlp(torch.bfloat16), sample((128, 64), torch.bfloat16, seed=7)
+    before = in_use()
+    with zipccl.offload_activations(min_bytes=1024):
+        loss = model(x).float().mean()
+    assert in_use() > before
+    loss.backward()
+    assert in_use() == before
+
+
+def test_prefetch_brings_back_what_backward_needs_next() -> None:
+    tensors = [sample((1000,), torch.float32, seed=s) + 0 for s in range(6)]  # 4000 bytes each
+    hooks = zipccl.offload_activations(min_bytes=0, prefetch_bytes=8000)
+    with hooks:
+        saved = [hooks._pack(t) for t in tensors]
+    pending = lambda: [s.copy._ticket is not None for s in saved]  # noqa: E731
+    assert pending() == [False] * 4 + [True] * 2  # the block's exit sent for the tail
+    assert same(hooks._unpack(saved[5]), tensors[5])
+    assert pending() == [False, False, False, True, True, False]
+    assert same(hooks._unpack(saved[2]), tensors[2])  # out of order: still correct
+    assert pending() == [True, True, False, True, True, False]
+    assert all(same(hooks._unpack(s), t) for s, t in zip(saved, tensors, strict=True))
+
+
+def test_the_forward_waits_past_max_inflight_bytes() -> None:
+    hooks = zipccl.offload_activations(min_bytes=0, max_inflight_bytes=0)
+    with hooks:
+        saved = [hooks._pack(sample((1000,), torch.float16, seed=s) + 0) for s in range(3)]
+    assert all(s.copy.landed() for s in saved) and hooks._inflight_bytes == 0
+
+
+def test_examples_run() -> None:
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    finder = doctest.DocTestFinder()
+    attempted = 0
+    for obj in (offload.offload_tensor, offload.offload_activations, HostCopy, ActivationOffload):
+        for test in finder.find(obj, globs={"torch": torch, "zipccl": zipccl}):
+            result = runner.run(test)
+            assert not result.failed, test.name
+            attempted += result.attempted
+    assert attempted
+
+
+def test_benchmark_smoke(tmp_path: Path) -> None:
+    """benchmarks/offload.py --smoke runs on CPU and finds the three training runs identical."""
+    spec = importlib.util.spec_from_file_location("offload_bench", ROOT / "benchmarks/offload.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("offload_bench", bench)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "offload.json"
+    assert bench.main(["--smoke", "--out", str(out)]) == 0
+    import json
+
+    result = json.loads(out.read_text())
+    assert result["training"]["identical"] is True
+    assert {"plain", "raw", "compressed"} <= set(result["round_trip"][0])

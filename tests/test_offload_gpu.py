@@ -1,0 +1,121 @@
+"""zipccl.offload on CUDA: side streams, pinned host copies, the worker that reads sizes off the
+caller's thread, and activation offloading with gradients bit-identical to a run without it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import zipccl
+from zipccl import offload
+
+from tests.test_offload import CODED, OTHER, Saves, mlp, same, sample, step
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels_built() -> None:
+    """Fail loudly if the kernels did not build: the torch fallback syncs on every size."""
+    from zipccl import _cuda
+
+    assert _cuda.available()
+
+
+def cuda_in_use() -> int:
+    torch.cuda.synchronize()
+    offload._lanes(CUDA).drain()
+    return offload.host_memory(CUDA).in_use
+
+
+@pytest.mark.parametrize("dtype", CODED + OTHER)
+def test_round_trip_every_dtype(dtype: torch.dtype) -> None:
+    x = sample((512, 1000), dtype).to(CUDA)
+    copy = zipccl.offload_tensor(x)
+    y = copy.load()
+    assert y.is_cuda and same(y, x) and y.stride() == x.stride()
+    assert all(p.host is not None and p.host.view.is_pinned() for p in copy._pieces)
+
+
+def test_chunks_pipelined_and_views() -> None:
+    x = torch.randn(8 << 20, dtype=torch.bfloat16, device=CUDA)  # 16 MiB: 16 chunks of 1 MiB
+    copy = zipccl.offload_tensor(x, chunk_bytes=1 << 20)
+    assert len(copy._pieces) == 16 and same(copy.load(), x)
+    assert copy.host_bytes < 0.75 * copy.nbytes
+    for view in (x.view(4096, 2048).t(), x.view(4096, 2048)[:, ::3]):
+        assert same(zipccl.offload_tensor(view).load(), view)
+
+
+def test_the_caller_thread_does_not_wait_for_the_device() -> None:
+    """Queued behind a long kernel, the copy is not done when offload_tensor returns; nor is
+    the loaded tensor ready when load returns, yet the stream sees the right values."""
+    x = torch.randn(1 << 22, dtype=torch.bfloat16, device=CUDA)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1 << 30)  # ~0.5 s of one busy kernel on the current stream
+    copy = zipccl.offload_tensor(x)
+    assert not copy.landed()
+    y = copy.load()
+    assert same(y, x)
+
+
+def test_compressed_copy_holds_the_value_at_the_call() -> None:
+    x = torch.randn(1 << 20, dtype=torch.float16, device=CUDA)
+    want = x.clone()
+    torch.cuda._sleep(1 << 28)
+    copy = zipccl.offload_tensor(x)
+    x.add_(1)  # queued after the compression on the same stream
+    assert same(copy.load(), want)
+
+
+def test_load_on_another_stream() -> None:
+    x = torch.randn(1 << 20, dtype=torch.bfloat16, device=CUDA)
+    copy = zipccl.offload_tensor(x)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        y = copy.load()
+        z = y * 1
+    side.synchronize()
+    assert same(z, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("compress", [True, False])
+def test_gradients_bit_identical(dtype: torch.dtype, compress: bool) -> None:
+    model = mlp(dtype).to(CUDA)
+    x = sample((4096, 64), dtype, seed=1).to(CUDA)
+    loss, grads = step(model, x)
+    hooks = zipccl.offload_activations(min_bytes=1 << 16, compress=compress, prefetch_bytes=1 << 20)
+    before = cuda_in_use()
+    for _ in range(2):
+        loss2, grads2 = step(model, x, hooks)
+        assert same(loss, loss2)
+        assert all(same(a, b) for a, b in zip(grads, grads2, strict=True))
+    assert cuda_in_use() == before  # every host copy given back after backward
+
+
+@pytest.mark.parametrize("dtype", CODED + OTHER)
+def test_every_saved_dtype_comes_back(dtype: torch.dtype) -> None:
+    x = sample((5000,), torch.float32, seed=2).to(CUDA).requires_grad_()
+    extra = sample((400, 500), dtype, seed=3).to(CUDA)
+    with zipccl.offload_activations(min_bytes=0, max_inflight_bytes=0) as hooks:
+        y = Saves.apply(x * 1, extra, extra.t())
+    assert len(hooks._run) == 3
+    y.sum().backward()
+
+
+def test_retain_graph_on_cuda() -> None:
+    model, x = mlp(torch.bfloat16).to(CUDA), sample((4096, 64), torch.bfloat16, seed=6).to(CUDA)
+    loss = model(x).float().square().mean()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    with zipccl.offload_activations(min_bytes=1 << 16):
+        loss = model(x).float().square().mean()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    assert all(same(p.grad, w) for p, w in zip(model.parameters(), want, strict=True))
