@@ -369,7 +369,7 @@ finish_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out, const L
   HeadBytes split_bytes{}, raw_bytes{};
   if (blockIdx.x == placers) {  // loaded beside the tile sums: which one is needed comes later
     if (head) split_bytes = load_head(head);
-    raw_bytes = load_head(raw_head);
+    if (raw_head) raw_bytes = load_head(raw_head);  // null from zipccl_encode (raw_size 0)
   }
   const long long nt = num_tiles(L.nb);
   unsigned long long all = 0;
