@@ -797,7 +797,7 @@ def test_native_reduce_opt_in_three_ranks(trio, case):
     """W = 3: auto runs its own a2a_reduce (verified, the rank-order reference) unless
     ZIPCCL_NATIVE_REDUCE=1, which hands the call straight to the backend's reduction."""
     for r in trio.run(sc_calls, case, False, "native", env=AUTO):
-        assert r["calls"][:2] == ["all_gather_into_tensor", "exchange"], r
+        assert r["calls"][:2] == [_transport.ALL_GATHER, "exchange"], r
         assert r["same_as_reference"], r
     for r in trio.run(sc_calls, case, True, "native", env={**AUTO, "ZIPCCL_NATIVE_REDUCE": "1"}):
         assert r["calls"] == [CASES[case]], r
@@ -827,19 +827,17 @@ def test_verification_policy(pair, case):
 def test_uneven_all_to_all_agrees_where_compression_may_pay(pair, trio):
     """With a profile that compresses these all-to-alls, the call exchanges the descriptor once
     even with ZIPCCL_VERIFY=0 (explicit splits: the ranks' sizes differ; even ones: the sample
-    summaries), then moves the exact bits in one collective per chunk: between two ranks an
-    all-gather (_protocols.swap), between three an all-to-all; the ranks' agreement on the
-    call's outcome (an all-gather) closes it."""
+    summaries), then moves the exact bits in one all-to-all per chunk (on gloo also between two
+    ranks: _protocols.swap takes NCCL's all-gather only); the ranks' agreement on the call's
+    outcome (an all-gather) closes it."""
     env = {**AUTO, "ZIPCCL_VERIFY": "0"}
-    exchange = ["all_gather_into_tensor", "exchange"]  # the exchange's own all-gather first
-    for case in ("all_to_all_uneven", "all_to_all"):
-        for r in pair.run(sc_calls, case, False, "slow_link", env=env):
+    exchange = [_transport.ALL_GATHER, "exchange"]  # the exchange's own all-gather first
+    runs = [(pair, "all_to_all_uneven"), (pair, "all_to_all"), (trio, "all_to_all")]
+    for cluster, case in runs:
+        for r in cluster.run(sc_calls, case, False, "slow_link", env=env):
             assert r["calls"][:2] == exchange and r["same_as_torch"], r
-            assert set(r["calls"][2:]) == {"all_gather_into_tensor"}, r
-    for r in trio.run(sc_calls, "all_to_all", False, "slow_link", env=env):
-        assert r["calls"][:2] == exchange and r["same_as_torch"], r
-        assert set(r["calls"][2:-1]) == {"all_to_all_single"}, r
-        assert r["calls"][-1] == "all_gather_into_tensor", r
+            assert set(r["calls"][2:-1]) == {"all_to_all_single"}, r
+            assert r["calls"][-1] == _transport.ALL_GATHER, r
 
 
 def test_fsdp2_comm_objects(pair):

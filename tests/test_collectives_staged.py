@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 from zipccl.collectives import _protocols, _transport
+from zipccl.golden.theory import SAMPLE_SIZE
 
 from tests import test_collectives as base
 from tests._collectives_cluster import Cluster
@@ -57,9 +58,10 @@ def sc_staged(rank: int, world: int, scenario: str, *args: object) -> tuple[obje
 
 
 def staged(cluster: Cluster, scenario: str, *args: object, env: dict[str, str]) -> list[object]:
-    """The scenario's per-rank results, after checking that data crossed the staged path."""
+    """The scenario's per-rank results, after checking that data crossed the staged path (a
+    broadcast's receivers copy nothing down)."""
     results = cluster.run(sc_staged, scenario, *args, env=env)
-    assert all(downs > 0 for _, downs in results), results  # type: ignore[misc]
+    assert any(downs > 0 for _, downs in results), results  # type: ignore[misc]
     return [result for result, _ in results]  # type: ignore[misc]
 
 
@@ -85,7 +87,7 @@ def test_three_ranks_reductions_chunked(trio):
 
 def test_overflowed_payloads_are_resent_raw(pair):
     """A payload that outgrew its room is resent raw through the staged transport too."""
-    results = staged(pair, "sc_overflow", 40_000, env=SMALL_CHUNKS)
+    results = staged(pair, "sc_overflow", 6 * SAMPLE_SIZE, env=base.ALWAYS)
     assert all(ok for ok, _ in results), results  # type: ignore[misc]
     assert all(resends > 0 for _, resends in results), results  # type: ignore[misc]
 

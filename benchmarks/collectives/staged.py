@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import zipccl
+from zipccl import _plans
 from zipccl.collectives import STATS, _slots
 
 from benchmarks.collectives import common
@@ -46,17 +47,21 @@ MODES = ("native", "staged_raw", "auto", "always")
 
 @contextlib.contextmanager
 def raw_slots() -> Iterator[None]:
-    """zipccl's protocol with every piece raw: its staging and pipelining without the codec."""
+    """zipccl's protocol with every piece raw: its staging and pipelining without the codec.
+    The plans go before and after: ``always`` has the same settings, and its calls would
+    otherwise reuse the raw call's plan (whose pieces went raw) and send raw too."""
     real = _slots.Agreed.seg
 
     def raw(self: _slots.Agreed, key: object, dtype: torch.dtype, numel: int, rank: int):
         return _slots.make_seg(dtype, numel, None)
 
+    _plans.forget()
     _slots.Agreed.seg = raw  # type: ignore[method-assign]
     try:
         yield
     finally:
         _slots.Agreed.seg = real  # type: ignore[method-assign]
+        _plans.forget()
 
 
 def run_mode(mode: str, fn: Callable[[], object]) -> Callable[[], object]:
