@@ -214,7 +214,15 @@ def stats(reset: bool = False) -> Report:
 
 
 def reset_stats() -> None:
-    """Start counting afresh (:func:`stats` then reports only later calls)."""
+    """Start counting afresh (:func:`stats` then reports only later calls).
+
+    Example::
+
+        >>> import zipccl
+        >>> zipccl.reset_stats()
+        >>> zipccl.stats().ops
+        {}
+    """
     with _LOCK:
         _COUNTS.clear()
 
