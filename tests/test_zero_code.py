@@ -155,6 +155,21 @@ def test_launcher_environment(tmp_path: Path) -> None:
     assert done.stdout.startswith("export ZIPCCL_WRAP=1\nexport PYTHONPATH=")
 
 
+def test_boot_folder_alone_on_the_path(tmp_path: Path) -> None:
+    """No other sitecustomize to chain to: the interpreter starts cleanly, zipccl imported."""
+    sw = str(Path(run.__file__).parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import sys; print('zipccl' in sys.modules)"],
+        cwd=tmp_path,
+        env=_env(PYTHONPATH=os.pathsep.join([str(run.BOOT), sw])),
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+    assert done.stdout.strip() == "True"
+    assert "Error in sitecustomize" not in done.stderr
+
+
 @pytest.mark.parametrize("backend", ["", "gloo"], ids=["default", "gloo"])
 def test_launcher_makes_the_scripts_groups_zipccl_ones(tmp_path: Path, backend: str) -> None:
     """An unmodified script under zipccl-run: its default group and new_group()s are zipccl

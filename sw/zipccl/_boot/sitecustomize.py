@@ -15,7 +15,7 @@ def _boot() -> None:
         import zipccl  # noqa: F401  (installs the registration hook)
     except ImportError as error:
         warnings.warn(f"zipccl-run: zipccl cannot be imported here ({error})", stacklevel=1)
-    del sys.modules[__name__]
+    me = sys.modules.pop(__name__)  # so that the import below finds the next one
     saved = sys.path[:]
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
     try:
@@ -25,6 +25,7 @@ def _boot() -> None:
             raise
     finally:
         sys.path[:] = saved
+        sys.modules.setdefault(__name__, me)  # none found: import machinery expects this one
 
 
 _boot()
