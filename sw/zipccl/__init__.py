@@ -3,9 +3,10 @@
 The codec (:mod:`zipccl.codec`) writes golden/container.py buffers on CPU or CUDA; the collectives
 (:mod:`zipccl.collectives`) have torch.distributed's signatures; :mod:`zipccl.hooks` plugs them
 into DDP and FSDP2; :class:`Calibrator` (:mod:`zipccl.calibration`) fits a table per layer;
-importing the package after torch (or using any of its names) registers the ``zipccl``
-torch.distributed backend (:mod:`zipccl.backend`), through which unchanged training code reaches
-the collectives.
+importing the package, before or after torch, registers the ``zipccl`` torch.distributed backend
+(:mod:`zipccl.backend`), through which unchanged training code reaches the collectives; the
+``zipccl-run`` launcher (:mod:`zipccl.run`) makes a script's own gloo and NCCL groups zipccl
+ones without an edit. :func:`stats` reports what zipccl did (:mod:`zipccl.accounting`).
 
 Every public name documents its dtypes, arguments, result, exceptions and settings
 (``help(zipccl.compress)``). The codec codes ``torch.bfloat16``, ``float16``, ``float32``,
@@ -20,20 +21,27 @@ Settings, environment variables parsed in :mod:`zipccl.settings`:
   | ``0``), ``ZIPCCL_CHUNK_BYTES``, ``ZIPCCL_NATIVE_REDUCE`` (reductions only),
   ``ZIPCCL_PLAN_CALLS`` and ``ZIPCCL_CHECKSUM`` (``1``: compressed pieces carry a values
   checksum, checked by the receiver);
+* ``ZIPCCL_LOG`` (``off`` | ``summary`` | ``calls``): the :func:`stats` report printed at exit,
+  and one line per call with the reason a call stayed native (:mod:`zipccl.accounting`);
 * ``ZIPCCL_CACHE_DIR``: where the CUDA kernels' build and the switch's profiles are cached
   (default ``~/.cache/zipccl``).
 
 ``zipccl.golden`` (the NumPy reference model, the folder golden/), ``zipccl.hw`` (the Amaranth
 RTL, hw/) and ``zipccl.sim`` (its testbenches, sim/) need no torch: zipccl's own names load on
-first use, or at once when torch is imported already, so importing those does not import torch.
+first use, or at once when torch is imported already, so importing those does not import torch
+(the backend then registers when torch.distributed is imported: :mod:`zipccl._register`).
 """
 
 import importlib
 import sys
 from typing import TYPE_CHECKING
 
+from zipccl import _register
+
 if TYPE_CHECKING or "torch" in sys.modules:  # torch loaded already: load (and register) now
     from zipccl._public import *  # noqa: F403
+else:  # register as soon as torch.distributed is imported, before any group can be made
+    _register.register_when_torch_loads()
 
 __all__ = [
     "FSDP2_HOOKS",
@@ -65,6 +73,8 @@ __all__ = [
     "offload_tensor",
     "reduce_scatter_tensor",
     "reference_reduce",
+    "reset_stats",
+    "stats",
 ]
 
 

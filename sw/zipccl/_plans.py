@@ -39,7 +39,7 @@ class Plan:
     key: tuple
     digest: int  # of the exchange that made it
     uses: int  # calls served
-    agreed: Any  # collectives._Agreed, with the last call's measured piece sizes
+    agreed: Any  # collectives._slots.Agreed, with the last call's measured piece sizes
 
     @property
     def tag(self) -> int:

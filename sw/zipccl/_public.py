@@ -3,6 +3,7 @@
 Importing this module registers the ``zipccl`` torch.distributed backend (zipccl.backend).
 """
 
+from zipccl.accounting import reset_stats, stats
 from zipccl.backend import ProcessGroupZipccl
 from zipccl.calibration import Calibrator
 from zipccl.codec import (

@@ -27,20 +27,53 @@ ranks started with different ones get a CollectiveMismatchError from ``init_proc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import cast
+from typing import TypeVar, cast
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions  # (torch.distributed does not export it)
 from torch.distributed import distributed_c10d as c10d
 
-from zipccl import collectives, settings
-from zipccl.collectives import DoneWork, Forwarding, ReduceOpArg
+from zipccl import _register, accounting, collectives, settings, switch
+from zipccl._errors import CollectiveMismatchError, PeerError
+from zipccl.collectives import DoneWork, Forwarding, ReduceOpArg, _agree, _profile
+from zipccl.collectives._exchange import CODEC_DTYPES
+from zipccl.collectives._transport import resolve
 
-NAME = "zipccl"
+NAME = _register.NAME
 _KINDS = {"gloo": dist.ProcessGroup.BackendType.GLOO, "nccl": dist.ProcessGroup.BackendType.NCCL}
+_DEVICES = ("cpu", "cuda")
+_R = TypeVar("_R")
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a zipccl group is made, passed as ``pg_options`` (``init_process_group`` or
+    ``new_group``); without it: gloo for CPU tensors, NCCL for CUDA ones where available, and
+    the name ``"zipccl"``.
+
+    Args:
+        inner (dict of str to str): device type (``"cpu"``, ``"cuda"``) -> the inner backend that
+            moves its tensors (``"gloo"`` or ``"nccl"``); empty: the default above.
+        inner_options (object): ``pg_options`` for the inner NCCL group
+            (``ProcessGroupNCCL.Options``), or None.
+        name (str): what the group answers to ``pg.name()``: the zipccl-run launcher
+            (:mod:`zipccl.wrap`) gives the inner backend's name, which frameworks check.
+
+    Example::
+
+        >>> import zipccl.backend
+        >>> zipccl.backend.Options(inner={"cpu": "gloo"}).name
+        'zipccl'
+    """
+
+    inner: Mapping[str, str] = field(default_factory=dict)
+    inner_options: object | None = None
+    name: str = NAME
 
 
 # The overrides below take the arguments torch's C++ dispatcher passes a Python backend (tensors,
@@ -70,11 +103,16 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         timeout (timedelta): the inner groups' timeout.
         global_ranks (list of int): the group's global ranks (empty: the default group).
         name (str): the group's name; the inner groups are named after it.
+        options (Options): the inner backends and the reported name (default: :class:`Options`).
 
     Raises:
         CollectiveMismatchError: the ranks' ``ZIPCCL_*`` settings differ, or one cannot be
-            parsed (on every rank, from ``init_process_group`` or ``new_group``).
-        ValueError: a setting every rank gives the same malformed value.
+            parsed, or their inner backends differ (e.g. one rank sees no GPU) -- on every rank,
+            from ``init_process_group`` or ``new_group``.
+        ValueError: a setting every rank gives the same malformed value; ``options`` names a
+            device or inner backend zipccl does not wrap.
+        PeerError: another rank failed while the group started (on every rank whose own start
+            did not fail; the failing rank raises its own error), within one store round trip.
 
     Example::
 
@@ -93,27 +131,44 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         timeout: timedelta,
         global_ranks: list[int],
         name: str,
+        options: Options | None = None,
     ) -> None:
         agreed = settings.agree(store, rank, size)  # before anything else: a mismatch raises
+        options = options or Options()
+        # every rank's plan, checked before any rank blocks in an inner group's connect
+        plan = _together(
+            store,
+            rank,
+            size,
+            "plan",
+            lambda: _plan(options, agreed.cuda_transport, store, rank, size),
+        )
         # the binding's (rank, size) constructor, which torch's stub lacks (it has only the store's)
         super().__init__(rank, size)  # type: ignore[call-arg]
         self._coalescing = False
+        self._name = options.name
         self._inner: dict[str, dist.ProcessGroup] = {}
-        cuda = _cuda_backend(agreed.cuda_transport, store, rank, size)
-        for device, backend in (("cpu", "gloo"), ("cuda", cuda)):
-            if backend is None:
-                continue
-            pg = self._inner.get("cpu") if backend == "gloo" else None  # gloo moves both
-            if pg is None:
-                pg = _inner_group(backend, store, rank, size, timeout, global_ranks, name)
-            on = torch.device(device)  # torch's helpers that look a device's backend up (FSDP2's
-            self._register_backend(on, _KINDS[backend], pg._get_backend(on))  # buffers, NCCL init)
-            settings.mark_agreed(pg)
-            self._inner[device] = pg
+
+        def build() -> dict[str, str]:
+            made: dict[str, dist.ProcessGroup] = {}
+            for device, backend in plan.items():
+                if backend not in made:
+                    made[backend] = _inner_group(
+                        backend, store, rank, size, timeout, global_ranks, name, options
+                    )
+                pg = made[backend]
+                on = torch.device(device)  # torch's helpers that look a device's backend up
+                self._register_backend(on, _KINDS[backend], pg._get_backend(on))  # (FSDP2, NCCL)
+                settings.mark_agreed(pg)
+                self._inner[device] = pg
+            return plan
+
+        _together(store, rank, size, "inner", build)
 
     def getBackendName(self) -> str:  # the C++ name, which the trampoline looks up
-        """``"zipccl"``."""
-        return NAME
+        """``"zipccl"``, or the name :class:`Options` gives (the inner backend's, under the
+        zipccl-run launcher)."""
+        return self._name
 
     def inner(self, device: torch.device | str) -> dist.ProcessGroup:
         """The inner group that moves tensors of ``device``'s type.
@@ -150,8 +205,15 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         if self._coalescing or len(tensors) != 1:
             return self._pass("allreduce", tensors, opts)
         (t,) = tensors
+        op = _reduce_op(opts)
         return _work(
-            tensors, collectives.all_reduce(t, _reduce_op(opts), self.inner(t.device), True)
+            tensors,
+            self._counted(
+                "all_reduce",
+                t,
+                lambda: collectives.all_reduce(t, op, self.inner(t.device), True),
+                reduce=op,
+            ),
         )
 
     def broadcast(  # type: ignore[override]
@@ -167,7 +229,15 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         (t,) = tensors
         group = self.inner(t.device)
         src = dist.get_global_rank(group, opts.rootRank)
-        return _work(tensors, collectives.broadcast(t, src, group, True))
+        return _work(
+            tensors,
+            self._counted(
+                "broadcast",
+                t,
+                lambda: collectives.broadcast(t, src, group, True),
+                source=opts.rootRank == self.rank(),
+            ),
+        )
 
     def allgather(  # type: ignore[override]
         self,
@@ -181,7 +251,12 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         if self._coalescing or len(inputs) != 1:
             return self._pass("allgather", output_lists, inputs, opts)
         (t,), (outs,) = inputs, output_lists
-        return _work(outs, collectives.all_gather(outs, t, self.inner(t.device), True))
+        return _work(
+            outs,
+            self._counted(
+                "all_gather", t, lambda: collectives.all_gather(outs, t, self.inner(t.device), True)
+            ),
+        )
 
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
@@ -190,9 +265,16 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         window: the inner group's own)."""
         if self._coalescing:
             return self._pass("all_gather_single", output, input, opts or AllgatherOptions())
-        return _work(
-            [output],
-            collectives.all_gather_into_tensor(output, input, self.inner(input.device), True),
+        return _work([output], self._all_gather_single(output, input, True))
+
+    def _all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, async_op: bool
+    ) -> dist.Work | None:
+        group = self.inner(input.device)
+        return self._counted(
+            "all_gather",
+            input,
+            lambda: collectives.all_gather_into_tensor(output, input, group, async_op),
         )
 
     def all_gather_single_coalesced(
@@ -208,7 +290,7 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
                 "all_gather_single_coalesced", outputs, inputs, opts or AllgatherOptions()
             )
         for out, inp in zip(outputs, inputs, strict=True):
-            collectives.all_gather_into_tensor(out, inp, self.inner(inp.device))
+            self._all_gather_single(out, inp, False)
         return DoneWork(outputs)
 
     def reduce_scatter_single(
@@ -222,11 +304,17 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         opts = opts or dist.ReduceScatterOptions()
         if self._coalescing:
             return self._pass("reduce_scatter_single", output, input, opts)
-        return _work(
-            [output],
-            collectives.reduce_scatter_tensor(
-                output, input, _reduce_op(opts), self.inner(input.device), True
-            ),
+        return _work([output], self._reduce_scatter(output, input, _reduce_op(opts), True))
+
+    def _reduce_scatter(
+        self, output: torch.Tensor, input: torch.Tensor, op: ReduceOpArg, async_op: bool
+    ) -> dist.Work | None:
+        group = self.inner(input.device)
+        return self._counted(
+            "reduce_scatter",
+            input,
+            lambda: collectives.reduce_scatter_tensor(output, input, op, group, async_op),
+            reduce=op,
         )
 
     def reduce_scatter_single_coalesced(
@@ -242,7 +330,7 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
             return self._pass("reduce_scatter_single_coalesced", outputs, inputs, opts)
         op = _reduce_op(opts)
         for out, inp in zip(outputs, inputs, strict=True):
-            collectives.reduce_scatter_tensor(out, inp, op, self.inner(inp.device))
+            self._reduce_scatter(out, inp, op, False)
         return DoneWork(outputs)
 
     def reduce_scatter(  # type: ignore[override]
@@ -258,7 +346,7 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
             return self._pass("reduce_scatter", outputs, input_lists, opts)
         (out,), (parts,) = outputs, input_lists
         flat = torch.cat([p.reshape(-1) for p in parts])
-        collectives.reduce_scatter_tensor(out, flat, _reduce_op(opts), self.inner(out.device))
+        self._reduce_scatter(out, flat, _reduce_op(opts), False)
         return DoneWork(outputs)
 
     def all_to_all_single(  # type: ignore[override]
@@ -282,13 +370,23 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
             )
         return _work(
             [output],
-            collectives.all_to_all_single(
-                output,
-                input,
-                list(output_splits) or None,
-                list(input_splits) or None,
-                self.inner(input.device),
-                True,
+            self._all_to_all(output, input, list(output_splits), list(input_splits), True),
+        )
+
+    def _all_to_all(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        async_op: bool,
+    ) -> dist.Work | None:
+        group = self.inner(input.device)
+        return self._counted(
+            "all_to_all",
+            input,
+            lambda: collectives.all_to_all_single(
+                output, input, output_splits or None, input_splits or None, group, async_op
             ),
         )
 
@@ -307,12 +405,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         flat_out = torch.empty(
             sum(t.numel() for t in outputs), dtype=flat_in.dtype, device=flat_in.device
         )
-        collectives.all_to_all_single(
-            flat_out,
-            flat_in,
-            [t.numel() for t in outputs],
-            [t.numel() for t in inputs],
-            self.inner(flat_in.device),
+        self._all_to_all(
+            flat_out, flat_in, [t.numel() for t in outputs], [t.numel() for t in inputs], False
         )
         for out, part in zip(outputs, flat_out.split([t.numel() for t in outputs]), strict=True):
             out.copy_(part.view(out.shape))
@@ -352,6 +446,40 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         self._coalescing = False
         return self.inner(device)._end_coalescing(device)
 
+    def _counted(
+        self,
+        op: str,
+        t: torch.Tensor,
+        call: Callable[[], _R],
+        *,
+        source: bool = True,
+        reduce: ReduceOpArg | None = None,
+    ) -> _R:
+        """``call()``, one zipccl collective of ``op`` on this rank's input ``t``, counted in
+        :mod:`zipccl.accounting` with the strategy zipccl took (``collectives.STATS``: the last
+        call's strategy, unset where zipccl handed the call straight to torch) and the bytes it
+        sent (``STATS.sent``); ``source``: a broadcast's source; ``reduce``: a reduction's op."""
+        nbytes = t.numel() * t.element_size()
+        _measure_link_first(op, self.inner(t.device), t, nbytes, reduce)
+        wire = collectives.STATS
+        wire.strategy, sent = "", wire.sent
+        start = time.perf_counter()
+        out = call()
+        seconds = time.perf_counter() - start
+        strategy = wire.strategy or switch.NATIVE
+        bytes_in = accounting.native_bytes(op, nbytes, self.size(), source)
+        native = strategy == switch.NATIVE
+        accounting.record(
+            op,
+            t.dtype,
+            strategy,
+            bytes_in,
+            bytes_in if native else wire.sent - sent,
+            seconds,
+            _why_native(t.dtype, nbytes, reduce) if native else "",
+        )
+        return out
+
     def _pass(self, method: str, *args: object) -> dist.Work:
         """``method`` of the inner group of the first tensor in ``args``, with ``args``."""
         return getattr(self.inner(_first_tensor(args).device), method)(*args)
@@ -385,30 +513,85 @@ for _method in (
     setattr(ProcessGroupZipccl, _method, _passed(_method))
 
 
+def _plan(
+    options: Options, cuda_transport: str, store: dist.Store, rank: int, size: int
+) -> dict[str, str]:
+    """Device type -> inner backend, from ``options`` or the default (cpu: gloo always; cuda:
+    :func:`_cuda_backend`); ValueError naming what zipccl cannot wrap."""
+    if not options.inner:
+        cuda = _cuda_backend(cuda_transport, store, rank, size)
+        return {"cpu": "gloo", "cuda": cuda} if cuda else {"cpu": "gloo"}
+    plan = dict(sorted(options.inner.items()))
+    for device, backend in plan.items():
+        if device not in _DEVICES or backend not in _KINDS:
+            raise ValueError(
+                f"the zipccl backend wraps {sorted(_KINDS)} on {list(_DEVICES)}, "
+                f"not {backend!r} on {device!r}"
+            )
+    return plan
+
+
+_SEP = "\x1f"
+
+
+def _together(store: dist.Store, rank: int, size: int, step: str, build: Callable[[], _R]) -> _R:
+    """``build()`` on every rank of a starting group, then one store round in which each rank
+    tells the others its outcome: a rank whose ``build`` raised tells its error and re-raises;
+    the others raise PeerError naming it, instead of waiting for it in a later connect or
+    collective until the group's timeout. Every rank's result must match (its repr):
+    CollectiveMismatchError otherwise."""
+    try:
+        result = build()
+    except Exception as error:
+        _round(store, rank, size, step, f"error{_SEP}{type(error).__name__}: {error}"[:512])
+        raise
+    outcomes = _round(store, rank, size, step, f"ok{_SEP}{result!r}")
+    failures = {r: o.split(_SEP, 1)[1] for r, o in enumerate(outcomes) if o.startswith("error")}
+    if failures:
+        raise PeerError(
+            f"zipccl: the group could not start ({step}): "
+            + "; ".join(f"rank {r}: {what}" for r, what in failures.items()),
+            failures,
+        )
+    if len(set(outcomes)) > 1:
+        raise CollectiveMismatchError(
+            f"zipccl: ranks start the group with different inner backends ({step}): "
+            + "; ".join(f"rank {r}: {o.split(_SEP, 1)[1]}" for r, o in enumerate(outcomes))
+        )
+    return result
+
+
+def _round(store: dist.Store, rank: int, size: int, step: str, mine: str) -> list[str]:
+    """Publish ``mine`` and read every rank's, in the group's store; rounds numbered by arrival
+    (as settings.agree), so a group re-created on the same store starts a new round."""
+    round_no = (store.add(f"zipccl/start/{step}/arrivals", 1) - 1) // size
+    keys = [f"zipccl/start/{step}/{round_no}/{r}" for r in range(size)]
+    store.set(keys[rank], mine)
+    store.wait(keys)
+    return [value.decode() for value in store.multi_get(keys)]
+
+
 def _cuda_backend(choice: str, store: dist.Store, rank: int, size: int) -> str | None:
     """What moves the group's CUDA tensors (None: no GPU here): NCCL, or gloo -- the host-staged
-    transport, for ranks that share a GPU (NCCL refuses them) or where ``ZIPCCL_CUDA_TRANSPORT``
-    asks for it. Every rank decides alike: the setting is agreed, and ``auto`` compares every
-    rank's GPU through the store."""
+    transport, for ranks that share a GPU (NCCL refuses them), without NCCL, or where
+    ``ZIPCCL_CUDA_TRANSPORT`` asks for it. Every rank decides alike: the setting is agreed, and
+    ``auto`` compares every rank's GPU (one store round, which every rank takes part in)."""
+    gpus = _round(store, rank, size, "gpus", _gpu_id())
     if not torch.cuda.is_available():
         return None
     if choice == "nccl" and not dist.is_nccl_available():
         raise ValueError("ZIPCCL_CUDA_TRANSPORT=nccl, but this torch has no NCCL")
     if choice != "auto":
         return choice
-    shared = _gpus_shared(store, rank, size)
+    shared = len(set(gpus)) < size
     return "nccl" if dist.is_nccl_available() and not shared else "gloo"
 
 
-def _gpus_shared(store: dist.Store, rank: int, size: int) -> bool:
-    """Whether two of the group's ranks use one GPU (its UUID), from every rank's entry in the
-    store: one round trip, the same answer on every rank."""
-    mine = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-    round_no = (store.add("zipccl/gpus/arrivals", 1) - 1) // size
-    keys = [f"zipccl/gpus/{round_no}/{r}" for r in range(size)]
-    store.set(keys[rank], mine)
-    store.wait(keys)
-    return len({value.decode() for value in store.multi_get(keys)}) < size
+def _gpu_id() -> str:
+    """This rank's GPU (its UUID; empty without one)."""
+    if not torch.cuda.is_available():
+        return ""
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
 
 
 def _inner_group(
@@ -419,17 +602,22 @@ def _inner_group(
     timeout: timedelta,
     global_ranks: list[int],
     name: str,
+    options: Options,
 ) -> dist.ProcessGroup:
     """A registered ``backend`` group of the same ranks, by torch's own helper (so every
-    torch.distributed function takes it), under a name and tag of its own."""
+    torch.distributed function takes it; the original where zipccl.wrap patched it), under a
+    name and tag of its own."""
     inner_name = f"{name}:zipccl:{backend}"
-    pg, _ = c10d._new_process_group_helper(
+    helper = c10d._new_process_group_helper
+    helper = getattr(helper, "__wrapped__", helper)
+    pg, _ = helper(
         size,
         rank,
         global_ranks,
         backend,
         store,
         group_name=cast(c10d.GroupName, inner_name),
+        backend_options=options.inner_options if backend == "nccl" else None,
         timeout=timeout,
         pg_tag=inner_name,
     )
@@ -444,6 +632,36 @@ def _reduce_op(opts: dist.AllreduceOptions | dist.ReduceScatterOptions) -> Reduc
     op = opts.reduceOp
     kind = op.op  # type: ignore[attr-defined]  # ReduceOp.op: in the binding, not in the stub
     return op if kind == dist.ReduceOp.PREMUL_SUM else kind
+
+
+def _measure_link_first(
+    op: str, group: dist.ProcessGroup, t: torch.Tensor, nbytes: int, reduce: ReduceOpArg | None
+) -> None:
+    """Where auto mode's switch would measure ``group``'s link inside this call (its first such
+    call: _profile.profile_for, collectives on the group), measure it now, so that its traffic is
+    not counted as the call's bytes. Every rank takes the same branch: the conditions are the
+    plan's (collectives), on values the ranks share (an uneven all-to-all's sizes aside, which
+    the plan does not look at either)."""
+    if (
+        switch.mode() == "auto"
+        and t.dtype in CODEC_DTYPES
+        and (nbytes or op == "all_to_all")
+        and (reduce is None or _agree.reduce_code(reduce) != 99)
+    ):
+        _profile.profile_for(resolve(group, t))
+
+
+def _why_native(dtype: torch.dtype, nbytes: int, reduce: ReduceOpArg | None) -> str:
+    """Why zipccl kept a call native, for the report (the checks collectives' plan makes)."""
+    if switch.mode() == "never":
+        return "ZIPCCL_MODE=never"
+    if dtype not in CODEC_DTYPES:
+        return f"dtype {str(dtype).removeprefix('torch.')}"
+    if reduce is not None and _agree.reduce_code(reduce) == 99:
+        return "reduce op"
+    if nbytes <= _agree.SMALL_BYTES:
+        return f"size: at most {_agree.SMALL_BYTES} bytes"
+    return "switch: size/link"
 
 
 def _work(outputs: list[torch.Tensor], returned: dist.Work | None) -> dist.Work:
@@ -474,10 +692,16 @@ def _tensors(args: Iterable[object]) -> Iterator[torch.Tensor]:
             yield from _tensors(arg)
 
 
-def _create(
+def create(
     opts: dist.distributed_c10d._DistributedBackendOptions, backend_options: object
 ) -> ProcessGroupZipccl:
-    """torch's extended backend API: what the group's creator needs, ranks included."""
+    """torch's extended backend API: what the group's creator needs, ranks included;
+    ``backend_options``: the caller's ``pg_options``, an :class:`Options` or None."""
+    if backend_options is not None and not isinstance(backend_options, Options):
+        raise TypeError(
+            "pg_options of a zipccl group must be zipccl.backend.Options, "
+            f"got {type(backend_options).__name__}"
+        )
     return ProcessGroupZipccl(
         opts.store,
         opts.group_rank,
@@ -485,9 +709,10 @@ def _create(
         opts.timeout,
         list(opts.global_ranks_in_group),
         str(opts.group_id),
+        backend_options,
     )
 
 
-dist.Backend.register_backend(NAME, _create, extended_api=True, devices=["cpu", "cuda"])
+_register.register()
 
-__all__ = ["NAME", "ProcessGroupZipccl"]
+__all__ = ["NAME", "Options", "ProcessGroupZipccl", "create"]

@@ -12,8 +12,8 @@ is already in. Values are still read at every call (tests and benchmarks change 
 calls); a program that changes them must change them on every rank between the same two calls.
 
 Settings that leave the bytes on the wire unchanged are parsed here too but not agreed
-(:data:`LOCAL_KEYS`: which kernels this process runs); ``ZIPCCL_CACHE_DIR``, a path, is read by
-zipccl._kernel_cache.
+(:data:`LOCAL_KEYS`: which kernels this process runs, what it logs); ``ZIPCCL_CACHE_DIR``, a
+path, is read by zipccl._kernel_cache.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ KEYS = (
 )
 CUDA_TRANSPORTS = ("auto", "nccl", "gloo")  # what moves a zipccl group's CUDA tensors
 BACKENDS = ("auto", "torch", "triton")  # auto: the CUDA kernels on CUDA tensors, torch elsewhere
-LOCAL_KEYS = ("ZIPCCL_BACKEND", "ZIPCCL_FAST")  # the codec's kernels: same bytes whichever
+LOCAL_KEYS = ("ZIPCCL_BACKEND", "ZIPCCL_FAST", "ZIPCCL_LOG")  # same bytes on the wire whichever
+LOGS = ("off", "summary", "calls")  # ZIPCCL_LOG: zipccl.accounting's report at exit / per call
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {  # KEYS order: Settings' fields
     "ZIPCCL_CUDA_TRANSPORT": lambda v: _choice("ZIPCCL_CUDA_TRANSPORT", v, CUDA_TRANSPORTS),
     "ZIPCCL_BACKEND": lambda v: _choice("ZIPCCL_BACKEND", v, BACKENDS),
     "ZIPCCL_FAST": lambda v: _choice("ZIPCCL_FAST", v, ("1", "0")) == "1",  # BF16 fast path
+    "ZIPCCL_LOG": lambda v: _choice("ZIPCCL_LOG", v, LOGS),
 }
 
 

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from zipccl import _plans, codec, settings, switch
 from zipccl.collectives import _exchange, _profile, _slots, _transport
 from zipccl.golden.codebook import Codebook
+from zipccl.golden.container import HEADER_BYTES
 
 ReduceOp = dist.ReduceOp
 
@@ -299,6 +300,10 @@ def strategy_of(
     return strategy_and_chunks(g, name, dtype, nbytes, red_code)[0]
 
 
+#  A tensor this small stays native in every mode: a compressed piece's header alone is as large
+SMALL_BYTES = HEADER_BYTES
+
+
 def strategy_and_chunks(
     g: _transport.Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int
 ) -> tuple[str, int]:
@@ -308,7 +313,7 @@ def strategy_and_chunks(
     chunks = _chunks(g, nbytes)
     if dtype not in _exchange.CODEC_DTYPES or red_code == 99:
         return switch.NATIVE, chunks  # nothing to compress, or an op only the backend implements
-    if nbytes == 0:  # nothing to compress; but gloo cannot reduce fp8, not even an empty tensor
+    if nbytes <= SMALL_BYTES:  # nothing to gain; but gloo cannot reduce fp8, not even 0 bytes
         gloo_fp8 = red_code >= 0 and dtype in _slots.BYTE_VIEW and not g.nccl
         return (switch.A2A_REDUCE if gloo_fp8 else switch.NATIVE), chunks
     mode = switch.mode()
