@@ -69,6 +69,23 @@ def test_backend_counts_its_calls(tmp_path: Path) -> None:
     assert report["broadcast/bfloat16"]["compressed"] == 1
 
 
+def test_small_tensors_stay_native_when_compression_is_forced(tmp_path: Path) -> None:
+    """A loss scalar under ZIPCCL_MODE=always: a compressed piece's header alone (512 bytes)
+    would outweigh it, so it goes native (and says why); the next size up compresses."""
+    code = (
+        "import json, torch, zipccl;" + WORLD_1 + "dist.all_reduce(torch.ones(1));"
+        "dist.all_reduce(torch.randn(128));dist.all_reduce(torch.randn(4096).bfloat16());"
+        "print(json.dumps(zipccl.stats().as_dict()))"
+    )
+    done = _python(code, tmp_path, ZIPCCL_MODE="always")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["all_reduce/float32"]["compressed"] == 0
+    assert report["all_reduce/float32"]["not_compressed"] == {"size: at most 512 bytes": 2}
+    assert report["all_reduce/float32"]["bytes_out"] == 4 + 512
+    assert report["all_reduce/bfloat16"]["compressed"] == 1
+
+
 def test_zipccl_log_calls_and_summary(tmp_path: Path) -> None:
     code = "import torch, zipccl;" + WORLD_1 + "dist.all_reduce(torch.ones(8).bfloat16())"
     done = _python(code, tmp_path, ZIPCCL_MODE="never", ZIPCCL_LOG="calls")
