@@ -105,3 +105,95 @@ def sc_corrupt_summary_from_rank_1(rank: int, world: int) -> str:
 def test_a_corrupt_peer_summary_raises_on_every_rank(pair) -> None:
     errors = pair.run(sc_corrupt_summary_from_rank_1, env={"ZIPCCL_MODE": "always"})
     assert all("rank 1 sent a corrupt sample summary" in e for e in errors), errors
+
+
+# --------------------------------------------------------------------------- issue 37
+
+
+def _outcome(call) -> str:  # type: ignore[no-untyped-def]
+    """What a call raised on this rank, as "Type: message" ("no error" if nothing)."""
+    try:
+        call()
+    except BaseException as exc:  # a KeyboardInterrupt too: the scenarios inject one
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def sc_one_rank_bad_argument(rank: int, world: int, case: str) -> str:
+    """Rank 1 passes an argument that used to raise on it alone, before the descriptor
+    exchange (its peer then waited for the group's timeout)."""
+    import torch.distributed as dist
+
+    x = torch.randn(6000).to(torch.bfloat16)
+    bad = rank == 1
+    if case == "table":
+        out = torch.empty(world * x.numel(), dtype=x.dtype)
+        table = "theory" if bad else None
+        return _outcome(lambda: zipccl.all_gather_into_tensor(out, x, table=table))  # type: ignore[arg-type]
+    if case == "float_splits":
+        rows = [3000.0, 3000.0] if bad else [3000, 3000]
+        out = torch.empty_like(x)
+        return _outcome(lambda: zipccl.all_to_all_single(out, x, rows, rows))  # type: ignore[arg-type]
+    group = dist.new_group([0, 1])
+    return _outcome(lambda: zipccl.broadcast(x, src=7 if bad else 0, group=group))
+
+
+@pytest.mark.parametrize(
+    ("case", "needle"),
+    [
+        ("table", "rank 1: table is neither a golden Codebook nor None"),
+        ("float_splits", "rank 1: split sizes do not add up"),
+        ("src", "rank 1: src is not a rank of the group"),
+    ],
+)
+def test_a_bad_argument_on_one_rank_raises_on_every_rank(pair, case, needle) -> None:
+    msgs = pair.run(sc_one_rank_bad_argument, case, env={"ZIPCCL_MODE": "always"})
+    assert all(m.startswith("CollectiveMismatchError") and needle in m for m in msgs), msgs
+
+
+def sc_interrupted_decode(rank: int, world: int) -> str:
+    """A KeyboardInterrupt in rank 1's decode still lets the call's collectives complete: rank
+    1 raises it, rank 0 a PeerError naming it."""
+    real = _slots.Unpack.__call__
+
+    def interrupted(self, *args):  # type: ignore[no-untyped-def]
+        if rank == 1:
+            raise KeyboardInterrupt("injected")
+        return real(self, *args)
+
+    _slots.Unpack.__call__ = interrupted  # type: ignore[method-assign]
+    try:
+        x = torch.randn(20_000).to(torch.bfloat16)
+        out = torch.empty(world * x.numel(), dtype=x.dtype)
+        return _outcome(lambda: zipccl.all_gather_into_tensor(out, x))
+    finally:
+        _slots.Unpack.__call__ = real  # type: ignore[method-assign]
+
+
+def test_an_interrupt_inside_a_call_reaches_every_rank(pair) -> None:
+    msgs = pair.run(sc_interrupted_decode, env={"ZIPCCL_MODE": "always"})
+    assert msgs[1] == "KeyboardInterrupt: injected", msgs
+    assert msgs[0].startswith("PeerError") and "KeyboardInterrupt" in msgs[0], msgs
+
+
+@pytest.mark.parametrize("claim", [1 << 40, 1 << 62, 6000 * 2 + 2, -2])
+def test_a_byte_count_that_disagrees_with_the_fields_is_refused(claim: int) -> None:
+    """A peer's descriptor is not trusted: its byte count must be its element count times the
+    agreed dtype's size before any chunk is planned (a claim of 2^40 planned 268 M chunks)."""
+    from zipccl.collectives import _agree
+
+    world = 2
+    rows = np.zeros((world, _agree._FIELDS + _agree._extra_fields(world)), dtype=np.int64)
+    rows[:, 6], rows[:, _agree._FIELDS] = 12000, 6000
+    _agree._check_sizes(rows, "all_gather", world, 2)  # honest rows pass
+    rows[1, 6] = claim
+    with pytest.raises(zipccl.CollectiveMismatchError, match="rank 1 reported"):
+        _agree._check_sizes(rows, "all_gather", world, 2)
+    a2a = np.zeros_like(rows)
+    a2a[:, _agree._FIELDS : _agree._FIELDS + world] = 3  # 3 rows to each rank
+    a2a[:, _agree._FIELDS + 2 * world] = 1000  # of 1000 values
+    a2a[:, 6] = 6 * 1000 * 2
+    _agree._check_sizes(a2a, "all_to_all", world, 2)
+    a2a[0, 6] = claim
+    with pytest.raises(zipccl.CollectiveMismatchError, match="rank 0 reported"):
+        _agree._check_sizes(a2a, "all_to_all", world, 2)

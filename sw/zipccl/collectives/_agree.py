@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from zipccl import _plans, codec, settings, switch
+from zipccl._errors import CollectiveMismatchError
 from zipccl.collectives import _exchange, _profile, _slots, _transport
 from zipccl.golden.codebook import Codebook
 from zipccl.golden.container import HEADER_BYTES
@@ -173,6 +174,8 @@ def agree(
     """
     mode = switch.mode()
     red_code = -1 if red is None else reduce_code(red)
+    if not (table is None or isinstance(table, Codebook)):  # reported, not raised: peers wait
+        err, table = err or _exchange.BAD_TABLE, None
     head = [
         _exchange.OP_CODES[name],
         err,
@@ -186,7 +189,7 @@ def agree(
     ticket = _plans.Ticket(group, (*head, *fields, g.device, exchange_desc, settings.raw()))
     plan = _plans.find(group, ticket.key)
     if plan is not None:
-        rows, _ = _exchanged(g, name, head, plan.tag, fields, None, check)
+        rows, _ = _exchanged(g, name, head, plan.tag, fields, None, check, dtype.itemsize)
         if (rows[:, _TAG] == plan.tag).all():
             _slots.STATS.strategy = plan.agreed.strategy
             return _settled(replace(plan.agreed, ticket=replace(ticket, previous=plan)))
@@ -201,9 +204,9 @@ def agree(
         _slots.STATS.strategy = local[0]
         return _slots.Agreed(g, name, local[0], table, local[1])  # no exchange, nothing to keep
     summarized = sample if may_compress and not err else None
-    rows, count = _exchanged(g, name, head, 0, fields, summarized, check)
+    rows, count = _exchanged(g, name, head, 0, fields, summarized, check, dtype.itemsize)
     if rows[:, _TAG].any():  # some ranks repeat a plan the others lack: all exchange afresh
-        rows, count = _exchanged(g, name, head, 0, fields, summarized, check)
+        rows, count = _exchanged(g, name, head, 0, fields, summarized, check, dtype.itemsize)
     agreed = int(rows[:, 6].max())
     if agreed != nbytes:  # the local plan was for another size
         nbytes, local = agreed, None
@@ -228,6 +231,7 @@ def _exchanged(
     fields: Sequence[int],
     sample: torch.Tensor | None,
     check: Callable[[np.ndarray], None] | None,
+    itemsize: int,
 ) -> tuple[np.ndarray, int]:
     """One descriptor exchange -- every rank's row of ``head``, plan ``tag``, ``fields`` and
     sample summary (zeros without ``sample``) -- and the checks of it that raise the same
@@ -249,7 +253,23 @@ def _exchanged(
     _exchange.require_same(rows, 5, "the reduce op", name)
     if check is not None:
         check(rows[:, _FIELDS:])
+    _check_sizes(rows, name, g.world, itemsize)
     return rows, count
+
+
+def _check_sizes(rows: np.ndarray, name: str, world: int, itemsize: int) -> None:
+    """Every rank's byte count must be what its own fields say (an all-to-all: its input rows
+    times the row size; otherwise the element count): the protocol sizes chunks and buffers by
+    it, so a peer's wrong or corrupt claim is a CollectiveMismatchError on every rank before
+    anything is allocated. Python integers: a huge claim cannot wrap around."""
+    for rank, row in enumerate(rows.tolist()):
+        fields = row[_FIELDS:]
+        numel = sum(fields[:world]) * fields[2 * world] if name == "all_to_all" else fields[0]
+        if numel < 0 or row[6] != numel * itemsize:
+            raise CollectiveMismatchError(
+                f"zipccl.{name}: rank {rank} reported {row[6]} bytes for {numel} values of "
+                f"{itemsize} bytes"
+            )
 
 
 def _settled(a: _slots.Agreed) -> _slots.Agreed:

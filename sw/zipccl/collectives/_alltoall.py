@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import replace
 
 import numpy as np
@@ -173,6 +174,8 @@ def _splits(
         total = t.shape[0] if t.dim() else 1
         if given is None or len(given) == 0:
             return [total // g.world] * g.world, total % g.world == 0
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in given):
+            return [0] * g.world, False  # e.g. float sizes: reported, so every rank raises
         ok = len(given) == g.world and sum(given) == total and min(given) >= 0
         return (list(given) + [0] * g.world)[: g.world], ok
 

@@ -99,7 +99,7 @@ def broadcast(
     if _agree.direct(group, tensor, "broadcast", nbytes, -1, verify):
         return dist.broadcast(_slots.as_wire(tensor), src, group, async_op)
     g = _transport.resolve(group, tensor)
-    group_src = dist.get_group_rank(group, src) if group is not None else src
+    group_src = _group_rank(group, src)
     err = 6 if not 0 <= group_src < g.world else _agree.check_pair(g, tensor, tensor, 0, 0)
     agreed = _agree.agree(
         g,
@@ -121,3 +121,14 @@ def broadcast(
         )
     )
     return _transport.done(async_op)
+
+
+def _group_rank(group: dist.ProcessGroup | None, src: int) -> int:
+    """``src``'s rank in ``group``; -1 where it is not one of its ranks (reported in the
+    descriptor, so that every rank raises, not only this one before the exchange)."""
+    if group is None:
+        return src
+    try:
+        return dist.get_group_rank(group, src)
+    except (ValueError, RuntimeError):
+        return -1

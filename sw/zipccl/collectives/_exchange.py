@@ -41,7 +41,9 @@ ERRORS = {
     4: "tensor is not contiguous",
     5: "tensors are on the wrong device for this process group's backend",
     6: "src is not a rank of the group",
+    8: "table is neither a golden Codebook nor None",
 }
+BAD_TABLE = 8
 
 
 SUMMARY_FAILED = 7  # the error code of a rank whose exchange ``fill`` raised (not a mismatch)
@@ -141,7 +143,7 @@ def _gather(
     fields: Sequence[int],
     extra_words: int = 0,
     fill: Callable[[torch.Tensor], object] | None = None,
-) -> tuple[np.ndarray, Exception | None]:
+) -> tuple[np.ndarray, BaseException | None]:
     """Every rank's row (``fields``, then ``fill``'s words) and what ``fill`` raised here.
 
     The row and the gathered table live in buffers kept per thread, device and width (every
@@ -156,7 +158,7 @@ def _gather(
         assert fill is not None  # exchange() checked
         try:
             fill(bufs.row[head:])
-        except Exception as exc:  # reported in the row: the peers wait in the all-gather below
+        except BaseException as exc:  # reported in the row: the peers wait in the all-gather
             failed = exc
     bufs.host_row.numpy()[:head] = fields
     if failed is not None:
@@ -197,15 +199,16 @@ class Outcome:
 
     def __init__(self, g: _transport.Group, name: str) -> None:
         self.g, self.name = g, name
-        self.error: Exception | None = None
+        self.error: BaseException | None = None
         self.phase = 0
 
     @contextlib.contextmanager
     def local(self, phase: int = RECEIVING) -> Iterator[None]:
-        """Run a local step of the call; its exception (the call's first) waits for agree."""
+        """Run a local step of the call; its exception (the call's first; a KeyboardInterrupt
+        too: the peers are waiting in the call's collectives) waits for agree."""
         try:
             yield
-        except Exception as exc:
+        except BaseException as exc:
             if self.error is None:
                 self.error, self.phase = exc, phase
 
@@ -222,7 +225,7 @@ class Outcome:
         return bool(table[:, 1].any())
 
 
-def _words(exc: Exception) -> list[int]:
+def _words(exc: BaseException) -> list[int]:
     raw = f"{type(exc).__name__}: {exc}".encode()[: 8 * TEXT_WORDS].ljust(8 * TEXT_WORDS, b"\0")
     return np.frombuffer(raw, dtype=np.int64).tolist()
 
@@ -232,7 +235,7 @@ def _text(words: np.ndarray) -> str:
 
 
 def _raise_reported(
-    op_name: str, own: Exception | None, phase: int, reports: dict[int, tuple[int, str]]
+    op_name: str, own: BaseException | None, phase: int, reports: dict[int, tuple[int, str]]
 ) -> None:
     """Raise on every rank when any rank reported a failure.
 
