@@ -211,6 +211,8 @@ def agree(
     if agreed != nbytes:  # the local plan was for another size
         nbytes, local = agreed, None
     strategy, chunks = local or strategy_and_chunks(g, name, dtype, nbytes, red_code)
+    if strategy == switch.COMPRESSED and nbytes <= SMALL_BYTES:
+        strategy = _uncompressed(g, dtype, red_code)
     _slots.STATS.strategy = strategy
     sources: tuple[_slots.Source, ...] = ()
     if strategy == switch.COMPRESSED:
@@ -320,8 +322,17 @@ def strategy_of(
     return strategy_and_chunks(g, name, dtype, nbytes, red_code)[0]
 
 
-#  A tensor this small stays native in every mode: a compressed piece's header alone is as large
+#  A tensor this small is never compressed, whatever the mode: a compressed piece's header alone
+#  is as large. A call that would compress it still exchanges its descriptor (a mismatch still
+#  raises on every rank), then moves it as it is.
 SMALL_BYTES = HEADER_BYTES
+
+
+def _uncompressed(g: _transport.Group, dtype: torch.dtype, red_code: int) -> str:
+    """The strategy of a call with nothing worth compressing: native, except a reduction of FP8
+    on gloo, which cannot reduce it (zipccl's own all-to-all and reduction)."""
+    gloo_fp8 = red_code >= 0 and dtype in _slots.BYTE_VIEW and not g.nccl
+    return switch.A2A_REDUCE if gloo_fp8 else switch.NATIVE
 
 
 def strategy_and_chunks(
@@ -333,9 +344,8 @@ def strategy_and_chunks(
     chunks = _chunks(g, nbytes)
     if dtype not in _exchange.CODEC_DTYPES or red_code == 99:
         return switch.NATIVE, chunks  # nothing to compress, or an op only the backend implements
-    if nbytes <= SMALL_BYTES:  # nothing to gain; but gloo cannot reduce fp8, not even 0 bytes
-        gloo_fp8 = red_code >= 0 and dtype in _slots.BYTE_VIEW and not g.nccl
-        return (switch.A2A_REDUCE if gloo_fp8 else switch.NATIVE), chunks
+    if nbytes == 0:
+        return _uncompressed(g, dtype, red_code), chunks
     mode = switch.mode()
     if mode != "auto":
         return (switch.COMPRESSED if mode == "always" else switch.NATIVE), chunks
