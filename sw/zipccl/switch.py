@@ -34,7 +34,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import os
 import statistics
 import time
@@ -174,12 +173,16 @@ def _checked_vector(v: object) -> list[float]:
     size = 2 * _LINES + len(_PRIOR_DTYPES)
     if not isinstance(v, list) or len(v) != size:
         raise ValueError(f"a profile vector has {size} numbers")
-    if not all(type(x) in (int, float) and math.isfinite(x) for x in v):
-        raise ValueError("a profile vector holds finite numbers only")
-    alphas, positive = v[0 : 2 * _LINES : 2], v[1 : 2 * _LINES : 2] + v[2 * _LINES :]
+    if not all(type(x) in (int, float) and abs(x) < _MAX_VALUE for x in v):
+        raise ValueError(f"a profile vector holds finite numbers below {_MAX_VALUE:g} only")
+    floats = [float(x) for x in v]  # (an int past float's range is refused above)
+    alphas, positive = floats[0 : 2 * _LINES : 2], floats[1 : 2 * _LINES : 2] + floats[2 * _LINES :]
     if min(alphas) < 0 or min(positive) <= 0:
         raise ValueError("a profile has negative latencies or non-positive bandwidths or ratios")
-    return [float(x) for x in v]
+    return floats
+
+
+_MAX_VALUE = 1e300  # NaN and the infinities compare False; a 400-digit int compares True
 
 
 _LINES = len(OPS) + 6  # Lines in a Profile's vector form
@@ -392,7 +395,7 @@ def _load_profile(g: Group) -> Profile | None:
     try:
         raw = _kernel_cache.read_private(_cache_path(g), _PROFILE_BYTES)
         return None if raw is None else Profile.from_json(raw.decode())
-    except (OSError, ValueError) as exc:  # UnsafeCacheError, a directory, bad JSON or values
+    except Exception as exc:  # UnsafeCacheError, a directory, bad UTF-8, JSON or values: any
         warnings.warn(f"zipccl: not using the cached profile, measuring again: {exc}", stacklevel=3)
         return None
 
