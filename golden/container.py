@@ -179,7 +179,8 @@ class Header:
         if ndim > MAX_DIMS or any(dims[ndim:]):
             raise StreamError(f"bad shape rank {ndim}")
         shape = tuple(dims[:ndim])
-        if max(shape, default=0) > MAX_NUMEL or numel > MAX_NUMEL or math.prod(shape) != numel:
+        spans = math.prod(d for d in shape if d)  # bounds the strides of an empty shape too
+        if spans > MAX_NUMEL or numel > MAX_NUMEL or math.prod(shape) != numel:
             raise StreamError(f"shape {shape} does not hold {numel} elements (at most {MAX_NUMEL})")
         if not valid_block(block):
             raise StreamError(f"block size {block} is not a power of two in range")
@@ -189,6 +190,8 @@ class Header:
             if thash or payload_bytes or any(head[_TABLE_AT : _TABLE_AT + TABLE_BYTES]):
                 raise StreamError("raw-layout header carries a table or a payload size")
         else:
+            if numel == 0:  # the raw layout is as small: the encoder never writes this
+                raise StreamError("split-layout header with no elements")
             try:
                 table = Codebook.from_bytes(head[_TABLE_AT : _TABLE_AT + TABLE_BYTES])
             except TableError as exc:

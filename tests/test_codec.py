@@ -251,6 +251,17 @@ def test_corrupt_buffers_raise_value_error() -> None:
         print("rejected", name)
 
 
+def test_a_shape_whose_strides_overflow_is_a_value_error() -> None:
+    """Issue 37: (0, 2^48, 2^48, 2^48) holds no element and has a valid CRC, but torch cannot
+    allocate it (RuntimeError: stride calculation overflowed); the header check refuses it."""
+    head = container.Header(
+        container.LAYOUT_RAW, get_format("bfloat16"), (0, 1 << 48, 1 << 48, 1 << 48), 4096, 0, None
+    )
+    buf = torch.frombuffer(bytearray(head.pack()), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="does not hold"):
+        zipccl.decompress(buf)
+
+
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), flips=st.integers(1, 4))
 def test_random_corruption_agrees_with_golden(seed: int, flips: int) -> None:
