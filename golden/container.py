@@ -190,8 +190,6 @@ class Header:
             if thash or payload_bytes or any(head[_TABLE_AT : _TABLE_AT + TABLE_BYTES]):
                 raise StreamError("raw-layout header carries a table or a payload size")
         else:
-            if numel == 0:  # the raw layout is as small: the encoder never writes this
-                raise StreamError("split-layout header with no elements")
             try:
                 table = Codebook.from_bytes(head[_TABLE_AT : _TABLE_AT + TABLE_BYTES])
             except TableError as exc:

@@ -222,14 +222,19 @@ def test_header_shape_of_the_right_product_is_accepted(good_buffer: bytes, raw_b
     assert Header.unpack(_patch_shape(raw_buffer, (0, 2**24, 2**24), 0)).shape == (0, 2**24, 2**24)
 
 
-def test_a_split_header_of_no_elements_is_refused() -> None:
-    """The encoder writes an empty tensor in the raw layout (the split one is no smaller), so a
-    split header with numel 0 is not canonical."""
+def test_a_split_header_of_no_elements_decodes_to_an_empty_tensor() -> None:
+    """encode() writes an empty tensor in the raw layout, but a split writer (the collectives'
+    pieces, streams.encode_split) writes a split header of no elements: accepted, decoded to no
+    values, and any payload size or body is refused."""
     table = zipccl_table(BF16, TensorStats(1.0, 0.0))
     assert Header.unpack(encode(np.zeros((0, 3), np.uint16), BF16, table)).layout == LAYOUT_RAW
-    forged = Header(LAYOUT_SPLIT, BF16, (0, 3), DEFAULT_BLOCK, 0, table).pack()
-    with pytest.raises(StreamError, match="no elements"):
-        Header.unpack(forged)
+    empty = Header(LAYOUT_SPLIT, BF16, (0, 3), DEFAULT_BLOCK, 0, table).pack()
+    fmt, values = decode(empty)
+    assert fmt == BF16 and values.shape == (0, 3)
+    with pytest.raises(StreamError, match="payload of 1 bytes"):
+        Header.unpack(Header(LAYOUT_SPLIT, BF16, (0, 3), DEFAULT_BLOCK, 1, table).pack())
+    with pytest.raises(StreamError, match="truncated or padded"):
+        decode(empty + b"\0")
 
 
 @pytest.fixture(scope="module")

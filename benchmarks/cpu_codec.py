@@ -1,0 +1,112 @@
+"""CPU codec benchmark: compress / decompress throughput and peak extra memory on one core.
+
+    python benchmarks/cpu_codec.py --out OUT.json                 # BF16 and e4m3 at 8-64 MB
+    python benchmarks/cpu_codec.py --sizes 8 --dtypes bfloat16 --out OUT.json
+
+The host path (zipccl._torch, what a CPU rank of a gloo job runs) on N(0, 1) values, one torch
+thread. Throughput is the tensor's bytes / the fastest of ``--reps`` timed calls after one warm-up
+(the default table, built from the sample, included). Peak extra memory is the process's resident
+high-water mark during one call less the resident size before it (Linux: ``/proc/self/clear_refs``
+resets the mark), so it counts every allocation, torch's included, that the call touched; the
+compressed buffer (of compress) and the output tensor (of decompress) are part of it. The script
+re-runs itself with glibc's mmap threshold fixed at 128 KiB (``MALLOC_MMAP_THRESHOLD_``), so that
+freed large blocks leave the resident set instead of hiding the next call's peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import zipccl
+
+_MMAP_ENV, _MMAP_AT = "MALLOC_MMAP_THRESHOLD_", "131072"
+MB = 1_000_000
+MIB = 1 << 20
+DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn}
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def peak_extra_bytes(fn: Callable[[], object]) -> int:
+    """Resident high-water mark during ``fn()`` less the resident size before it (Linux)."""
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    before = _status_kib("VmRSS")
+    result = fn()
+    peak = _status_kib("VmHWM")
+    del result
+    return (peak - before) * 1024
+
+
+def best_seconds(fn: Callable[[], object], reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure(dtype: torch.dtype, nbytes: int, reps: int) -> dict[str, object]:
+    numel = nbytes // torch.tensor([], dtype=dtype).element_size()
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(nbytes)).to(dtype)
+    c = zipccl.compress(x)
+    assert torch.equal(zipccl.decompress(c).view(torch.uint8), x.view(torch.uint8))
+    row: dict[str, object] = {"dtype": str(dtype).removeprefix("torch."), "mb": nbytes / MB}
+    row["ratio"] = round(c.ratio, 4)
+    for name, fn in (
+        ("compress", lambda: zipccl.compress(x)),
+        ("decompress", lambda: zipccl.decompress(c)),
+    ):
+        row[f"{name}_mb_s"] = round(nbytes / MB / best_seconds(fn, reps), 1)
+        extra = peak_extra_bytes(fn)
+        row[f"{name}_peak_extra_mib"] = round(extra / MIB, 1)
+        row[f"{name}_peak_extra_x"] = round(extra / nbytes, 2)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=[8, 16, 32, 64], help="MB (10^6 bytes)"
+    )
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    parser.add_argument("--reps", type=int, default=3, help="timed calls per row (fastest kept)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: one core)")
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    args = parser.parse_args(argv)
+    if os.environ.get(_MMAP_ENV) != _MMAP_AT:  # re-run with allocations that RSS can see
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, _MMAP_ENV: _MMAP_AT})
+    torch.set_num_threads(args.threads)
+    rows = []
+    for name in args.dtypes:
+        for size in args.sizes:
+            rows.append(measure(DTYPES[name], size * MB, args.reps))
+            print(json.dumps(rows[-1]), flush=True)
+    doc = {
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "command": "python benchmarks/cpu_codec.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "rows": rows,
+    }
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
