@@ -5,7 +5,8 @@
 
 The host path (zipccl._torch, what a CPU rank of a gloo job runs) on N(0, 1) values, one torch
 thread. Throughput is the tensor's bytes / the fastest of ``--reps`` timed calls after one warm-up
-(the default table, built from the sample, included). Peak extra memory is the process's resident
+(the default table, built from the sample, included), by the wall clock and by the process's
+CPU time (steadier on a shared machine). Peak extra memory is the process's resident
 high-water mark during one call less the resident size before it (Linux: ``/proc/self/clear_refs``
 resets the mark), so it counts every allocation, torch's included, that the call touched; the
 compressed buffer (of compress) and the output tensor (of decompress) are part of it. The script
@@ -16,6 +17,7 @@ freed large blocks leave the resident set instead of hiding the next call's peak
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -50,14 +52,17 @@ def peak_extra_bytes(fn: Callable[[], object]) -> int:
     return (peak - before) * 1024
 
 
-def best_seconds(fn: Callable[[], object], reps: int) -> float:
+def best_seconds(fn: Callable[[], object], reps: int) -> tuple[float, float]:
+    """The fastest wall-clock and process-CPU seconds of ``reps`` calls after a warm-up (on a
+    shared machine the CPU time is the steadier of the two)."""
     fn()
-    best = float("inf")
+    wall = cpu = float("inf")
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        wall = min(wall, time.perf_counter() - t0)
+        cpu = min(cpu, time.process_time() - c0)
+    return wall, cpu
 
 
 def measure(dtype: torch.dtype, nbytes: int, reps: int) -> dict[str, object]:
@@ -71,7 +76,9 @@ def measure(dtype: torch.dtype, nbytes: int, reps: int) -> dict[str, object]:
         ("compress", lambda: zipccl.compress(x)),
         ("decompress", lambda: zipccl.decompress(c)),
     ):
-        row[f"{name}_mb_s"] = round(nbytes / MB / best_seconds(fn, reps), 1)
+        wall, cpu = best_seconds(fn, reps)
+        row[f"{name}_mb_s"] = round(nbytes / MB / wall, 1)
+        row[f"{name}_cpu_mb_s"] = round(nbytes / MB / cpu, 1)
         extra = peak_extra_bytes(fn)
         row[f"{name}_peak_extra_mib"] = round(extra / MIB, 1)
         row[f"{name}_peak_extra_x"] = round(extra / nbytes, 2)
@@ -81,22 +88,21 @@ def measure(dtype: torch.dtype, nbytes: int, reps: int) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--sizes", type=int, nargs="+", default=[8, 16, 32, 64], help="MB (10^6 bytes)"
+        "--sizes", type=float, nargs="+", default=[8, 16, 32, 64], help="MB (10^6 bytes)"
     )
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--reps", type=int, default=3, help="timed calls per row (fastest kept)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: one core)")
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     args = parser.parse_args(argv)
-    if os.environ.get(_MMAP_ENV) != _MMAP_AT:  # re-run with allocations that RSS can see
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, _MMAP_ENV: _MMAP_AT})
     torch.set_num_threads(args.threads)
     rows = []
     for name in args.dtypes:
         for size in args.sizes:
-            rows.append(measure(DTYPES[name], size * MB, args.reps))
+            rows.append(measure(DTYPES[name], int(size * MB), args.reps))
             print(json.dumps(rows[-1]), flush=True)
     doc = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "threads": args.threads,
@@ -109,4 +115,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if os.environ.get(_MMAP_ENV) != _MMAP_AT:  # re-run with allocations that RSS can see
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, _MMAP_ENV: _MMAP_AT})
     raise SystemExit(main())

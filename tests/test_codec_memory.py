@@ -65,3 +65,21 @@ def test_cpu_compress_and_decompress_peak_memory_is_bounded() -> None:
     for name, (compress, decompress) in found.items():
         for what, extra in (("compress", compress), ("decompress", decompress)):
             assert extra <= 4 * TENSOR_BYTES + FIXED, f"{name} {what}: +{extra / MIB:.0f} MiB"
+
+
+def test_cpu_codec_benchmark_smoke(tmp_path: Path) -> None:
+    """benchmarks/cpu_codec.py on a tiny tensor writes its rows (throughput and memory)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import cpu_codec
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        assert cpu_codec.main(["--sizes", "0.05", "--reps", "1", "--out", str(tmp_path / "o")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+        sys.path.pop(0)
+    found = json.loads((tmp_path / "o").read_text())
+    assert [row["dtype"] for row in found["rows"]] == ["bfloat16", "float8_e4m3fn"]
+    for row in found["rows"]:
+        assert row["compress_mb_s"] > 0 and row["decompress_cpu_mb_s"] > 0 and row["ratio"] < 1

@@ -1,8 +1,10 @@
 """Vectorised torch backend of the split layout: the CPU path and the reference for the kernels.
 
 Runs on any device (CPU in CI, CUDA as the fallback when the CUDA kernels cannot be built). Every
-step is a whole-tensor torch op: no Python loop touches elements. Bit patterns are widened to int64
-so the unsigned arithmetic of golden/ carries over unchanged.
+step is a torch op over a chunk of whole blocks (:data:`CHUNK` elements): no Python loop touches
+elements, and the temporaries stay a few MiB whatever the tensor's size. Inside a chunk the bit
+patterns and fields are int32 (every field and in-chunk offset fits; FP32's sign bit is masked),
+half the memory traffic of int64; block offsets, which span the tensor, are int64.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from zipccl.golden.streams import num_blocks
 QUEUES: Final = False  # zipccl._codecs: codes before returning
 
 _VIEW = {8: torch.uint8, 16: torch.int16, 32: torch.int32}
-_POW8 = 1 << torch.arange(8)  # bit k of a plane byte holds element k (LSB first)
 
 
 def bits_of(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
@@ -27,8 +28,18 @@ def bits_of(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
     return x.reshape(-1).view(_VIEW[fmt.bits]).to(torch.int64) & ((1 << fmt.bits) - 1)
 
 
+def _bits32(x: torch.Tensor, fmt: FloatFormat) -> torch.Tensor:
+    """Flat int32 bit patterns of a contiguous tensor (FP32's as signed int32: the fields are
+    taken with masks, so the sign extension never shows)."""
+    bits = x.reshape(-1).view(_VIEW[fmt.bits]).to(torch.int32)
+    return bits & 0xFFFF if fmt.bits == 16 else bits
+
+
 def from_bits(bits: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype) -> torch.Tensor:
-    """Inverse of :func:`bits_of` (two's-complement fold so the narrowing cast is exact)."""
+    """Inverse of :func:`bits_of` and :func:`_bits32` (two's-complement fold so the narrowing
+    cast is exact; int32 patterns of FP32 are already its signed view)."""
+    if fmt.bits == 32 and bits.dtype == torch.int32:
+        return bits.view(dtype)
     half = 1 << (fmt.bits - 1)
     if fmt.bits > 8:
         bits = torch.where(bits >= half, bits - (half << 1), bits)
@@ -36,11 +47,12 @@ def from_bits(bits: torch.Tensor, fmt: FloatFormat, dtype: torch.dtype) -> torch
 
 
 def symbols_raw(bits: torch.Tensor, fmt: FloatFormat) -> tuple[torch.Tensor, torch.Tensor]:
-    """golden.formats symbols() and raw() on int64 bit patterns."""
+    """golden.formats symbols() and raw() on int64 (or :func:`_bits32`'s) bit patterns."""
     if fmt.byte_coded:
         return bits, torch.zeros_like(bits)
     sym = (bits >> fmt.mant_bits) & ((1 << fmt.exp_bits) - 1)
-    raw = ((bits >> (fmt.bits - 1)) << fmt.mant_bits) | (bits & ((1 << fmt.mant_bits) - 1))
+    sign = (bits >> (fmt.bits - 1)) & 1
+    raw = (sign << fmt.mant_bits) | (bits & ((1 << fmt.mant_bits) - 1))
     return sym, raw
 
 
@@ -79,7 +91,7 @@ def check_plane_padding(buf: torch.Tensor, planes: list[int], count: int, what: 
 
 
 class Luts:
-    """A table's lookup tensors on one device, each field packed into one int64 per entry so
+    """A table's lookup tensors on one device, each field packed into one int32 per entry so
     that a chunk costs one gather (``index_select``, several times faster than indexing):
 
     * ``code``: symbol -> prefix | payload width << 3 | payload << 7 (the encoder's);
@@ -89,7 +101,7 @@ class Luts:
 
     def __init__(self, table: Codebook, device: torch.device) -> None:
         def t(a: object) -> torch.Tensor:
-            return torch.as_tensor(a, dtype=torch.int64, device=device)
+            return torch.as_tensor(a, dtype=torch.int32, device=device)
 
         prefix, payload, length = (t(a) for a in table.encoder_lut())
         self.code = prefix | (length - PREFIX_BITS) << 3 | payload << 7
@@ -120,7 +132,7 @@ def _block_bits(width: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Te
     n = width.numel()
     nb = num_blocks(n, block)
     grid = torch.nn.functional.pad(width, (0, nb * block - n)).view(nb, block)
-    csum = grid.cumsum(1)
+    csum = grid.cumsum(1, dtype=width.dtype)
     within = (csum - grid).reshape(-1)[:n]
     return within, csum[:, -1].clone() if nb else csum.new_zeros(0)  # (not a view of csum)
 
@@ -136,12 +148,12 @@ def _pack_payload(
     """
     within, bits = _block_bits(width, block)
     nbytes = (bits + 7) // 8
-    offsets = nbytes.cumsum(0) - nbytes
+    offsets = nbytes.cumsum(0, dtype=nbytes.dtype) - nbytes
     total = int(nbytes.sum())
     pos = _positions(offsets, within, block)
     window = value << (16 - (pos & 7) - width)
     byte = pos >> 3
-    acc = torch.zeros(total + 2, dtype=torch.int64, device=width.device)
+    acc = torch.zeros(total + 2, dtype=value.dtype, device=width.device)
     acc.index_add_(0, byte, window >> 8)
     acc.index_add_(0, byte + 1, window & 0xFF)
     return acc[:total].to(torch.uint8), nbytes
@@ -178,7 +190,7 @@ def _encode_chunk(
     """Elements ``start..`` (a block boundary) of every section; their payload goes at byte
     ``base`` of the stream where it fits. Returns their payload's bytes."""
     m = chunk.numel()
-    sym, raw = symbols_raw(bits_of(chunk, fmt), fmt)
+    sym, raw = symbols_raw(_bits32(chunk, fmt), fmt)
     for b, at in enumerate(sec.raw_bytes):
         out[at + start : at + start + m] = (raw >> (8 * b)).to(torch.uint8)  # (wraps: & 0xFF)
     top = 8 * len(sec.raw_bytes)
@@ -189,7 +201,7 @@ def _encode_chunk(
         plane = pack_bits(bits)
         out[at + start // 8 : at + start // 8 + plane.numel()] = plane
     payload, nbytes = _pack_payload(code >> 7, (code >> 3) & 15, block)
-    offsets = nbytes.cumsum(0) - nbytes + base
+    offsets = nbytes.long().cumsum(0) - nbytes + base  # (int64: the u64 on the wire)
     at = sec.offsets + 8 * (start // block)
     out[at : at + 8 * offsets.numel()] = offsets.view(torch.uint8)
     at = sec.payload + base
@@ -243,7 +255,7 @@ def decode_into(
     check_plane_padding(buf, sec.prefix, n, "prefix")
     bits = torch.cat(
         [
-            _block_bits(_widths(buf, sec, luts, start, min(step, n - start)), block)[1]
+            _block_bits(_widths(buf, sec, luts, start, min(step, n - start)), block)[1].long()
             for start in range(0, n, step)
         ]
         or [torch.zeros(0, dtype=torch.int64, device=buf.device)]
@@ -267,7 +279,7 @@ def decode_into(
 
 
 def _widths(buf: torch.Tensor, sec: Sections, luts: Luts, start: int, m: int) -> torch.Tensor:
-    """Payload widths of elements ``start..start + m`` from their prefix planes (int64)."""
+    """Payload widths of elements ``start..start + m`` from their prefix planes (int32)."""
     return luts.region.index_select(0, _prefix(buf, sec, start, m)) & 15
 
 
@@ -289,7 +301,7 @@ def _decode_chunk(
     start: int,
     m: int,
 ) -> torch.Tensor:
-    """The int64 bit patterns of elements ``start..start + m`` (a block boundary); the block
+    """The int32 bit patterns of elements ``start..start + m`` (a block boundary); the block
     offsets are checked already (``expect``)."""
     region = luts.region.index_select(0, _prefix(buf, sec, start, m))
     width = region & 15
@@ -298,9 +310,9 @@ def _decode_chunk(
     offsets = expect[first : first + bits.numel()]  # (m > 0: at least one block)
     begin = sec.payload + int(offsets[0])
     size = int(offsets[-1] - offsets[0] + (bits[-1] + 7) // 8)
-    stream = torch.nn.functional.pad(buf[begin : begin + size].to(torch.int64), (0, 2))
+    stream = torch.nn.functional.pad(buf[begin : begin + size].to(torch.int32), (0, 2))
     pairs = stream[:-1] << 8 | stream[1:]  # the 16-bit window at each byte
-    pos = _positions(offsets - offsets[0], within, block)
+    pos = _positions((offsets - offsets[0]).int(), within, block)  # (< 2^23: int32)
     window = pairs.index_select(0, pos >> 3)
     value = (window >> (16 - (pos & 7) - width)) & ((1 << width) - 1)
     literal = (region >> 13).bool()
@@ -310,8 +322,8 @@ def _decode_chunk(
     sym = torch.where(literal, value, luts.rank.index_select(0, rank.clamp(max=ALPHABET - 1)))
     raw = torch.zeros_like(sym)
     for b, at in enumerate(sec.raw_bytes):
-        raw |= buf[at + start : at + start + m].to(torch.int64) << (8 * b)
+        raw |= buf[at + start : at + start + m].to(torch.int32) << (8 * b)
     top, p0, length = 8 * len(sec.raw_bytes), start // 8, (m + 7) // 8
     for k, at in enumerate(sec.raw_bits):
-        raw |= unpack_bits(buf[at + p0 : at + p0 + length], m).long() << (top + k)
+        raw |= unpack_bits(buf[at + p0 : at + p0 + length], m).int() << (top + k)
     return join(sym, raw, fmt)

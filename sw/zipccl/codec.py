@@ -976,7 +976,9 @@ def compress(
     ``nbytes`` (or ``buffer``, ``ratio``, ``layout``, ``payload_bytes``, ``table``,
     ``table_hash``) is first read: one host sync, once. ``table="histogram"`` syncs, and
     ``ZIPCCL_BACKEND=torch`` or ``triton``, or a larger block, take the host path, which syncs
-    too. On CPU the call returns with everything known.
+    too. On CPU the call returns with everything known; it codes chunk by chunk of whole blocks
+    (zipccl._torch), so it needs about the buffer's size in memory plus a few MiB
+    (``block`` >= 65536: about 50 bytes per element of one block more).
 
     Settings: ``ZIPCCL_BACKEND`` -- ``auto`` (default: the CUDA kernels on CUDA tensors, the
     torch ops elsewhere), ``torch`` (the torch ops everywhere) or ``triton`` (the Triton kernels;
@@ -1127,7 +1129,10 @@ def decompress(
     then; together with :func:`compress` the pair can be captured in a CUDA graph. Elsewhere
     ``sync=False`` decodes and checks as ``sync=True`` does. A bare uint8 buffer is first parsed by
     :meth:`Compressed.from_buffer` (its header copied to the host and checked: a sync on CUDA); a
-    :class:`Compressed` from :func:`compress` needs no host read of its size.
+    :class:`Compressed` from :func:`compress` needs no host read of its size. On the host the
+    decode, and its canonical-form check (one more encode), run chunk by chunk of whole blocks:
+    besides the output, about the buffer's size in memory plus a few MiB; a corrupt buffer may
+    leave ``out`` partly written before the ValueError.
 
     Settings: ``ZIPCCL_BACKEND`` and ``ZIPCCL_FAST`` choose the decoder as for :func:`compress`
     (same results), except that a Compressed the CUDA kernels made is decoded by them.
