@@ -9,9 +9,10 @@ thread. Throughput is the tensor's bytes / the fastest of ``--reps`` timed calls
 CPU time (steadier on a shared machine). Peak extra memory is the process's resident
 high-water mark during one call less the resident size before it (Linux: ``/proc/self/clear_refs``
 resets the mark), so it counts every allocation, torch's included, that the call touched; the
-compressed buffer (of compress) and the output tensor (of decompress) are part of it. The script
-re-runs itself with glibc's mmap threshold fixed at 128 KiB (``MALLOC_MMAP_THRESHOLD_``), so that
-freed large blocks leave the resident set instead of hiding the next call's peak.
+compressed buffer (of compress) and the output tensor (of decompress) are part of it. It is
+measured in a child process with glibc's mmap threshold fixed at 128 KiB
+(``MALLOC_MMAP_THRESHOLD_``), so that freed blocks leave the resident set instead of hiding the
+next call's peak; the timings run in this process, with the usual allocator.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -29,7 +31,6 @@ from pathlib import Path
 import torch
 import zipccl
 
-_MMAP_ENV, _MMAP_AT = "MALLOC_MMAP_THRESHOLD_", "131072"
 MB = 1_000_000
 MIB = 1 << 20
 DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn}
@@ -65,24 +66,46 @@ def best_seconds(fn: Callable[[], object], reps: int) -> tuple[float, float]:
     return wall, cpu
 
 
-def measure(dtype: torch.dtype, nbytes: int, reps: int) -> dict[str, object]:
+def calls(dtype: torch.dtype, nbytes: int) -> tuple[float, dict[str, Callable[[], object]]]:
+    """The ratio, and compress / decompress of ``nbytes`` of N(0, 1) values (checked once)."""
     numel = nbytes // torch.tensor([], dtype=dtype).element_size()
     x = torch.randn(numel, generator=torch.Generator().manual_seed(nbytes)).to(dtype)
     c = zipccl.compress(x)
     assert torch.equal(zipccl.decompress(c).view(torch.uint8), x.view(torch.uint8))
-    row: dict[str, object] = {"dtype": str(dtype).removeprefix("torch."), "mb": nbytes / MB}
-    row["ratio"] = round(c.ratio, 4)
-    for name, fn in (
-        ("compress", lambda: zipccl.compress(x)),
-        ("decompress", lambda: zipccl.decompress(c)),
-    ):
+    return c.ratio, {
+        "compress": lambda: zipccl.compress(x),
+        "decompress": lambda: zipccl.decompress(c),
+    }
+
+
+def measure(name: str, nbytes: int, reps: int) -> dict[str, object]:
+    ratio, fns = calls(DTYPES[name], nbytes)
+    row: dict[str, object] = {"dtype": name, "mb": nbytes / MB, "ratio": round(ratio, 4)}
+    for what, fn in fns.items():
         wall, cpu = best_seconds(fn, reps)
-        row[f"{name}_mb_s"] = round(nbytes / MB / wall, 1)
-        row[f"{name}_cpu_mb_s"] = round(nbytes / MB / cpu, 1)
-        extra = peak_extra_bytes(fn)
-        row[f"{name}_peak_extra_mib"] = round(extra / MIB, 1)
-        row[f"{name}_peak_extra_x"] = round(extra / nbytes, 2)
+        row[f"{what}_mb_s"] = round(nbytes / MB / wall, 1)
+        row[f"{what}_cpu_mb_s"] = round(nbytes / MB / cpu, 1)
+    peaks = _child_peaks(name, nbytes)
+    for what, extra in peaks.items():
+        row[f"{what}_peak_extra_mib"] = round(extra / MIB, 1)
+        row[f"{what}_peak_extra_x"] = round(extra / nbytes, 2)
     return row
+
+
+def _child_peaks(name: str, nbytes: int) -> dict[str, int]:
+    """:func:`peak_extra_bytes` of each call, in a child process whose glibc returns every
+    block of 128 KiB or more when freed (so that the resident mark sees each call's own peak;
+    the timings run with the usual allocator, which that setting would slow down)."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    cmd = [sys.executable, __file__, "--peaks", name, str(nbytes)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def _print_peaks(name: str, nbytes: int) -> None:
+    torch.set_num_threads(1)
+    _, fns = calls(DTYPES[name], nbytes)
+    print(json.dumps({what: peak_extra_bytes(fn) for what, fn in fns.items()}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.dtypes:
         for size in args.sizes:
-            rows.append(measure(DTYPES[name], int(size * MB), args.reps))
+            rows.append(measure(name, int(size * MB), args.reps))
             print(json.dumps(rows[-1]), flush=True)
     doc = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -115,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if os.environ.get(_MMAP_ENV) != _MMAP_AT:  # re-run with allocations that RSS can see
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, _MMAP_ENV: _MMAP_AT})
+    if sys.argv[1:2] == ["--peaks"]:  # _child_peaks' child
+        _print_peaks(sys.argv[2], int(sys.argv[3]))
+        raise SystemExit(0)
     raise SystemExit(main())

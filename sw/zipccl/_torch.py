@@ -75,10 +75,28 @@ def pack_bits(bits: torch.Tensor) -> torch.Tensor:
     return ((eight.view(torch.int64) * _GATHER) >> 56).to(torch.uint8)
 
 
-def unpack_bits(plane: torch.Tensor, count: int) -> torch.Tensor:
-    """Inverse of :func:`pack_bits`: the first ``count`` bits as uint8 0/1 values."""
-    shifts = torch.arange(8, dtype=torch.uint8, device=plane.device)
-    return ((plane[:, None] >> shifts) & 1).reshape(-1)[:count]
+_SPREAD: dict[torch.device, torch.Tensor] = {}
+
+
+def _spread(device: torch.device) -> torch.Tensor:
+    """byte -> int64 whose byte i is the byte's bit i (256 entries, per device)."""
+    if device not in _SPREAD:
+        byte = torch.arange(256, dtype=torch.int64)
+        spread = torch.zeros_like(byte)
+        for i in range(8):
+            spread |= ((byte >> i) & 1) << (8 * i)
+        _SPREAD[device] = spread.to(device)
+    return _SPREAD[device]
+
+
+def unpack_planes(planes: list[torch.Tensor], count: int) -> torch.Tensor:
+    """Inverse of :func:`pack_bits` for planes ``0..k``: the first ``count`` elements' values,
+    bit k from plane k, as uint8 -- one gather per plane byte of a spread table, not per bit."""
+    spread = _spread(planes[0].device)
+    acc = spread.index_select(0, planes[0].int())
+    for k, plane in enumerate(planes[1:], 1):
+        acc |= spread.index_select(0, plane.int()) << k
+    return acc.view(torch.uint8)[:count]
 
 
 def check_plane_padding(buf: torch.Tensor, planes: list[int], count: int, what: str) -> None:
@@ -284,11 +302,14 @@ def _widths(buf: torch.Tensor, sec: Sections, luts: Luts, start: int, m: int) ->
 
 
 def _prefix(buf: torch.Tensor, sec: Sections, start: int, m: int) -> torch.Tensor:
+    """The prefixes of elements ``start..start + m`` (int32, for index_select)."""
+    return unpack_planes(_planes(buf, sec.prefix, start, m), m).int()
+
+
+def _planes(buf: torch.Tensor, at: list[int], start: int, m: int) -> list[torch.Tensor]:
+    """The bytes of planes starting at ``at`` that hold elements ``start..start + m``."""
     p0, length = start // 8, (m + 7) // 8
-    prefix = torch.zeros(m, dtype=torch.uint8, device=buf.device)
-    for k, at in enumerate(sec.prefix):
-        prefix |= unpack_bits(buf[at + p0 : at + p0 + length], m) << k
-    return prefix.long()
+    return [buf[a + p0 : a + p0 + length] for a in at]
 
 
 def _decode_chunk(
@@ -323,7 +344,7 @@ def _decode_chunk(
     raw = torch.zeros_like(sym)
     for b, at in enumerate(sec.raw_bytes):
         raw |= buf[at + start : at + start + m].to(torch.int32) << (8 * b)
-    top, p0, length = 8 * len(sec.raw_bytes), start // 8, (m + 7) // 8
-    for k, at in enumerate(sec.raw_bits):
-        raw |= unpack_bits(buf[at + p0 : at + p0 + length], m).int() << (top + k)
+    if sec.raw_bits:
+        top = unpack_planes(_planes(buf, sec.raw_bits, start, m), m)
+        raw |= top.int() << (8 * len(sec.raw_bytes))
     return join(sym, raw, fmt)
