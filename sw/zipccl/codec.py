@@ -575,6 +575,9 @@ class Compressed:
         """Exactly the ``nbytes`` compressed bytes, copied to the host (a sync on CUDA): what to
         write to a file or a store. :meth:`from_bytes` turns them back into a Compressed.
 
+        Returns:
+            bytes: ``nbytes`` of them, header included.
+
         Example::
 
             >>> c = zipccl.compress(torch.randn(1000, dtype=torch.bfloat16))
@@ -592,6 +595,12 @@ class Compressed:
         """:meth:`from_buffer` of a CPU copy of ``data`` (e.g. :meth:`to_bytes`' result read back
         from a file): the header checked, the length the header's; ``.to(device)`` of its
         ``buffer`` then :meth:`from_buffer` moves it.
+
+        Args:
+            data (bytes, bytearray or memoryview): exactly one compressed buffer.
+
+        Returns:
+            Compressed: on CPU, owning a copy of ``data``.
 
         Raises:
             TypeError: ``data`` is not bytes-like.
