@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
+import os
 import re
+import stat
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -388,8 +390,15 @@ class Codebook:
 
 # ---------------------------------------------------------------------- strict JSON files
 def read_text(path: str | Path, limit: int, what: str) -> str:
-    """A UTF-8 file of at most ``limit`` bytes; a larger one is refused unread (TableError)."""
-    with Path(path).open("rb") as f:
+    """A UTF-8 file of at most ``limit`` bytes; a larger one is refused unread (TableError),
+    and so is anything but a regular file (a directory, or a FIFO, which would block the read
+    until a writer came; opened non-blocking so that the check is reached). OSError where the
+    path cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise TableError(f"{what} {path} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise TableError(f"{what} {path} exceeds {limit} bytes")

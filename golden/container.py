@@ -179,7 +179,8 @@ class Header:
         if ndim > MAX_DIMS or any(dims[ndim:]):
             raise StreamError(f"bad shape rank {ndim}")
         shape = tuple(dims[:ndim])
-        if max(shape, default=0) > MAX_NUMEL or numel > MAX_NUMEL or math.prod(shape) != numel:
+        spans = math.prod(d for d in shape if d)  # bounds the strides of an empty shape too
+        if spans > MAX_NUMEL or numel > MAX_NUMEL or math.prod(shape) != numel:
             raise StreamError(f"shape {shape} does not hold {numel} elements (at most {MAX_NUMEL})")
         if not valid_block(block):
             raise StreamError(f"block size {block} is not a power of two in range")

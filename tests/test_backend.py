@@ -590,6 +590,7 @@ def test_training_three_four_ranks_is_the_rank_order_reduction(request, ranks, s
         ("ZIPCCL_NATIVE_REDUCE", "1", "ZIPCCL_NATIVE_REDUCE (rank 0: False, rank 1: True)"),
         ("ZIPCCL_CHECKSUM", "1", "ZIPCCL_CHECKSUM (rank 0: False, rank 1: True)"),
         ("ZIPCCL_MODE", "Sometimes", "rank 1: invalid 'sometimes'"),
+        ("ZIPCCL_MODE", "\udcff", "rank 1: invalid '\\\\xff'"),  # not UTF-8: the byte 0xff
     ],
 )
 def test_mismatched_settings_raise_on_every_rank(pair, how, key, odd, shown):
@@ -614,6 +615,30 @@ def test_settings_parsed_once_per_variable(monkeypatch):
     with pytest.raises(ValueError, match="ZIPCCL_CHUNK_BYTES must be a positive integer"):
         settings.current()
     assert settings.value("ZIPCCL_MODE") == "always"  # one bad variable spoils only its own
+
+
+@pytest.mark.parametrize(
+    ("key", "odd"),
+    [
+        ("ZIPCCL_MODE", "\udcff"),  # os.environ's spelling of the byte 0xff: not UTF-8
+        ("ZIPCCL_CHUNK_BYTES", "\udcff"),
+        ("ZIPCCL_CHUNK_BYTES", "\u00b2"),  # a digit to str.isdigit, not to int()
+        ("ZIPCCL_CHUNK_BYTES", "9" * 5000),  # past int()'s digit limit
+        ("ZIPCCL_PLAN_CALLS", "\u0663"),
+        ("ZIPCCL_BACKEND", "\udcff"),
+    ],
+)
+def test_malformed_setting_is_a_value_error_naming_it(monkeypatch, key, odd):
+    """Issue 37: a non-UTF-8 value raised UnicodeDecodeError, from the error handler too."""
+    from zipccl import settings
+
+    monkeypatch.setenv(key, odd)
+    with pytest.raises(ValueError, match=key) as caught:
+        settings.value(key)
+    assert not isinstance(caught.value, UnicodeError)
+    published = settings._published(settings.raw())
+    if key in settings.KEYS:
+        assert published[settings.KEYS.index(key)].startswith("invalid "), published
 
 
 def test_init_process_group_mismatch(pair, tmp_path):

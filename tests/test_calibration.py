@@ -5,6 +5,8 @@ in the decoder under Icarus (cocotb)."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -199,6 +201,33 @@ def test_table_sets_are_bounded(calibrated, tmp_path: Path) -> None:
         tablefile.load(big)
     with pytest.raises(TableError, match="repeats the keys"):
         Codebook.from_json(book.to_json().replace('"name"', '"sha256": "0", "name"'))
+
+
+@pytest.mark.parametrize("load", [tablefile.load, Codebook.load], ids=["set", "table"])
+def test_a_table_path_that_is_not_a_regular_file_is_a_table_error(load, tmp_path: Path) -> None:
+    """Issue 37: a FIFO blocked forever (waiting for a writer), a directory raised
+    IsADirectoryError; both are refused by name, at once."""
+    (tmp_path / "dir").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    for path in (tmp_path / "dir", tmp_path / "fifo"):
+        found: list[BaseException] = []
+        reader = threading.Thread(target=_raised, args=(load, path, found), daemon=True)
+        reader.start()
+        reader.join(timeout=10)
+        if reader.is_alive():  # unblock the reader before failing
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            pytest.fail(f"{path.name}: still reading after 10 s")
+        assert len(found) == 1 and isinstance(found[0], TableError), found
+        assert "not a regular file" in str(found[0])
+    with pytest.raises(FileNotFoundError):
+        load(tmp_path / "missing")
+
+
+def _raised(fn, arg, found: list[BaseException]) -> None:
+    try:
+        fn(arg)
+    except BaseException as exc:  # recorded for the test thread to check
+        found.append(exc)
 
 
 # --------------------------------------------------------------------------- the hardware

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -251,6 +253,24 @@ def test_corrupt_buffers_raise_value_error() -> None:
         print("rejected", name)
 
 
+def test_a_shape_whose_strides_overflow_is_a_value_error() -> None:
+    """Issue 37: (0, 2^48, 2^48, 2^48) holds no element and has a valid CRC, but torch cannot
+    allocate it (RuntimeError: stride calculation overflowed); the header check refuses it."""
+    head = container.Header(
+        container.LAYOUT_RAW, get_format("bfloat16"), (0, 1 << 48, 1 << 48, 1 << 48), 4096, 0, None
+    )
+    buf = torch.frombuffer(bytearray(head.pack()), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="does not hold"):
+        zipccl.decompress(buf)
+
+
+def test_a_split_buffer_of_no_elements_decodes_as_golden_does() -> None:
+    table = theory.zipccl_table(get_format("bfloat16"), theory.TensorStats(1.0, 0.0))
+    head = container.Header(container.LAYOUT_SPLIT, get_format("bfloat16"), (0, 3), 4096, 0, table)
+    y = zipccl.decompress(torch.frombuffer(bytearray(head.pack()), dtype=torch.uint8))
+    assert y.dtype == torch.bfloat16 and y.shape == (0, 3)
+
+
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), flips=st.integers(1, 4))
 def test_random_corruption_agrees_with_golden(seed: int, flips: int) -> None:
@@ -304,3 +324,58 @@ def test_a_malformed_backend_setting_is_named(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("ZIPCCL_BACKEND", "fastest")
     with pytest.raises(ValueError, match="ZIPCCL_BACKEND"):
         zipccl.compress(gaussian(5000, torch.bfloat16, seed=1))
+
+
+# --------------------------------------------------------------------------- storing
+def _saved_bytes(obj: object) -> int:
+    f = io.BytesIO()
+    torch.save(obj, f)
+    return len(f.getvalue())
+
+
+def test_a_cpu_buffer_owns_exactly_its_bytes() -> None:
+    """Issue 37: c.buffer was a view of the raw-size allocation, so torch.save(c.buffer) stored
+    more than torch.save(x)."""
+    x = gaussian(1 << 16, torch.bfloat16, seed=3)
+    c = zipccl.compress(x)
+    assert c.layout == "split"
+    assert c.buffer.untyped_storage().nbytes() == c.nbytes
+    assert _saved_bytes(c.buffer) < c.nbytes + 2048 < _saved_bytes(x)
+
+
+def test_to_bytes_and_from_bytes_round_trip() -> None:
+    x = gaussian(5000, torch.float8_e4m3fn, seed=4, scale=8.0)
+    c = zipccl.compress(x, checksum=True)
+    data = c.to_bytes()
+    assert len(data) == c.nbytes and isinstance(data, bytes)
+    for form in (data, bytearray(data), memoryview(data)):
+        back = zipccl.Compressed.from_bytes(form)
+        assert back.checksummed and back.nbytes == c.nbytes
+        assert torch.equal(zipccl.decompress(back).view(torch.uint8), x.view(torch.uint8))
+    with pytest.raises(ValueError, match="truncated or padded"):
+        zipccl.Compressed.from_bytes(data[:-1])
+    with pytest.raises(ValueError, match="shorter than the header"):
+        zipccl.Compressed.from_bytes(b"")
+    with pytest.raises(TypeError):
+        zipccl.Compressed.from_bytes("text")  # type: ignore[arg-type]
+
+
+def test_torch_save_of_a_compressed_keeps_nbytes_and_loads_weights_only() -> None:
+    x = gaussian(1 << 15, torch.bfloat16, seed=5)
+    out = torch.empty(4 * codec.max_compressed_bytes(x.dtype, x.numel()), dtype=torch.uint8)
+    c = zipccl.compress_into(x, out)  # a view of a 4x larger out
+    assert _saved_bytes(c) < c.nbytes + 2048 < _saved_bytes(c.buffer)
+    f = io.BytesIO()
+    torch.save(c, f)
+    f.seek(0)
+    with torch.serialization.safe_globals([zipccl.Compressed]):
+        back = torch.load(f, weights_only=True)
+    assert isinstance(back, zipccl.Compressed) and back.nbytes == c.nbytes
+    assert torch.equal(zipccl.decompress(back), x)
+    bad = c.buffer.clone()
+    bad[20] ^= 1  # the header's CRC no longer holds
+    forged = zipccl.Compressed.__new__(zipccl.Compressed)
+    with pytest.raises(ValueError, match="header checksum"):
+        forged.__setstate__({"buffer": bad})
+    with pytest.raises(ValueError, match="not a pickled"):
+        forged.__setstate__({"storage": c.buffer})

@@ -509,3 +509,19 @@ def test_gpu_threads_do_not_share_scratch() -> None:
     for i in range(2):
         want = zipccl.compress(xs[i]).buffer
         assert all(torch.equal(b, want) for b in results[i])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_torch_backend_by_chunks_equals_cpu(dtype: torch.dtype, monkeypatch) -> None:
+    """The torch ops (the fallback where the kernels cannot be built) on CUDA, chunk by chunk of
+    whole blocks and in int32 as on CPU: the CPU's bytes, the tensor back, corruption refused."""
+    x = gaussian(3 * 65536 + 77, dtype, seed=9, scale=2.0)
+    want = zipccl.compress(x, fitted(dtype), block=1024)
+    monkeypatch.setenv("ZIPCCL_BACKEND", "torch")
+    got = zipccl.compress(x.to(CUDA), fitted(dtype), block=1024)
+    assert torch.equal(got.buffer.cpu(), want.buffer)
+    back = zipccl.decompress(got)
+    assert back.is_cuda and np.array_equal(bits_np(back.cpu()), bits_np(x))
+    sec = container.Sections.of(container.Header.unpack(want.header_bytes()).fmt, x.numel(), 1024)
+    with pytest.raises(ValueError, match="offsets disagree"):
+        zipccl.decompress(corrupted(got.buffer, sec.offsets + 8 * 70 + 7, 0x40))

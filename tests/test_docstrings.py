@@ -56,7 +56,7 @@ def test_documented(name: str) -> None:
     assert doc.strip(), f"zipccl.{name} has no docstring"
     if inspect.isclass(obj):
         if issubclass(obj, Exception):
-            return  # defined in zipccl._comm; a summary and the attributes it adds
+            return  # defined in zipccl._errors; a summary and the attributes it adds
         own_init = "__init__" in vars(obj)
         if own_init and _params(obj.__init__):
             assert any(s in doc for s in (*SECTIONS, "Attributes:")), (

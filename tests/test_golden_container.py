@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from zipccl.golden import container
 from zipccl.golden.codebook import Codebook
 from zipccl.golden.container import (
+    DEFAULT_BLOCK,
     HEADER_BYTES,
     LAYOUT_RAW,
     LAYOUT_SPLIT,
@@ -206,6 +207,8 @@ def _patch_shape(buf: bytes, shape: tuple[int, ...], numel: int) -> bytes:
         ((0, 2**63), 0),  # holds no element, but no tensor has that dimension
         ((MAX_NUMEL + 1,), MAX_NUMEL + 1),
         ((2**24, 2**25), 2**49),  # each dimension in range, the product not
+        ((0, 2**48, 2**48, 2**48), 0),  # holds nothing, but its strides overflow int64
+        ((2**40, 0, 2**9), 0),
     ],
 )
 def test_header_shapes_are_checked_with_exact_integers(good_buffer: bytes, shape, numel) -> None:
@@ -213,9 +216,25 @@ def test_header_shapes_are_checked_with_exact_integers(good_buffer: bytes, shape
         Header.unpack(_patch_shape(good_buffer, shape, numel))
 
 
-def test_header_shape_of_the_right_product_is_accepted(good_buffer: bytes) -> None:
+def test_header_shape_of_the_right_product_is_accepted(good_buffer: bytes, raw_buffer) -> None:
     head = Header.unpack(_patch_shape(good_buffer, (100, 100), 10_000))
     assert head.shape == (100, 100) and head.numel == 10_000
+    assert Header.unpack(_patch_shape(raw_buffer, (0, 2**24, 2**24), 0)).shape == (0, 2**24, 2**24)
+
+
+def test_a_split_header_of_no_elements_decodes_to_an_empty_tensor() -> None:
+    """encode() writes an empty tensor in the raw layout, but a split writer (the collectives'
+    pieces, streams.encode_split) writes a split header of no elements: accepted, decoded to no
+    values, and any payload size or body is refused."""
+    table = zipccl_table(BF16, TensorStats(1.0, 0.0))
+    assert Header.unpack(encode(np.zeros((0, 3), np.uint16), BF16, table)).layout == LAYOUT_RAW
+    empty = Header(LAYOUT_SPLIT, BF16, (0, 3), DEFAULT_BLOCK, 0, table).pack()
+    fmt, values = decode(empty)
+    assert fmt == BF16 and values.shape == (0, 3)
+    with pytest.raises(StreamError, match="payload of 1 bytes"):
+        Header.unpack(Header(LAYOUT_SPLIT, BF16, (0, 3), DEFAULT_BLOCK, 1, table).pack())
+    with pytest.raises(StreamError, match="truncated or padded"):
+        decode(empty + b"\0")
 
 
 @pytest.fixture(scope="module")

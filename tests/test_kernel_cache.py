@@ -36,13 +36,16 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh cache directory (not yet created) and a process that has built nothing."""
     root = tmp_path / "cache"
     monkeypatch.setenv(kc.ENV, str(root))
-    monkeypatch.setattr(kc, "_BUILT", {})
     return root
 
 
-def _forget_builds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As a new process would start: nothing built by this process."""
-    monkeypatch.setattr(kc, "_BUILT", {})
+def _where(path: str) -> Path:
+    """A stand-in loader: the cache file behind the descriptor ``cached_build`` passes."""
+    return Path(os.readlink(path))
+
+
+def built(name: str, key: bytes, compile) -> Path:
+    return kc.cached_build(name, key, compile, _where)
 
 
 def _record(cache: Path) -> Path:
@@ -61,23 +64,21 @@ def test_the_cache_directory_is_created_private_whatever_the_umask(cache: Path) 
 
 def test_a_build_is_compiled_once_and_then_verified(cache: Path, monkeypatch) -> None:
     cc = FakeCompiler()
-    lib = kc.cached_build("codec_sm90", b"source", cc)
+    lib = built("codec_sm90", b"source", cc)
     assert lib.parent == cache and lib.read_bytes() == b"lib:v1" and cc.calls == 1
     assert stat.S_IMODE(lib.stat().st_mode) == 0o500
-    assert kc.cached_build("codec_sm90", b"source", cc) == lib and cc.calls == 1
-    _forget_builds(monkeypatch)
-    assert kc.cached_build("codec_sm90", b"source", cc) == lib and cc.calls == 1
-    assert kc.cached_build("codec_sm90", b"other source", cc) != lib and cc.calls == 2
+    assert built("codec_sm90", b"source", cc) == lib and cc.calls == 1
+    assert built("codec_sm90", b"source", cc) == lib and cc.calls == 1
+    assert built("codec_sm90", b"other source", cc) != lib and cc.calls == 2
     assert sorted(p.name for p in cache.iterdir() if p.name.startswith(".")) == []
 
 
 def test_a_tampered_library_is_rebuilt_not_loaded(cache: Path, monkeypatch) -> None:
-    lib = kc.cached_build("codec", b"k", FakeCompiler())
+    lib = built("codec", b"k", FakeCompiler())
     os.chmod(lib, 0o700)
     lib.write_bytes(b"lib:evil")
-    _forget_builds(monkeypatch)
     cc = FakeCompiler(b"v2")
-    again = kc.cached_build("codec", b"k", cc)
+    again = built("codec", b"k", cc)
     assert cc.calls == 1 and again.read_bytes() == b"lib:v2"
 
 
@@ -97,28 +98,26 @@ def test_a_malformed_or_planted_record_means_a_rebuild(
     cache: Path, monkeypatch, record: bytes
 ) -> None:
     """Whatever the record says, only a library whose bytes hash to it is ever returned."""
-    kc.cached_build("codec", b"k", FakeCompiler())
+    built("codec", b"k", FakeCompiler())
     path = _record(cache)
     if len(record) > kc.RECORD_BYTES:
         path.write_bytes(record)
         with pytest.raises(kc.UnsafeCacheError, match="over"):
-            kc.cached_build("codec", b"k", FakeCompiler())
+            built("codec", b"k", FakeCompiler())
         return
     path.write_bytes(record)
-    _forget_builds(monkeypatch)
     cc = FakeCompiler(b"v3")
-    assert kc.cached_build("codec", b"k", cc).read_bytes() == b"lib:v3" and cc.calls == 1
+    assert built("codec", b"k", cc).read_bytes() == b"lib:v3" and cc.calls == 1
 
 
 def test_a_library_planted_under_the_recorded_name_is_not_loaded(cache: Path, monkeypatch) -> None:
     """The only way in is a file whose SHA-256 is the one the verified build recorded."""
-    lib = kc.cached_build("codec", b"k", FakeCompiler())
+    lib = built("codec", b"k", FakeCompiler())
     record = json.loads(_record(cache).read_bytes())
     lib.unlink()
     lib.write_bytes(b"lib:planted")
-    _forget_builds(monkeypatch)
     cc = FakeCompiler()
-    assert kc.cached_build("codec", b"k", cc).read_bytes() == b"lib:v1" and cc.calls == 1
+    assert built("codec", b"k", cc).read_bytes() == b"lib:v1" and cc.calls == 1
     assert json.loads(_record(cache).read_bytes()) == record
 
 
@@ -127,33 +126,33 @@ def test_a_group_or_other_writable_directory_is_refused_by_name(cache: Path, mod
     cache.mkdir()
     os.chmod(cache, mode)
     with pytest.raises(kc.UnsafeCacheError, match=f"{cache}.*writable by group or others"):
-        kc.cached_build("codec", b"k", FakeCompiler())
+        built("codec", b"k", FakeCompiler())
 
 
 def test_a_group_writable_cache_file_is_refused_by_name(cache: Path) -> None:
-    kc.cached_build("codec", b"k", FakeCompiler())
+    built("codec", b"k", FakeCompiler())
     os.chmod(_record(cache), 0o662)
     with pytest.raises(kc.UnsafeCacheError, match=f"{_record(cache)}.*writable"):
-        kc.cached_build("codec", b"k", FakeCompiler())
+        built("codec", b"k", FakeCompiler())
 
 
 def test_a_symbolic_link_in_the_cache_is_refused(cache: Path, tmp_path: Path) -> None:
-    kc.cached_build("codec", b"k", FakeCompiler())
+    built("codec", b"k", FakeCompiler())
     record = _record(cache)
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_bytes(record.read_bytes())
     record.unlink()
     record.symlink_to(elsewhere)
     with pytest.raises(kc.UnsafeCacheError, match=str(record)):
-        kc.cached_build("codec", b"k", FakeCompiler())
+        built("codec", b"k", FakeCompiler())
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="needs root to give a file to another user")
 def test_a_directory_or_file_of_another_user_is_refused(cache: Path) -> None:
-    kc.cached_build("codec", b"k", FakeCompiler())
+    built("codec", b"k", FakeCompiler())
     os.chown(_record(cache), NOBODY, NOBODY)
     with pytest.raises(kc.UnsafeCacheError, match=f"{_record(cache)} is owned by uid {NOBODY}"):
-        kc.cached_build("codec", b"k", FakeCompiler())
+        built("codec", b"k", FakeCompiler())
     os.chown(cache, NOBODY, NOBODY)
     with pytest.raises(kc.UnsafeCacheError, match=f"{cache} is owned by uid {NOBODY}"):
         kc.cache_dir()
@@ -165,17 +164,17 @@ def test_a_failed_build_leaves_nothing_behind(cache: Path) -> None:
         raise RuntimeError("nvcc failed")
 
     with pytest.raises(RuntimeError, match="nvcc failed"):
-        kc.cached_build("codec", b"k", broken)
+        built("codec", b"k", broken)
     assert list(cache.iterdir()) == []
     with pytest.raises(FileNotFoundError, match="wrote no library"):
-        kc.cached_build("codec", b"k", lambda out: None)
+        built("codec", b"k", lambda out: None)
     assert list(cache.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", ["", "../codec", "a/b", "x" * 65, "codec\0"])
 def test_entry_names_cannot_leave_the_directory(cache: Path, name: str) -> None:
     with pytest.raises(ValueError, match="cache entry names"):
-        kc.cached_build(name, b"k", FakeCompiler())
+        built(name, b"k", FakeCompiler())
 
 
 def test_read_private_refuses_what_is_not_a_regular_file(cache: Path) -> None:
@@ -226,6 +225,11 @@ def test_a_profile_is_cached_privately_and_read_back(cache: Path) -> None:
         lambda path: path.write_text(_profile().to_json().replace("1e-05", "true", 1)),
         lambda path: path.write_text(_profile().to_json().replace("1000000000.0", "0", 1)),
         lambda path: path.write_text(_profile().to_json().replace("0.7", "Infinity", 1)),
+        lambda path: path.write_text(_profile().to_json().replace("0.7", "9" * 400, 1)),
+        lambda path: path.write_text(_profile().to_json().replace("0.7", "9" * 5000, 1)),
+        lambda path: path.write_text(_profile().to_json().replace("0.7", "1e400", 1)),
+        lambda path: path.write_text(_profile().to_json().replace("0.7", '"0.7"', 1)),
+        lambda path: path.write_bytes(_profile().to_json().encode().replace(b"0.7", b"\xff", 1)),
         lambda path: (path.unlink(), path.mkdir()),
         lambda path: os.chmod(path, 0o666),
     ],
@@ -254,3 +258,68 @@ def test_a_profile_that_cannot_be_cached_is_a_warning(cache: Path) -> None:
     os.chmod(cache, 0o777)
     with pytest.warns(UserWarning, match="writable by group or others"):
         profiles.save_profile(GLOO_PAIR, _profile())
+
+
+# ---------------------------------------------------------------------- issue 37 item 8
+def _swap(path: Path, data: bytes) -> None:
+    """Replace ``path`` by a file of ``data`` (a rename, as an attacker racing the load would)."""
+    other = path.with_name(".swap")
+    other.write_bytes(data)
+    os.chmod(other, 0o500)
+    os.replace(other, path)
+
+
+def test_the_loader_gets_the_bytes_that_were_hashed(cache: Path) -> None:
+    """Before: the library was hashed, then reopened by path, so a rename in between loaded
+    other bytes. Now the loader reads the descriptor that was hashed."""
+    lib = built("codec", b"k", FakeCompiler())
+
+    def racing_load(path: str) -> bytes:
+        _swap(lib, b"lib:evil")
+        return Path(path).read_bytes()
+
+    assert kc.cached_build("codec", b"k", FakeCompiler(), racing_load) == b"lib:v1"
+    assert lib.read_bytes() == b"lib:evil"  # (the name was swapped; the load was not)
+
+
+def test_a_library_swapped_after_this_process_built_it_is_rebuilt(cache: Path) -> None:
+    """Before: a library this process had built was returned again without re-hashing."""
+    lib = built("codec", b"k", FakeCompiler())
+    _swap(lib, b"lib:evil")
+    cc = FakeCompiler(b"v2")
+    again = kc.cached_build("codec", b"k", cc, lambda p: Path(p).read_bytes())
+    assert again == b"lib:v2" and cc.calls == 1
+
+
+def test_a_deeply_nested_record_means_a_rebuild(cache: Path) -> None:
+    """Before: a record of 4,000 ``[`` let RecursionError escape."""
+    built("codec", b"k", FakeCompiler())
+    _record(cache).write_bytes(b"[" * 4000)
+    cc = FakeCompiler(b"v2")
+    assert built("codec", b"k", cc).read_bytes() == b"lib:v2" and cc.calls == 1
+
+
+def test_a_root_in_a_parent_others_can_write_needs_the_sticky_bit(tmp_path, monkeypatch) -> None:
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    monkeypatch.setenv(kc.ENV, str(parent / "cache"))
+    os.chmod(parent, 0o777)
+    with pytest.raises(kc.UnsafeCacheError, match="without the sticky bit"):
+        kc.cache_dir()
+    os.chmod(parent, 0o1777)  # as /tmp: others cannot rename what they do not own
+    assert kc.cache_dir() == parent / "cache"
+
+
+def test_a_root_that_is_a_symbolic_link(tmp_path, monkeypatch) -> None:
+    """One's own link to a private directory is followed; another user's link is refused."""
+    target = tmp_path / "real"
+    target.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    monkeypatch.setenv(kc.ENV, str(link))
+    assert kc.cache_dir() == link
+    if not AS_ROOT:
+        return  # giving the link to another user needs root
+    os.lchown(link, NOBODY, NOBODY)
+    with pytest.raises(kc.UnsafeCacheError, match=f"symbolic link of uid {NOBODY}"):
+        kc.cache_dir()

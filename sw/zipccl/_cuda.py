@@ -132,10 +132,10 @@ def supports(block: int) -> bool:
     return block <= MAX_BLOCK
 
 
-def build(arch: str) -> Path:
-    """Compile csrc/ for ``arch`` (e.g. "90") unless a verified cached build exists; return the
-    .so (zipccl._kernel_cache: a private directory, libraries checked against their build record,
-    so a file another user planted there is never loaded)."""
+def build(arch: str) -> ctypes.CDLL:
+    """Compile csrc/ for ``arch`` (e.g. "90") unless a verified cached build exists, and load it
+    (zipccl._kernel_cache: a private directory; the bytes loaded are the ones just hashed against
+    the build record, so a file another user planted or swapped there is never loaded)."""
     key = [arch.encode()]
     for path in sorted(CSRC.iterdir()):  # every file: codec.cu includes the others
         key.append(path.name.encode() + b"\0" + path.read_bytes())
@@ -158,7 +158,8 @@ def build(arch: str) -> Path:
         ]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
 
-    return _kernel_cache.cached_build(f"zipccl_codec_sm{arch}", b"\0".join(key), compile_to)
+    name = f"zipccl_codec_sm{arch}"
+    return _kernel_cache.cached_build(name, b"\0".join(key), compile_to, ctypes.CDLL)
 
 
 _LIB: ctypes.CDLL | None = None  # _lib()'s library once loaded (the hot path skips the call)
@@ -169,7 +170,7 @@ def _lib() -> ctypes.CDLL | None:
     global _LIB
     major, minor = torch.cuda.get_device_capability()
     try:
-        lib = ctypes.CDLL(str(build(f"{major}{minor}")))
+        lib = build(f"{major}{minor}")
     except _kernel_cache.UnsafeCacheError:
         raise  # a cache another user can write to is refused loudly, never worked around
     except (OSError, subprocess.CalledProcessError) as exc:

@@ -472,6 +472,12 @@ class Compressed:
     ``buffer``, ``table`` and ``table_hash`` read it on first use (one host sync, once).
     :func:`decompress` needs none of them.
 
+    Storing: ``torch.save(c)`` and ``pickle`` keep the ``nbytes`` bytes alone and re-check the
+    header when loaded (``torch.load(..., weights_only=True)`` inside
+    ``torch.serialization.safe_globals([zipccl.Compressed])``); :meth:`to_bytes` /
+    :meth:`from_bytes` give and take the bare bytes; a plain uint8 tensor of them
+    (``c.buffer`` from a CPU :func:`compress`) loads with ``weights_only=True`` as is.
+
     Attributes:
         dtype (torch.dtype): the tensor's dtype.
         shape (torch.Size): the tensor's shape.
@@ -557,9 +563,68 @@ class Compressed:
 
     @property
     def buffer(self) -> torch.Tensor:
-        """The compressed bytes: a 1-D ``torch.uint8`` view of ``nbytes`` bytes on the tensor's
-        device (of ``out`` for :func:`compress_into`), to send, save or :func:`decompress`."""
+        """The compressed bytes: a 1-D ``torch.uint8`` tensor of ``nbytes`` bytes on the tensor's
+        device, to send, save or :func:`decompress`. From :func:`compress` on CPU it owns exactly
+        those bytes, so ``torch.save(c.buffer)`` stores ``nbytes``; on CUDA, and from
+        :func:`compress_into` (a view of ``out``), it is a view of a larger allocation, which
+        ``torch.save`` would store whole: save :meth:`to_bytes`, ``c.buffer.clone()`` or ``c``
+        itself."""
         return self._storage[: self.nbytes]
+
+    def to_bytes(self) -> bytes:
+        """Exactly the ``nbytes`` compressed bytes, copied to the host (a sync on CUDA): what to
+        write to a file or a store. :meth:`from_bytes` turns them back into a Compressed.
+
+        Returns:
+            bytes: ``nbytes`` of them, header included.
+
+        Example::
+
+            >>> c = zipccl.compress(torch.randn(1000, dtype=torch.bfloat16))
+            >>> data = c.to_bytes()
+            >>> len(data) == c.nbytes
+            True
+            >>> back = zipccl.Compressed.from_bytes(data)
+            >>> torch.equal(zipccl.decompress(back), zipccl.decompress(c))
+            True
+        """
+        return self.buffer.cpu().numpy().tobytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> Compressed:
+        """:meth:`from_buffer` of a CPU copy of ``data`` (e.g. :meth:`to_bytes`' result read back
+        from a file): the header checked, the length the header's; ``.to(device)`` of its
+        ``buffer`` then :meth:`from_buffer` moves it.
+
+        Args:
+            data (bytes, bytearray or memoryview): exactly one compressed buffer.
+
+        Returns:
+            Compressed: on CPU, owning a copy of ``data``.
+
+        Raises:
+            TypeError: ``data`` is not bytes-like.
+            ValueError: as :meth:`from_buffer`: a corrupt header, a truncated or padded buffer.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"expected bytes, got {type(data).__name__}")
+        array = np.frombuffer(data, dtype=np.uint8).copy()  # (a memoryview of other items too)
+        return cls.from_buffer(torch.from_numpy(array))
+
+    def __getstate__(self) -> dict[str, torch.Tensor]:
+        """What ``pickle`` and ``torch.save`` keep: the ``nbytes`` bytes alone (a compact copy on
+        the buffer's device; a sync on CUDA), however large the allocation they sit in."""
+        return {"buffer": self.buffer.clone()}
+
+    def __setstate__(self, state: dict[str, torch.Tensor]) -> None:
+        """Rebuilt by :meth:`from_buffer`, so a loaded Compressed is checked as a received one.
+        ``torch.load(path, weights_only=True)`` takes it once the class is allowed:
+        ``with torch.serialization.safe_globals([zipccl.Compressed]): torch.load(path)``."""
+        if not isinstance(state, dict) or set(state) != {"buffer"}:
+            raise ValueError("not a pickled zipccl.Compressed")
+        parsed = Compressed.from_buffer(state["buffer"])
+        for name in Compressed.__slots__:
+            setattr(self, name, getattr(parsed, name))
 
     @property
     def table(self) -> Codebook | None:
@@ -920,7 +985,9 @@ def compress(
     ``nbytes`` (or ``buffer``, ``ratio``, ``layout``, ``payload_bytes``, ``table``,
     ``table_hash``) is first read: one host sync, once. ``table="histogram"`` syncs, and
     ``ZIPCCL_BACKEND=torch`` or ``triton``, or a larger block, take the host path, which syncs
-    too. On CPU the call returns with everything known.
+    too. On CPU the call returns with everything known; it codes chunk by chunk of whole blocks
+    (zipccl._torch), so it needs about the buffer's size in memory plus a few MiB
+    (``block`` >= 65536: about 50 bytes per element of one block more).
 
     Settings: ``ZIPCCL_BACKEND`` -- ``auto`` (default: the CUDA kernels on CUDA tensors, the
     torch ops elsewhere), ``torch`` (the torch ops everywhere) or ``triton`` (the Triton kernels;
@@ -955,9 +1022,11 @@ def compress(
             host it is one more pass. Default False: the bytes are golden's plain buffer.
 
     Returns:
-        Compressed: ``buffer`` (1-D ``torch.uint8`` on the tensor's device, a view of one
-        allocation of at least :func:`max_compressed_bytes`), ``nbytes``, ``ratio``,
-        ``layout``, ``table``, ``dtype``, ``shape``, ``block``, ``checksummed``.
+        Compressed: ``buffer`` (1-D ``torch.uint8`` on the tensor's device: on CPU exactly
+        ``nbytes`` bytes of its own, on CUDA a view of one allocation of at least
+        :func:`max_compressed_bytes`), ``nbytes``, ``ratio``, ``layout``, ``table``, ``dtype``,
+        ``shape``, ``block``, ``checksummed``. To store it: ``torch.save(c)`` (keeps ``nbytes``
+        bytes), :meth:`Compressed.to_bytes`, or ``torch.save(c.buffer)`` on CPU.
 
     Raises:
         TypeError: ``tensor`` is not a torch.Tensor; its dtype is not one of the five above;
@@ -992,7 +1061,10 @@ def compress(
     if cuda is not None:
         return _compress_on_device(tensor, fmt, table, block, None, cuda, checksum)
     out = torch.empty(raw_size(fmt, tensor.numel()), dtype=torch.uint8, device=tensor.device)
-    return compress_into(tensor, out, table, block=block, checksum=checksum)
+    c = compress_into(tensor, out, table, block=block, checksum=checksum)
+    if c.nbytes < out.numel():  # own exactly the compressed bytes (torch.save stores a storage)
+        c._storage = c._storage.clone()
+    return c
 
 
 _PENDING: dict[torch.device, torch.Tensor] = {}  # per device: decode errors of sync=False calls
@@ -1066,7 +1138,10 @@ def decompress(
     then; together with :func:`compress` the pair can be captured in a CUDA graph. Elsewhere
     ``sync=False`` decodes and checks as ``sync=True`` does. A bare uint8 buffer is first parsed by
     :meth:`Compressed.from_buffer` (its header copied to the host and checked: a sync on CUDA); a
-    :class:`Compressed` from :func:`compress` needs no host read of its size.
+    :class:`Compressed` from :func:`compress` needs no host read of its size. On the host the
+    decode, and its canonical-form check (one more encode), run chunk by chunk of whole blocks:
+    besides the output, about the buffer's size in memory plus a few MiB; a corrupt buffer may
+    leave ``out`` partly written before the ValueError.
 
     Settings: ``ZIPCCL_BACKEND`` and ``ZIPCCL_FAST`` choose the decoder as for :func:`compress`
     (same results), except that a Compressed the CUDA kernels made is decoded by them.

@@ -92,8 +92,29 @@ def _parse(key: str, raw_value: object) -> Any:
 
 
 def _text(value: object) -> str:
-    text = value.decode() if isinstance(value, bytes) else (value or "")
-    return str(text).strip().lower()
+    """A raw value as lower-case text; bytes that are not UTF-8 (or a str that os.environ
+    surrogate-escaped from them) become ``\\xff`` escapes, which no parser accepts: a
+    ValueError naming the variable, never a UnicodeError."""
+    if not isinstance(value, bytes):
+        text = str(value or "")
+        try:
+            value = text.encode(errors="surrogateescape")
+        except UnicodeEncodeError:  # a surrogate no byte maps to
+            value = text.encode(errors="backslashreplace")
+    return value.decode(errors="backslashreplace").strip().lower()
+
+
+_MAX_DIGITS = 18  # < 2**63 and far below int()'s digit limit
+
+
+def _count(key: str, value: str, what: str, least: int) -> int:
+    """A decimal integer >= ``least`` in ASCII digits, else a ValueError naming ``key``."""
+    if not (value.isascii() and value.isdigit() and len(value) <= _MAX_DIGITS):
+        raise ValueError(f"{key} must be a {what} integer, got {value[:40]!r}")
+    number = int(value)
+    if number < least:
+        raise ValueError(f"{key} must be a {what} integer, got {value!r}")
+    return number
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
@@ -106,19 +127,13 @@ def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
 
 
 def _chunk_bytes(value: str) -> int | None:
-    if not value:
-        return None
-    if not value.isdigit() or int(value) <= 0:
-        raise ValueError(f"ZIPCCL_CHUNK_BYTES must be a positive integer, got {value!r}")
-    return int(value)
+    return _count("ZIPCCL_CHUNK_BYTES", value, "positive", 1) if value else None
 
 
 def _plan_calls(value: str) -> int:
     if not value:
         return Settings.plan_calls
-    if not value.isdigit():
-        raise ValueError(f"ZIPCCL_PLAN_CALLS must be a non-negative integer, got {value!r}")
-    return int(value)
+    return _count("ZIPCCL_PLAN_CALLS", value, "non-negative", 0)
 
 
 _PARSERS: dict[str, Callable[[str], object]] = {  # KEYS order: Settings' fields

@@ -32,7 +32,6 @@ all-reduce for every world size and gives up rank-order determinism for W > 2.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from dataclasses import dataclass, replace
 
@@ -156,12 +155,16 @@ def _checked_vector(v: object) -> list[float]:
     size = 2 * LINES + len(PRIOR_DTYPES)
     if not isinstance(v, list) or len(v) != size:
         raise ValueError(f"a profile vector has {size} numbers")
-    if not all(type(x) in (int, float) and math.isfinite(x) for x in v):
-        raise ValueError("a profile vector holds finite numbers only")
-    alphas, positive = v[0 : 2 * LINES : 2], v[1 : 2 * LINES : 2] + v[2 * LINES :]
+    if not all(type(x) in (int, float) and abs(x) < _MAX_VALUE for x in v):
+        raise ValueError(f"a profile vector holds finite numbers below {_MAX_VALUE:g} only")
+    floats = [float(x) for x in v]  # (an int past float's range is refused above)
+    alphas, positive = floats[0 : 2 * LINES : 2], floats[1 : 2 * LINES : 2] + floats[2 * LINES :]
     if min(alphas) < 0 or min(positive) <= 0:
         raise ValueError("a profile has negative latencies or non-positive bandwidths or ratios")
-    return [float(x) for x in v]
+    return floats
+
+
+_MAX_VALUE = 1e300  # NaN and the infinities compare False; a 400-digit int compares True
 
 
 LINES = len(OPS) + 6  # Lines in a Profile's vector form
@@ -339,9 +342,6 @@ def group_key(group: dist.ProcessGroup | None) -> object:
     world size, backend or transport) is another key, never a stale hit. The dicts keep their
     groups alive, so an identity is never reused."""
     return dist.group.WORLD if group is None else group
-
-
-# per chunk (the overhead is measured against that model)
 
 
 __all__ = [

@@ -81,7 +81,7 @@ def load_profile(g: _transport.Group) -> Profile | None:
     try:
         raw = _kernel_cache.read_private(cache_path(g), _PROFILE_BYTES)
         return None if raw is None else Profile.from_json(raw.decode())
-    except (OSError, ValueError) as exc:  # UnsafeCacheError, a directory, bad JSON or values
+    except Exception as exc:  # UnsafeCacheError, a directory, bad UTF-8, JSON or values: any
         warnings.warn(f"zipccl: not using the cached profile, measuring again: {exc}", stacklevel=3)
         return None
 
