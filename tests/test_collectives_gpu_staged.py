@@ -8,15 +8,12 @@ rank-order reference); a mismatch raises on every rank. Run on a CUDA machine:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.distributed as dist
 import zipccl
 
 from tests import test_collectives as base
-from tests._collectives_cluster import Cluster
 
 pytestmark = [
     pytest.mark.gpu,
@@ -26,18 +23,7 @@ pytestmark = [
 CHUNKED = {"ZIPCCL_MODE": "always", "ZIPCCL_CHUNK_BYTES": "65536"}
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[Cluster]:
-    c = Cluster(2)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def trio() -> Iterator[Cluster]:
-    c = Cluster(3)
-    yield c
-    c.close()
+pair, trio = base.pair, base.trio  # the module-scoped clusters of 2 and 3 gloo ranks
 
 
 def sc_every_op(rank: int, world: int, dtype: torch.dtype, numel: int) -> dict[str, bool]:

@@ -9,7 +9,7 @@ against torch.distributed bit for bit; tests/test_collectives_gpu_staged.py runs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -24,18 +24,7 @@ ALWAYS = base.ALWAYS
 SMALL_CHUNKS = base.SMALL_CHUNKS
 
 
-@pytest.fixture(scope="module")
-def pair() -> Iterator[Cluster]:
-    c = Cluster(2)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
-def trio() -> Iterator[Cluster]:
-    c = Cluster(3)
-    yield c
-    c.close()
+pair, trio = base.pair, base.trio  # the module-scoped clusters of 2 and 3 gloo ranks
 
 
 def sc_staged(rank: int, world: int, scenario: str, *args: object) -> tuple[object, int]:
