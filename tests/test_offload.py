@@ -306,6 +306,53 @@ def test_a_tensor_saved_twice_is_offloaded_once() -> None:
     assert same(x.grad, ref.grad)
 
 
+class SavesLayout(torch.autograd.Function):
+    """y = x * 1, saving each extra; backward checks that every saved tensor came back with the
+    dtype, shape, strides and storage offset it was saved with, and which ones share storage."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, *extras: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(*extras)
+        ctx.layouts = [(t.dtype, t.shape, t.stride(), t.storage_offset()) for t in extras]
+        ctx.storages = [t.untyped_storage().data_ptr() for t in extras]
+        ctx.originals = [t.clone() for t in extras]
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        saved = ctx.saved_tensors
+        assert [(t.dtype, t.shape, t.stride(), t.storage_offset()) for t in saved] == ctx.layouts
+        assert all(same(s, o) for s, o in zip(saved, ctx.originals, strict=True))
+        storages = [t.untyped_storage().data_ptr() for t in saved]
+        assert [a == b for a in storages for b in storages] == [
+            a == b for a in ctx.storages for b in ctx.storages
+        ]
+        return (grad, *(None for _ in saved))
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_views_come_back_as_the_views_they_were(compress: bool) -> None:
+    """q, k and v of one packed projection (gaps, storage offsets) come back as views of one
+    restored base, with their strides and offsets: one host copy for the three."""
+    x = sample((64,), torch.float32, seed=8).requires_grad_()
+    qkv = sample((2, 96, 3, 4, 16), torch.bfloat16, seed=9)  # (batch, seq, 3, heads, dim)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    with zipccl.offload_activations(min_bytes=0, compress=compress) as hooks:
+        y = SavesLayout.apply(x * 1, k, q, v, qkv.view(-1, 192).t())
+    assert len(hooks._run) == 1 and hooks._run[0]().copy.shape == qkv.shape
+    y.sum().backward()
+
+
+def test_views_of_much_larger_bases_are_offloaded_alone() -> None:
+    x = sample((64,), torch.float32, seed=8).requires_grad_()
+    big = sample((64, 100), torch.float16, seed=10)
+    row, col, as_int = big[3], big[:, 7:9], big[:20].view(torch.int16)
+    with zipccl.offload_activations(min_bytes=0) as hooks:  # (col: gaps, comes back contiguous)
+        y = Saves.apply(x * 1, row, as_int, col)
+    assert [r().copy.shape for r in hooks._run] == [x.shape, row.shape, as_int.shape, col.shape]
+    y.sum().backward()
+
+
 def test_retain_graph_backward_twice() -> None:
     model, x = mlp(torch.float32), sample((128, 64), torch.float32, seed=6)
     loss = model(x).square().mean()

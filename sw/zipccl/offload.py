@@ -538,6 +538,50 @@ class _Saved:
     last: weakref.ref[torch.Tensor] | None = None
 
 
+class _View(NamedTuple):
+    """What autograd keeps for a view offloaded through its base: the base's entry (shared by
+    every view of it) and where the view lies in it."""
+
+    base: _Saved
+    size: torch.Size
+    stride: tuple[int, ...]
+    offset: int
+
+
+VIEW_SPAN = 4  # a view is offloaded through its base when the base is at most this many times it
+
+
+_Place = tuple[torch.Size, tuple[int, ...], int]  # a view's size, stride and offset in its base
+
+
+def _through_base(tensor: torch.Tensor) -> tuple[torch.Tensor, _Place | None]:
+    """What to offload for ``tensor``: its base where it is a view that lies inside a dense base
+    of its dtype at most ``VIEW_SPAN`` times its size (then also the view's place in it), else
+    the tensor itself (and None).
+
+    Restoring the base and taking the view of it gives backward the tensor it saved: the same
+    strides and storage offset (some kernels choose their algorithm, and so their rounding, by
+    layout and alignment), views of one base sharing one storage, and one copy of the base's
+    bytes however many views of it are saved (q, k and v of one projection, say)."""
+    base = tensor._base
+    if (
+        base is None
+        or base.dtype != tensor.dtype
+        or base.device != tensor.device
+        or tensor.numel() == 0
+        or base.numel() > VIEW_SPAN * tensor.numel()
+        or _unsupported(base) is not None
+        or _dense_order(base) is None
+    ):
+        return tensor, None
+    offset = tensor.storage_offset() - base.storage_offset()
+    last = offset + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
+    extent = 1 + sum((n - 1) * s for n, s in zip(base.shape, base.stride(), strict=True))
+    if offset < 0 or last >= extent or min(tensor.stride(), default=0) < 0:
+        return tensor, None
+    return base, (tensor.shape, tensor.stride(), offset)
+
+
 class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
     """A context manager that keeps the tensors autograd saves for backward in host memory,
     compressed; made by :func:`offload_activations`, which documents it.
@@ -610,13 +654,18 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
             or _unsupported(tensor) is not None
         )
 
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor | _Saved:
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor | _Saved | _View:
         if self.keeps(tensor):
             return tensor
+        source, place = _through_base(tensor)
+        saved = self._offload(source)
+        return saved if place is None else _View(saved, *place)
+
+    def _offload(self, tensor: torch.Tensor) -> _Saved:
         seen = self._seen.get(id(tensor))
         if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
             saved = seen[2]()
-            if saved is not None:  # saved twice (unchanged): one host copy
+            if saved is not None:  # saved twice (unchanged), or a base of several: one copy
                 return saved
         with torch.no_grad():
             copy = HostCopy(tensor.detach(), self.compress, self.chunk_bytes)
@@ -641,9 +690,15 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
                 oldest.wait()
             self._inflight_bytes -= self._inflight.popleft()[1]
 
-    def _unpack(self, saved: torch.Tensor | _Saved) -> torch.Tensor:
-        if not isinstance(saved, _Saved):
-            return saved
+    def _unpack(self, saved: torch.Tensor | _Saved | _View) -> torch.Tensor:
+        if isinstance(saved, _View):
+            base = self._restore(saved.base)
+            return base.as_strided(saved.size, saved.stride, saved.offset)
+        if isinstance(saved, _Saved):
+            return self._restore(saved)
+        return saved
+
+    def _restore(self, saved: _Saved) -> torch.Tensor:
         alive = saved.last() if saved.last is not None else None
         if alive is not None:  # saved twice: the tensor the first unpack returned
             return alive
