@@ -250,7 +250,7 @@ def test_every_saved_dtype_comes_back(dtype: torch.dtype) -> None:
     extra = sample((40, 50), dtype, seed=3)
     with zipccl.offload_activations(min_bytes=0) as hooks:
         y = Saves.apply(x * 1, extra, extra.t())  # (x itself is a leaf that requires grad: kept)
-    assert len(hooks._run) == 3
+    assert len(hooks._run) == 2  # x * 1, and extra once (extra.t() is a view of it)
     y.sum().backward()
     assert x.grad is not None
 

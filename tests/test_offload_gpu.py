@@ -103,7 +103,7 @@ def test_every_saved_dtype_comes_back(dtype: torch.dtype) -> None:
     extra = sample((400, 500), dtype, seed=3).to(CUDA)
     with zipccl.offload_activations(min_bytes=0, max_inflight_bytes=0) as hooks:
         y = Saves.apply(x * 1, extra, extra.t())
-    assert len(hooks._run) == 3
+    assert len(hooks._run) == 2  # x * 1, and extra once (extra.t() is a view of it)
     y.sum().backward()
 
 
