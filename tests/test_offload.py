@@ -90,6 +90,31 @@ def test_chunks() -> None:
     assert same(copy.load(), x) and copy.host_bytes < copy.nbytes
 
 
+@pytest.mark.parametrize("second", ["alike", "incompressible"])
+def test_chunk_copies_queued_for_a_guessed_size(second: str) -> None:
+    """After the first chunk, each chunk's copy is queued for the size the chunk before it
+    suggests: the host copy keeps exactly the compressed size (the guess's tail is given back),
+    and a chunk that compresses worse than guessed is copied again, whole."""
+    first = sample((1 << 19,), torch.bfloat16, seed=11)  # 1 MiB: one chunk
+    if second == "alike":
+        rest = sample((1 << 19,), torch.bfloat16, seed=12)
+    else:  # random bits: stored in the codec's raw layout, larger than the guess
+        rest = torch.randint(-(1 << 15), 1 << 15, (1 << 19,), dtype=torch.int16)
+        rest = rest.view(torch.bfloat16)
+    x = torch.cat([first, rest])
+    before = in_use()
+    copy = zipccl.offload_tensor(x, chunk_bytes=1 << 20)
+    copy.wait()
+    sizes = [p.host.view.numel() for p in copy._pieces if p.host is not None]
+    expected = [offload._expected_size(p.head) for p in copy._pieces if p.head is not None]
+    assert len(copy._pieces) == 2 and sizes == expected
+    cap = offload.max_compressed_bytes(torch.bfloat16, 1 << 19)
+    assert (sizes[1] > offload._guess(sizes[0] / cap, cap)) == (second != "alike")
+    assert same(copy.load(), x) and copy.host_bytes == sum(sizes)
+    del copy
+    assert in_use() == before
+
+
 @pytest.mark.parametrize(
     "view",
     [

@@ -59,7 +59,7 @@ __all__ = [
 CODED = frozenset(
     {torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2}
 )
-CHUNK_BYTES = 32 << 20  # a chunk is compressed while the one before it is copied
+CHUNK_BYTES = 64 << 20  # a chunk is compressed while the one before it is copied
 MIN_CHUNK_BYTES = 1 << 20
 _CHUNK_ELEMENTS = 4096  # chunks hold whole codec blocks (codec.DEFAULT_BLOCK)
 
@@ -113,6 +113,11 @@ class _Lanes:
         event = torch.cuda.Event()
         event.record(stream)
         return event
+
+    def marks(self, stream: torch.cuda.Stream | None) -> list[torch.cuda.Event]:
+        """:meth:`mark` as a list of the events a host range is given back after."""
+        event = self.mark(stream)
+        return [] if event is None else [event]
 
     def current(self) -> torch.cuda.Stream | None:
         return torch.cuda.current_stream(self.device) if self.cuda else None
@@ -182,8 +187,9 @@ class _Piece:
     start: int
     stop: int
     source: torch.Tensor | None
-    ready: torch.cuda.Event | None  # on the caller's stream, after what the worker reads
+    ready: torch.cuda.Event | None  # on the caller's stream, after ``source`` is written
     header: torch.Tensor | None = None
+    sized: torch.cuda.Event | None = None  # on the caller's stream, after the header's copy
     host: HostRange | None = None
     head: Header | None = None
 
@@ -258,10 +264,11 @@ class HostCopy:
                 device=flat.device,
             )
             compress_into(chunk, out)
+            ready = lanes.mark(lanes.current())
             header = torch.empty(HEADER_BYTES, dtype=torch.uint8, pin_memory=lanes.cuda)
             header.copy_(out[:HEADER_BYTES], non_blocking=True)
-            ready = lanes.mark(lanes.current())
-            pieces.append(_Piece(start, start + chunk.numel(), out, ready, header))
+            sized = lanes.mark(lanes.current())
+            pieces.append(_Piece(start, start + chunk.numel(), out, ready, header, sized))
         return pieces
 
     def _raw(self, flat: torch.Tensor) -> list[_Piece]:
@@ -270,19 +277,13 @@ class HostCopy:
 
     # ------------------------------------------------------------ down (worker)
     def _store(self) -> None:
-        """Learn each chunk's size from its header, take that much host memory, queue the copy.
-        ``_stored`` is recorded after whatever was queued, also when a chunk fails, so that the
-        host memory of the chunks before it is not reused under their copies."""
-        lanes = self._lanes
+        """Queue each chunk's copy into host memory of its size. ``_stored`` is recorded after
+        whatever was queued, also when a chunk fails, so that the host memory of the chunks
+        before it is not reused under their copies."""
+        lanes, ratio = self._lanes, None
         try:
             for piece in self._pieces:
-                nbytes = self._size(piece)
-                piece.host = lanes.pool.alloc(nbytes)
-                assert piece.source is not None
-                with lanes.on(lanes.d2h):
-                    _wait(lanes.d2h, piece.ready)
-                    piece.host.view.copy_(piece.source[:nbytes], non_blocking=True)
-                    _used_on(piece.source, lanes.d2h)
+                ratio = self._store_piece(piece, ratio)
                 piece.source = None
         except BaseException as exc:  # raised to the caller by wait() and load()
             self._error = exc
@@ -292,16 +293,47 @@ class HostCopy:
                 piece.source = piece.header = None
             self._stored_issued.set()
 
-    def _size(self, piece: _Piece) -> int:
-        """A compressed chunk's size, from its header (waiting here, in the worker, for the
-        device to have written it); a raw chunk's own size."""
-        if piece.header is None:
-            assert piece.source is not None
-            return piece.source.numel()
-        if piece.ready is not None:
-            piece.ready.synchronize()  # the GIL is released while it waits
+    def _store_piece(self, piece: _Piece, ratio: float | None) -> float:
+        """Queue one chunk's copy down; returns its compressed size over its capacity.
+
+        A compressed chunk's size is in its header, which reaches the host by a copy that may
+        queue behind the previous chunk's copy on the copy engine; waiting for it before
+        queuing this chunk would leave the link idle while the worker reacts. So once a chunk
+        of the tensor has told its ratio (``ratio``), the next one's copy is queued at once for
+        that ratio plus ``GUESS_MARGIN``; the header then shows whether it covered the chunk
+        (the unused tail of its host memory is given back after the copy) or not (the chunk is
+        copied again, whole: rare, as chunks of one tensor compress alike)."""
+        lanes, source = self._lanes, piece.source
+        assert source is not None
+        if piece.header is None:  # raw: its own size
+            piece.host = self._copy_down(piece, source.numel())
+            return 1.0
+        cap = source.numel()
+        guess = None if ratio is None else _guess(ratio, cap)
+        host = None if guess is None else self._copy_down(piece, guess)
+        if piece.sized is not None:
+            piece.sized.synchronize()  # the GIL is released while it waits
         piece.head = Header.unpack(bytes(piece.header.numpy()))
-        return _expected_size(piece.head)
+        nbytes = _expected_size(piece.head)
+        if host is None or nbytes > host.view.numel():
+            if host is not None:
+                lanes.pool.free(host, lanes.marks(lanes.d2h))
+            host = self._copy_down(piece, nbytes)
+        else:
+            host = lanes.pool.trim(host, nbytes, lanes.marks(lanes.d2h))
+        piece.host = host
+        return nbytes / cap
+
+    def _copy_down(self, piece: _Piece, nbytes: int) -> HostRange:
+        """Queue the copy of the first ``nbytes`` of the chunk into new host memory."""
+        lanes, source = self._lanes, piece.source
+        assert source is not None
+        host = lanes.pool.alloc(nbytes)
+        with lanes.on(lanes.d2h):
+            _wait(lanes.d2h, piece.ready)
+            host.view.copy_(source[:nbytes], non_blocking=True)
+            _used_on(source, lanes.d2h)
+        return host
 
     # ------------------------------------------------------------ the caller's view
     def _check(self) -> None:
@@ -377,6 +409,9 @@ class HostCopy:
             with lanes.on(lanes.decode):
                 tensor, flat = self._empty()
                 _used_on(tensor, lanes.h2d)  # raw chunks are copied into it there
+                # ... after whatever the decode stream was still to do in its memory (the
+                # allocator hands memory on by the stream it was allocated on: decode)
+                _wait(lanes.h2d, lanes.mark(lanes.decode))
                 try:
                     for piece in self._pieces:
                         self._load_piece(piece, flat)
@@ -421,6 +456,15 @@ class HostCopy:
         for piece in self._pieces:
             if piece.host is not None:
                 self._lanes.pool.free(piece.host, after)
+
+
+GUESS_MARGIN = 1 / 64  # a chunk's copy is queued for the previous chunk's ratio plus this
+
+
+def _guess(ratio: float, cap: int) -> int:
+    """Bytes to copy of a chunk of ``cap`` bytes at most, expected to compress like one of
+    ``ratio`` (see HostCopy._store_piece)."""
+    return min(cap, int(ratio * (1 + GUESS_MARGIN) * cap) + HEADER_BYTES)
 
 
 def _chunk_elements(flat: torch.Tensor, chunk_bytes: int) -> int:
