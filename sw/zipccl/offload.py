@@ -30,7 +30,7 @@ import contextlib
 import queue
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -248,14 +248,24 @@ class HostCopy:
         self._strides = tensor.stride() if self._order is not None else None
         memory_order = tensor.permute(self._order) if self._order is not None else tensor
         flat = memory_order.contiguous().view(-1)
-        self._pieces = self._compress(flat, chunk_bytes) if self.compressed else self._raw(flat)
-        self._lanes.submit(self._store)
+        if not self.compressed:
+            self._pieces = self._raw(flat)
+            self._lanes.submit(lambda: self._store(iter(self._pieces)))
+            return
+        feed: queue.SimpleQueue[_Piece | None] = queue.SimpleQueue()
+        self._lanes.submit(lambda: self._store(iter(feed.get, None)))  # from the first chunk on
+        try:
+            self._compress(flat, chunk_bytes, feed)
+        finally:
+            feed.put(None)
 
     # ------------------------------------------------------------ down (caller's thread)
-    def _compress(self, flat: torch.Tensor, chunk_bytes: int) -> list[_Piece]:
-        """Queue each chunk's compression and the copy of its header on the caller's stream."""
+    def _compress(
+        self, flat: torch.Tensor, chunk_bytes: int, feed: queue.SimpleQueue[_Piece | None]
+    ) -> None:
+        """Queue each chunk's compression and the copy of its header on the caller's stream,
+        handing each chunk to the worker as soon as it is queued."""
         lanes, step = self._lanes, _chunk_elements(flat, chunk_bytes)
-        pieces = []
         for start in range(0, flat.numel(), step):
             chunk = flat[start : start + step]
             out = torch.empty(
@@ -268,26 +278,30 @@ class HostCopy:
             header = torch.empty(HEADER_BYTES, dtype=torch.uint8, pin_memory=lanes.cuda)
             header.copy_(out[:HEADER_BYTES], non_blocking=True)
             sized = lanes.mark(lanes.current())
-            pieces.append(_Piece(start, start + chunk.numel(), out, ready, header, sized))
-        return pieces
+            piece = _Piece(start, start + chunk.numel(), out, ready, header, sized)
+            self._pieces.append(piece)
+            feed.put(piece)
 
     def _raw(self, flat: torch.Tensor) -> list[_Piece]:
         ready = self._lanes.mark(self._lanes.current())
         return [_Piece(0, flat.numel(), flat.view(torch.uint8), ready)]
 
     # ------------------------------------------------------------ down (worker)
-    def _store(self) -> None:
-        """Queue each chunk's copy into host memory of its size. ``_stored`` is recorded after
-        whatever was queued, also when a chunk fails, so that the host memory of the chunks
-        before it is not reused under their copies."""
+    def _store(self, pieces: Iterator[_Piece]) -> None:
+        """Queue each chunk's copy into host memory of its size, taking the chunks as the
+        caller's thread queues them. ``_stored`` is recorded after whatever was queued, also
+        when a chunk fails, so that the host memory of the chunks before it is not reused under
+        their copies."""
         lanes, ratio = self._lanes, None
         try:
-            for piece in self._pieces:
+            for piece in pieces:
                 ratio = self._store_piece(piece, ratio)
                 piece.source = None
         except BaseException as exc:  # raised to the caller by wait() and load()
             self._error = exc
         finally:
+            for _ in pieces:  # the caller's thread is done with the tensor
+                pass
             self._stored = lanes.mark(lanes.d2h)
             for piece in self._pieces:
                 piece.source = piece.header = None
