@@ -368,6 +368,25 @@ def test_views_come_back_as_the_views_they_were(compress: bool) -> None:
     y.sum().backward()
 
 
+def test_a_base_comes_back_once_for_all_its_views(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Views of one base unpacked by different backward nodes share one copy up: the first
+    unpack's tensor is held until the last view has been unpacked (then let go)."""
+    loads = []
+    real_load = HostCopy.load
+    monkeypatch.setattr(HostCopy, "load", lambda self: loads.append(self) or real_load(self))
+    x = sample((64,), torch.float32, seed=8).requires_grad_()
+    base = sample((96, 64), torch.bfloat16, seed=13) * 1
+    with zipccl.offload_activations(min_bytes=0) as hooks:
+        y = SavesLayout.apply(x * 1, base.t())
+        y = SavesLayout.apply(y, base.view(48, 128)[::2], base[1:])
+    saved, shape = hooks._run[-1](), base.shape
+    assert saved is not None and saved.uses == 3 and saved.copy.shape == shape
+    del base  # (as the forward pass lets go of its activations)
+    y.sum().backward()
+    assert [c.shape for c in loads].count(shape) == 1
+    assert saved.held is None
+
+
 def test_views_of_much_larger_bases_are_offloaded_alone() -> None:
     x = sample((64,), torch.float32, seed=8).requires_grad_()
     big = sample((64, 100), torch.float16, seed=10)

@@ -588,12 +588,33 @@ def empty_host_cache() -> None:
 @dataclass(eq=False)
 class _Saved:
     """What autograd keeps for an offloaded tensor: its host copy and its place in the order of
-    the forward pass it was saved in (``run``: weak references to that pass's entries)."""
+    the forward pass it was saved in (``run``: weak references to that pass's entries).
+
+    One entry may stand for several saved tensors (the same tensor saved twice, views of one
+    base): ``uses`` counts them. The tensor the first of them brings back is held (``held``)
+    until all ``uses`` have been unpacked, so that the others take it instead of copying it up
+    again, then only referenced weakly (``last``)."""
 
     copy: HostCopy
     run: list[weakref.ref[_Saved]]
     index: int
+    uses: int = 0
+    unpacked: int = 0
+    held: torch.Tensor | None = None
     last: weakref.ref[torch.Tensor] | None = None
+
+    def restored(self) -> torch.Tensor | None:
+        """The tensor an unpack brought back, while it is alive."""
+        if self.held is not None:
+            return self.held
+        return self.last() if self.last is not None else None
+
+    def unpack_done(self, tensor: torch.Tensor) -> None:
+        self.last, self.unpacked = weakref.ref(tensor), self.unpacked + 1
+        if self.unpacked >= self.uses:  # (a new round for each backward with retain_graph)
+            self.held, self.unpacked = None, 0
+        else:
+            self.held = tensor
 
 
 class _View(NamedTuple):
@@ -632,7 +653,7 @@ def _through_base(tensor: torch.Tensor) -> tuple[torch.Tensor, _Place | None]:
         or _dense_order(base) is None
     ):
         return tensor, None
-    offset = tensor.storage_offset() - base.storage_offset()
+    offset = int(tensor.storage_offset() - base.storage_offset())
     last = offset + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
     extent = 1 + sum((n - 1) * s for n, s in zip(base.shape, base.stride(), strict=True))
     if offset < 0 or last >= extent or min(tensor.stride(), default=0) < 0:
@@ -717,6 +738,7 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
             return tensor
         source, place = _through_base(tensor)
         saved = self._offload(source)
+        saved.uses += 1
         return saved if place is None else _View(saved, *place)
 
     def _offload(self, tensor: torch.Tensor) -> _Saved:
@@ -757,14 +779,13 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
         return saved
 
     def _restore(self, saved: _Saved) -> torch.Tensor:
-        alive = saved.last() if saved.last is not None else None
-        if alive is not None:  # saved twice: the tensor the first unpack returned
-            return alive
-        saved.copy.prefetch()
-        self._prefetch_below(saved.index, saved.run)
-        with torch.no_grad():
-            tensor = saved.copy.load()
-        saved.last = weakref.ref(tensor)
+        tensor = saved.restored()  # saved more than once: the tensor the first unpack returned
+        if tensor is None:
+            saved.copy.prefetch()
+            self._prefetch_below(saved.index, saved.run)
+            with torch.no_grad():
+                tensor = saved.copy.load()
+        saved.unpack_done(tensor)
         return tensor
 
     def _prefetch_below(self, index: int, run: list[weakref.ref[_Saved]]) -> None:
@@ -773,7 +794,7 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
         budget = self.prefetch_bytes
         for ref in reversed(run[:index]):
             saved = ref()
-            if saved is None:
+            if saved is None or saved.restored() is not None:
                 continue
             if budget <= 0:
                 return
