@@ -131,6 +131,7 @@ class _Lanes:
             size = -(-nbytes // MIN_CHUNK_BYTES) * MIN_CHUNK_BYTES
             slot = self._slots[index] = torch.empty(size, dtype=torch.uint8, device=self.device)
             _used_on(slot, self.h2d)
+            self._slot_free[index] = self.mark(self.decode)  # see _fresh
         with self.on(self.h2d):
             _wait(self.h2d, self._slot_free[index])
             slot[:nbytes].copy_(host, non_blocking=True)
@@ -154,6 +155,13 @@ def _lanes(device: torch.device) -> _Lanes:
         with _LANES_LOCK:
             lanes = _LANES.get(device) or _LANES.setdefault(device, _Lanes(device))
     return lanes
+
+
+# _fresh: memory the worker allocates (on the decode stream, its current one) and the h2d stream
+# writes is written only after the decode stream has run what it had queued when it was made:
+# with deterministic algorithms on, torch fills new memory (NaN, or the largest integer) with a
+# kernel on the allocating stream, which would otherwise land after the copy, over it; and the
+# allocator hands memory freed on the decode stream on to the next allocation there at once.
 
 
 def _wait(stream: torch.cuda.Stream | None, event: torch.cuda.Event | None) -> None:
@@ -423,9 +431,7 @@ class HostCopy:
             with lanes.on(lanes.decode):
                 tensor, flat = self._empty()
                 _used_on(tensor, lanes.h2d)  # raw chunks are copied into it there
-                # ... after whatever the decode stream was still to do in its memory (the
-                # allocator hands memory on by the stream it was allocated on: decode)
-                _wait(lanes.h2d, lanes.mark(lanes.decode))
+                _wait(lanes.h2d, lanes.mark(lanes.decode))  # see _fresh
                 try:
                     for piece in self._pieces:
                         self._load_piece(piece, flat)
