@@ -9,10 +9,12 @@ How a CUDA tensor travels (docs/offload.md has the whole story):
 
 * down: the caller's thread queues, on the caller's stream, the compression of each chunk of the
   tensor (``chunk_bytes``) into a device buffer and an asynchronous copy of its 512-byte header
-  into pinned memory; a worker thread per device waits (off the caller's thread) for that header,
-  reads the compressed size from it, takes exactly that many bytes of pinned host memory
-  (zipccl._host_pool) and queues the copy on its device-to-host stream. Chunk k is copied while
-  chunk k+1 is compressed, and the caller's thread never waits for the device.
+  into pinned memory; a worker thread per device takes each chunk as it is queued, queues its
+  copy on its device-to-host stream into pinned host memory (zipccl._host_pool) of the size the
+  chunk before it suggests, then waits (off the caller's thread) for the header and trims the
+  host memory to the compressed size it gives (or copies the chunk again where the guess was
+  short; the first chunk waits for its header first). Chunk k is copied while chunk k+1 is
+  compressed, and the caller's thread never waits for the device.
 * up: the worker queues each chunk's copy on a host-to-device stream and its decompression on a
   decode stream, so chunk k decodes while chunk k+1 crosses the link; the caller's stream waits
   for the result with an event, not the caller's thread.
@@ -539,7 +541,7 @@ def offload_tensor(
             baseline, on the same streams). Default True.
         chunk_bytes (int, optional): the tensor is compressed and copied in chunks of about this
             many bytes (at least 1 MiB), chunk k+1 compressed while chunk k is copied; default
-            32 MiB.
+            64 MiB.
 
     Returns:
         HostCopy: :meth:`HostCopy.load` brings the tensor back.
@@ -845,10 +847,14 @@ def offload_activations(
     * copied raw: every other dtype (integers, bool, float64, complex...), and every dtype with
       ``compress=False``.
 
-    A tensor saved twice (unchanged) is offloaded once. Views with gaps come back contiguous, the
-    rest with their strides. Host copies are freed when autograd frees what it saved (after
-    backward, or with the graph); ``backward(retain_graph=True)`` brings them back again for each
-    backward pass. CPU tensors are "offloaded" to a compact CPU copy by the same code.
+    Saved tensors come back as they were saved, so that backward computes what it would have:
+    a view whose base is at most ``VIEW_SPAN`` (4) times its size is offloaded through its base,
+    once for all views of that base, and comes back as the same view (sizes, strides, storage
+    offset) of the restored base; other tensors without gaps come back with their strides, other
+    views with gaps contiguous. A tensor saved twice (unchanged) is offloaded once. Host copies
+    are freed when autograd frees what it saved (after backward, or with the graph);
+    ``backward(retain_graph=True)`` brings them back again for each backward pass. CPU tensors
+    are "offloaded" to a compact CPU copy by the same code.
 
     Args:
         min_bytes (int, optional): tensors smaller than this stay; default 1 MiB.
@@ -859,7 +865,7 @@ def offload_activations(
         max_inflight_bytes (int, optional): device memory the forward pass may hold in tensors
             whose copy down has not finished; past it, the caller's thread waits for the oldest
             (bounding peak memory); default 1 GiB.
-        chunk_bytes (int, optional): as for :func:`offload_tensor`; default 32 MiB.
+        chunk_bytes (int, optional): as for :func:`offload_tensor`; default 64 MiB.
 
     Returns:
         ActivationOffload: the context manager; one instance may be entered again after it
