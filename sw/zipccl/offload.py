@@ -27,6 +27,7 @@ which is what the CPU tests exercise.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import queue
@@ -82,19 +83,26 @@ class _Lanes:
         make = (lambda: torch.cuda.Stream(device)) if self.cuda else (lambda: None)
         self.d2h, self.h2d, self.decode = make(), make(), make()
         self.pool = HostPool(pinned=self.cuda)
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._slots: list[torch.Tensor | None] = [None] * STAGING_SLOTS
         self._slot_free: list[torch.cuda.Event | None] = [None] * STAGING_SLOTS
         self._next_slot = 0
         name = f"zipccl-offload-{device}"
-        threading.Thread(target=self._work, name=name, daemon=True).start()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
 
     def _work(self) -> None:
         if self.cuda:
             torch.cuda.set_device(self.device)
         with torch.no_grad():
-            while True:
-                self._jobs.get()()  # a job records its own errors
+            for job in iter(self._jobs.get, None):
+                job()  # a job records its own errors
+
+    def stop(self) -> None:
+        """Run the jobs queued so far, then end the worker (at interpreter exit: a worker still
+        inside torch when the process ends aborts it)."""
+        self._jobs.put(None)
+        self._thread.join(timeout=60)  # (a device that never finishes must not hang the exit)
 
     def submit(self, job: Callable[[], None]) -> None:
         self._jobs.put(job)
@@ -147,6 +155,15 @@ class _Lanes:
 
 _LANES: dict[torch.device, _Lanes] = {}
 _LANES_LOCK = threading.Lock()
+
+
+@atexit.register
+def _stop_workers() -> None:
+    with _LANES_LOCK:
+        lanes = list(_LANES.values())
+        _LANES.clear()
+    for each in lanes:
+        each.stop()
 
 
 def _lanes(device: torch.device) -> _Lanes:
