@@ -670,6 +670,7 @@ def _through_base(tensor: torch.Tensor) -> tuple[torch.Tensor, _Place | None]:
     base = tensor._base
     if (
         base is None
+        or type(base) is not torch.Tensor
         or base.dtype != tensor.dtype
         or base.device != tensor.device
         or tensor.numel() == 0
@@ -681,7 +682,7 @@ def _through_base(tensor: torch.Tensor) -> tuple[torch.Tensor, _Place | None]:
     offset = int(tensor.storage_offset() - base.storage_offset())
     last = offset + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
     extent = 1 + sum((n - 1) * s for n, s in zip(base.shape, base.stride(), strict=True))
-    if offset < 0 or last >= extent or min(tensor.stride(), default=0) < 0:
+    if offset < 0 or last >= extent:
         return tensor, None
     return base, (tensor.shape, tensor.stride(), offset)
 
