@@ -15,7 +15,9 @@
     Median step time over STEPS steps after WARMUP, peak GPU memory
     (``torch.cuda.max_memory_allocated``) per mode, and whether the losses and gradients of the
     three are bit-identical (``torch.equal``; deterministic algorithms are on, so the flash
-    attention backward is deterministic).
+    attention backward is deterministic): for each pair of modes, the loss and the parameters
+    whose gradients differ, and for each mode whether its first and last timed steps differ
+    (a mode that does not repeat itself is nondeterministic whatever the offload does).
 
 ``--smoke`` runs tiny sizes, on CPU when there is no GPU (tests/test_offload.py runs it so).
 The table at the end goes to stdout; ``--out`` writes everything as JSON.
@@ -147,8 +149,23 @@ def make_model(sizes: Sizes, device: torch.device) -> torch.nn.Module:
     return torch.nn.Sequential(*blocks).to(device=device, dtype=torch.bfloat16)
 
 
+def _outcome(model: torch.nn.Module, loss: torch.Tensor | None) -> dict:
+    """A step's loss and gradients, on the host, the gradients by parameter name."""
+    assert loss is not None
+    grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    return {"loss": loss.detach().cpu(), "grads": grads}
+
+
+def _differences(a: dict, b: dict) -> list[str]:
+    """What differs, bit for bit, between two steps' outcomes: "loss" and parameter names."""
+    names = ["loss"] if not torch.equal(a["loss"], b["loss"]) else []
+    if a["grads"].keys() != b["grads"].keys():
+        return [*names, "the set of parameters with gradients"]
+    return names + [n for n, g in a["grads"].items() if not torch.equal(g, b["grads"][n])]
+
+
 def train_steps(model: torch.nn.Module, x: torch.Tensor, mode: str, sizes: Sizes) -> dict:
-    """Median step time, peak memory, the last step's loss and gradients (on the host)."""
+    """Median step time, peak memory, the first and last timed steps' losses and gradients."""
     offload = (
         contextlib.nullcontext()
         if mode == "none"
@@ -168,16 +185,17 @@ def train_steps(model: torch.nn.Module, x: torch.Tensor, mode: str, sizes: Sizes
     _sync(x.device)
     if x.is_cuda:
         torch.cuda.reset_peak_memory_stats(x.device)
+    first = None
     for _ in range(sizes.steps):
         times.append(_timed(x.device, step))
+        if first is None:
+            first = _outcome(model, loss)
     peak = torch.cuda.max_memory_allocated(x.device) if x.is_cuda else 0
-    assert loss is not None
-    grads = [p.grad.detach().cpu() for p in model.parameters() if p.grad is not None]
     return {
         "step_s": statistics.median(times),
         "peak_bytes": peak,
-        "loss": loss.detach().cpu(),
-        "grads": grads,
+        "first": first,
+        "last": _outcome(model, loss),
     }
 
 
@@ -191,15 +209,19 @@ def bench_training(device: torch.device, sizes: Sizes) -> dict:
         runs = {mode: train_steps(model, x, mode, sizes) for mode in ("none", "raw", "compressed")}
     finally:
         torch.use_deterministic_algorithms(False)
-    ref = runs["none"]
-    identical = all(
-        torch.equal(run["loss"], ref["loss"])
-        and all(torch.equal(a, b) for a, b in zip(run["grads"], ref["grads"], strict=True))
-        for run in runs.values()
-    )
+    # which pairs differ, and in what; and whether each mode repeats itself (the first timed step
+    # against the last): a mode that does not is nondeterministic, not changed by the offload
+    differ = {
+        f"{a} vs {b}": _differences(runs[a]["last"], runs[b]["last"])
+        for a, b in (("none", "raw"), ("none", "compressed"), ("raw", "compressed"))
+    }
+    repeats = {mode: _differences(run["first"], run["last"]) for mode, run in runs.items()}
     out = {mode: {k: run[k] for k in ("step_s", "peak_bytes")} for mode, run in runs.items()}
-    out["loss"] = float(ref["loss"])
-    out["identical"] = identical
+    out["loss"] = float(runs["none"]["last"]["loss"])
+    out["parameters"] = len(runs["none"]["last"]["grads"])
+    out["differ"] = differ
+    out["repeat_differ"] = repeats
+    out["identical"] = not any(differ.values())
     out["speedup"] = runs["raw"]["step_s"] / runs["compressed"]["step_s"]
     return out
 
@@ -232,6 +254,12 @@ def table(trip: list[dict], train: dict, sizes: Sizes) -> str:
         f"  compressed vs uncompressed: {train['speedup']:.2f}x; "
         f"losses and gradients bit-identical: {train['identical']}"
     )
+    lines.append(f"  bit for bit (the loss and {train['parameters']} parameters' gradients):")
+    for label, kind in (("", "differ"), ("repeat ", "repeat_differ")):
+        for name, what in train[kind].items():
+            shown = ", ".join(what[:4]) + (", ..." if len(what) > 4 else "")
+            verdict = f"{len(what)} differ: {shown}" if what else "identical"
+            lines.append(f"    {label + name:26s} {verdict}")
     return "\n".join(lines)
 
 

@@ -3,12 +3,26 @@ caller's thread, and activation offloading with gradients bit-identical to a run
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import torch
 import zipccl
 from zipccl import offload
 
-from tests.test_offload import CODED, OTHER, Saves, mlp, same, sample, step
+from tests.test_offload import (
+    CODED,
+    OTHER,
+    Saves,
+    mlp,
+    run_benchmark_smoke,
+    same,
+    sample,
+    step,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -82,19 +96,56 @@ def test_load_on_another_stream() -> None:
     assert same(z, x)
 
 
+@contextlib.contextmanager
+def deterministic() -> Iterator[None]:
+    """torch's deterministic mode, in which new memory is filled (NaN, the largest integer) by a
+    kernel on the stream that allocates it (warn_only: cuBLAS may lack its workspace setting)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_fresh_memory_is_filled_before_the_copy_up_lands(compress: bool) -> None:
+    """The worker's new device memory (the loaded tensor, a new staging slot) is filled on the
+    decode stream in deterministic mode; the copies up on the h2d stream must come after that
+    fill, even when the decode stream is busy."""
+    x = torch.randn(1 << 20, dtype=torch.bfloat16, device=CUDA)
+    lanes = offload._lanes(CUDA)
+    with deterministic():
+        copy = zipccl.offload_tensor(x, compress=compress)
+        copy.wait()
+        lanes.drain()  # (the worker is idle: the staging ring may be reset from here)
+        lanes._slots = [None] * offload.STAGING_SLOTS
+        lanes._slot_free = [None] * offload.STAGING_SLOTS
+        with torch.cuda.stream(lanes.decode):
+            torch.cuda._sleep(1 << 28)  # the fill queues behind this on the decode stream
+        y = copy.load()
+        assert same(y, x)
+    zipccl.check_errors()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("compress", [True, False])
-def test_gradients_bit_identical(dtype: torch.dtype, compress: bool) -> None:
+@pytest.mark.parametrize("mode", ["default", "deterministic"])
+def test_gradients_bit_identical(dtype: torch.dtype, compress: bool, mode: str) -> None:
     model = mlp(dtype).to(CUDA)
     x = sample((4096, 64), dtype, seed=1).to(CUDA)
-    loss, grads = step(model, x)
-    hooks = zipccl.offload_activations(min_bytes=1 << 16, compress=compress, prefetch_bytes=1 << 20)
-    before = cuda_in_use()
-    for _ in range(2):
-        loss2, grads2 = step(model, x, hooks)
-        assert same(loss, loss2)
-        assert all(same(a, b) for a, b in zip(grads, grads2, strict=True))
-    assert cuda_in_use() == before  # every host copy given back after backward
+    with deterministic() if mode == "deterministic" else contextlib.nullcontext():
+        loss, grads = step(model, x)
+        hooks = zipccl.offload_activations(
+            min_bytes=1 << 16, compress=compress, prefetch_bytes=1 << 20
+        )
+        before = cuda_in_use()
+        for _ in range(2):
+            loss2, grads2 = step(model, x, hooks)
+            assert same(loss, loss2)
+            assert all(same(a, b) for a, b in zip(grads, grads2, strict=True))
+        assert cuda_in_use() == before  # every host copy given back after backward
 
 
 @pytest.mark.parametrize("dtype", CODED + OTHER)
@@ -103,7 +154,7 @@ def test_every_saved_dtype_comes_back(dtype: torch.dtype) -> None:
     extra = sample((400, 500), dtype, seed=3).to(CUDA)
     with zipccl.offload_activations(min_bytes=0, max_inflight_bytes=0) as hooks:
         y = Saves.apply(x * 1, extra, extra.t())
-    assert len(hooks._run) == 3
+    assert len(hooks._run) == 2  # x * 1, and extra once (extra.t() is a view of it)
     y.sum().backward()
 
 
@@ -119,3 +170,11 @@ def test_retain_graph_on_cuda() -> None:
     loss.backward(retain_graph=True)
     loss.backward()
     assert all(same(p.grad, w) for p, w in zip(model.parameters(), want, strict=True))
+
+
+def test_benchmark_smoke_on_cuda(tmp_path: Path) -> None:
+    """The benchmark's transformer (deterministic mode, flash attention, q/k/v views of one
+    projection) trains bit-identically without offload, offloaded raw and compressed."""
+    training = run_benchmark_smoke(tmp_path)["training"]
+    assert training["differ"] == {k: [] for k in training["differ"]}
+    assert training["repeat_differ"] == {k: [] for k in training["repeat_differ"]}

@@ -111,6 +111,15 @@ class HostPool:
         self._in_use += size
         return HostRange(key, start, size, slab.memory[start : start + nbytes])
 
+    def trim(self, span: HostRange, nbytes: int, after: Sequence[object] = ()) -> HostRange:
+        """The first ``nbytes`` of ``span`` (at most its length) as a range of their own; the
+        rest is given back once every event in ``after`` has completed, as :meth:`free` does."""
+        keep = min(_aligned(max(nbytes, 1)), span.length)
+        if keep < span.length:
+            tail = span.view[:0]  # (a tail's view is never read)
+            self.free(HostRange(span.slab, span.start + keep, span.length - keep, tail), after)
+        return HostRange(span.slab, span.start, keep, span.view[:nbytes])
+
     def free(self, span: HostRange, after: Sequence[object] = ()) -> None:
         """Give ``span`` back once every event in ``after`` (``torch.cuda.Event``) has completed.
         Lock-free: safe from finalisers and any thread."""

@@ -9,10 +9,12 @@ How a CUDA tensor travels (docs/offload.md has the whole story):
 
 * down: the caller's thread queues, on the caller's stream, the compression of each chunk of the
   tensor (``chunk_bytes``) into a device buffer and an asynchronous copy of its 512-byte header
-  into pinned memory; a worker thread per device waits (off the caller's thread) for that header,
-  reads the compressed size from it, takes exactly that many bytes of pinned host memory
-  (zipccl._host_pool) and queues the copy on its device-to-host stream. Chunk k is copied while
-  chunk k+1 is compressed, and the caller's thread never waits for the device.
+  into pinned memory; a worker thread per device takes each chunk as it is queued, queues its
+  copy on its device-to-host stream into pinned host memory (zipccl._host_pool) of the size the
+  chunk before it suggests, then waits (off the caller's thread) for the header and trims the
+  host memory to the compressed size it gives (or copies the chunk again where the guess was
+  short; the first chunk waits for its header first). Chunk k is copied while chunk k+1 is
+  compressed, and the caller's thread never waits for the device.
 * up: the worker queues each chunk's copy on a host-to-device stream and its decompression on a
   decode stream, so chunk k decodes while chunk k+1 crosses the link; the caller's stream waits
   for the result with an event, not the caller's thread.
@@ -25,12 +27,13 @@ which is what the CPU tests exercise.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import queue
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -59,7 +62,7 @@ __all__ = [
 CODED = frozenset(
     {torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2}
 )
-CHUNK_BYTES = 32 << 20  # a chunk is compressed while the one before it is copied
+CHUNK_BYTES = 64 << 20  # a chunk is compressed while the one before it is copied
 MIN_CHUNK_BYTES = 1 << 20
 _CHUNK_ELEMENTS = 4096  # chunks hold whole codec blocks (codec.DEFAULT_BLOCK)
 
@@ -80,19 +83,26 @@ class _Lanes:
         make = (lambda: torch.cuda.Stream(device)) if self.cuda else (lambda: None)
         self.d2h, self.h2d, self.decode = make(), make(), make()
         self.pool = HostPool(pinned=self.cuda)
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._slots: list[torch.Tensor | None] = [None] * STAGING_SLOTS
         self._slot_free: list[torch.cuda.Event | None] = [None] * STAGING_SLOTS
         self._next_slot = 0
         name = f"zipccl-offload-{device}"
-        threading.Thread(target=self._work, name=name, daemon=True).start()
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
 
     def _work(self) -> None:
         if self.cuda:
             torch.cuda.set_device(self.device)
         with torch.no_grad():
-            while True:
-                self._jobs.get()()  # a job records its own errors
+            for job in iter(self._jobs.get, None):
+                job()  # a job records its own errors
+
+    def stop(self) -> None:
+        """Run the jobs queued so far, then end the worker (at interpreter exit: a worker still
+        inside torch when the process ends aborts it)."""
+        self._jobs.put(None)
+        self._thread.join(timeout=60)  # (a device that never finishes must not hang the exit)
 
     def submit(self, job: Callable[[], None]) -> None:
         self._jobs.put(job)
@@ -114,6 +124,11 @@ class _Lanes:
         event.record(stream)
         return event
 
+    def marks(self, stream: torch.cuda.Stream | None) -> list[torch.cuda.Event]:
+        """:meth:`mark` as a list of the events a host range is given back after."""
+        event = self.mark(stream)
+        return [] if event is None else [event]
+
     def current(self) -> torch.cuda.Stream | None:
         return torch.cuda.current_stream(self.device) if self.cuda else None
 
@@ -126,6 +141,7 @@ class _Lanes:
             size = -(-nbytes // MIN_CHUNK_BYTES) * MIN_CHUNK_BYTES
             slot = self._slots[index] = torch.empty(size, dtype=torch.uint8, device=self.device)
             _used_on(slot, self.h2d)
+            self._slot_free[index] = self.mark(self.decode)  # see _fresh
         with self.on(self.h2d):
             _wait(self.h2d, self._slot_free[index])
             slot[:nbytes].copy_(host, non_blocking=True)
@@ -141,6 +157,15 @@ _LANES: dict[torch.device, _Lanes] = {}
 _LANES_LOCK = threading.Lock()
 
 
+@atexit.register
+def _stop_workers() -> None:
+    with _LANES_LOCK:
+        lanes = list(_LANES.values())
+        _LANES.clear()
+    for each in lanes:
+        each.stop()
+
+
 def _lanes(device: torch.device) -> _Lanes:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -149,6 +174,13 @@ def _lanes(device: torch.device) -> _Lanes:
         with _LANES_LOCK:
             lanes = _LANES.get(device) or _LANES.setdefault(device, _Lanes(device))
     return lanes
+
+
+# _fresh: memory the worker allocates (on the decode stream, its current one) and the h2d stream
+# writes is written only after the decode stream has run what it had queued when it was made:
+# with deterministic algorithms on, torch fills new memory (NaN, or the largest integer) with a
+# kernel on the allocating stream, which would otherwise land after the copy, over it; and the
+# allocator hands memory freed on the decode stream on to the next allocation there at once.
 
 
 def _wait(stream: torch.cuda.Stream | None, event: torch.cuda.Event | None) -> None:
@@ -182,8 +214,9 @@ class _Piece:
     start: int
     stop: int
     source: torch.Tensor | None
-    ready: torch.cuda.Event | None  # on the caller's stream, after what the worker reads
+    ready: torch.cuda.Event | None  # on the caller's stream, after ``source`` is written
     header: torch.Tensor | None = None
+    sized: torch.cuda.Event | None = None  # on the caller's stream, after the header's copy
     host: HostRange | None = None
     head: Header | None = None
 
@@ -242,14 +275,24 @@ class HostCopy:
         self._strides = tensor.stride() if self._order is not None else None
         memory_order = tensor.permute(self._order) if self._order is not None else tensor
         flat = memory_order.contiguous().view(-1)
-        self._pieces = self._compress(flat, chunk_bytes) if self.compressed else self._raw(flat)
-        self._lanes.submit(self._store)
+        if not self.compressed:
+            self._pieces = self._raw(flat)
+            self._lanes.submit(lambda: self._store(iter(self._pieces)))
+            return
+        feed: queue.SimpleQueue[_Piece | None] = queue.SimpleQueue()
+        self._lanes.submit(lambda: self._store(iter(feed.get, None)))  # from the first chunk on
+        try:
+            self._compress(flat, chunk_bytes, feed)
+        finally:
+            feed.put(None)
 
     # ------------------------------------------------------------ down (caller's thread)
-    def _compress(self, flat: torch.Tensor, chunk_bytes: int) -> list[_Piece]:
-        """Queue each chunk's compression and the copy of its header on the caller's stream."""
+    def _compress(
+        self, flat: torch.Tensor, chunk_bytes: int, feed: queue.SimpleQueue[_Piece | None]
+    ) -> None:
+        """Queue each chunk's compression and the copy of its header on the caller's stream,
+        handing each chunk to the worker as soon as it is queued."""
         lanes, step = self._lanes, _chunk_elements(flat, chunk_bytes)
-        pieces = []
         for start in range(0, flat.numel(), step):
             chunk = flat[start : start + step]
             out = torch.empty(
@@ -258,50 +301,80 @@ class HostCopy:
                 device=flat.device,
             )
             compress_into(chunk, out)
+            ready = lanes.mark(lanes.current())
             header = torch.empty(HEADER_BYTES, dtype=torch.uint8, pin_memory=lanes.cuda)
             header.copy_(out[:HEADER_BYTES], non_blocking=True)
-            ready = lanes.mark(lanes.current())
-            pieces.append(_Piece(start, start + chunk.numel(), out, ready, header))
-        return pieces
+            sized = lanes.mark(lanes.current())
+            piece = _Piece(start, start + chunk.numel(), out, ready, header, sized)
+            self._pieces.append(piece)
+            feed.put(piece)
 
     def _raw(self, flat: torch.Tensor) -> list[_Piece]:
         ready = self._lanes.mark(self._lanes.current())
         return [_Piece(0, flat.numel(), flat.view(torch.uint8), ready)]
 
     # ------------------------------------------------------------ down (worker)
-    def _store(self) -> None:
-        """Learn each chunk's size from its header, take that much host memory, queue the copy.
-        ``_stored`` is recorded after whatever was queued, also when a chunk fails, so that the
-        host memory of the chunks before it is not reused under their copies."""
-        lanes = self._lanes
+    def _store(self, pieces: Iterator[_Piece]) -> None:
+        """Queue each chunk's copy into host memory of its size, taking the chunks as the
+        caller's thread queues them. ``_stored`` is recorded after whatever was queued, also
+        when a chunk fails, so that the host memory of the chunks before it is not reused under
+        their copies."""
+        lanes, ratio = self._lanes, None
         try:
-            for piece in self._pieces:
-                nbytes = self._size(piece)
-                piece.host = lanes.pool.alloc(nbytes)
-                assert piece.source is not None
-                with lanes.on(lanes.d2h):
-                    _wait(lanes.d2h, piece.ready)
-                    piece.host.view.copy_(piece.source[:nbytes], non_blocking=True)
-                    _used_on(piece.source, lanes.d2h)
+            for piece in pieces:
+                ratio = self._store_piece(piece, ratio)
                 piece.source = None
         except BaseException as exc:  # raised to the caller by wait() and load()
             self._error = exc
         finally:
+            for _ in pieces:  # the caller's thread is done with the tensor
+                pass
             self._stored = lanes.mark(lanes.d2h)
             for piece in self._pieces:
                 piece.source = piece.header = None
             self._stored_issued.set()
 
-    def _size(self, piece: _Piece) -> int:
-        """A compressed chunk's size, from its header (waiting here, in the worker, for the
-        device to have written it); a raw chunk's own size."""
-        if piece.header is None:
-            assert piece.source is not None
-            return piece.source.numel()
-        if piece.ready is not None:
-            piece.ready.synchronize()  # the GIL is released while it waits
+    def _store_piece(self, piece: _Piece, ratio: float | None) -> float:
+        """Queue one chunk's copy down; returns its compressed size over its capacity.
+
+        A compressed chunk's size is in its header, which reaches the host by a copy that may
+        queue behind the previous chunk's copy on the copy engine; waiting for it before
+        queuing this chunk would leave the link idle while the worker reacts. So once a chunk
+        of the tensor has told its ratio (``ratio``), the next one's copy is queued at once for
+        that ratio plus ``GUESS_MARGIN``; the header then shows whether it covered the chunk
+        (the unused tail of its host memory is given back after the copy) or not (the chunk is
+        copied again, whole: rare, as chunks of one tensor compress alike)."""
+        lanes, source = self._lanes, piece.source
+        assert source is not None
+        if piece.header is None:  # raw: its own size
+            piece.host = self._copy_down(piece, source.numel())
+            return 1.0
+        cap = source.numel()
+        guess = None if ratio is None else _guess(ratio, cap)
+        host = None if guess is None else self._copy_down(piece, guess)
+        if piece.sized is not None:
+            piece.sized.synchronize()  # the GIL is released while it waits
         piece.head = Header.unpack(bytes(piece.header.numpy()))
-        return _expected_size(piece.head)
+        nbytes = _expected_size(piece.head)
+        if host is None or nbytes > host.view.numel():
+            if host is not None:
+                lanes.pool.free(host, lanes.marks(lanes.d2h))
+            host = self._copy_down(piece, nbytes)
+        else:
+            host = lanes.pool.trim(host, nbytes, lanes.marks(lanes.d2h))
+        piece.host = host
+        return nbytes / cap
+
+    def _copy_down(self, piece: _Piece, nbytes: int) -> HostRange:
+        """Queue the copy of the first ``nbytes`` of the chunk into new host memory."""
+        lanes, source = self._lanes, piece.source
+        assert source is not None
+        host = lanes.pool.alloc(nbytes)
+        with lanes.on(lanes.d2h):
+            _wait(lanes.d2h, piece.ready)
+            host.view.copy_(source[:nbytes], non_blocking=True)
+            _used_on(source, lanes.d2h)
+        return host
 
     # ------------------------------------------------------------ the caller's view
     def _check(self) -> None:
@@ -377,6 +450,7 @@ class HostCopy:
             with lanes.on(lanes.decode):
                 tensor, flat = self._empty()
                 _used_on(tensor, lanes.h2d)  # raw chunks are copied into it there
+                _wait(lanes.h2d, lanes.mark(lanes.decode))  # see _fresh
                 try:
                     for piece in self._pieces:
                         self._load_piece(piece, flat)
@@ -421,6 +495,15 @@ class HostCopy:
         for piece in self._pieces:
             if piece.host is not None:
                 self._lanes.pool.free(piece.host, after)
+
+
+GUESS_MARGIN = 1 / 64  # a chunk's copy is queued for the previous chunk's ratio plus this
+
+
+def _guess(ratio: float, cap: int) -> int:
+    """Bytes to copy of a chunk of ``cap`` bytes at most, expected to compress like one of
+    ``ratio`` (see HostCopy._store_piece)."""
+    return min(cap, int(ratio * (1 + GUESS_MARGIN) * cap) + HEADER_BYTES)
 
 
 def _chunk_elements(flat: torch.Tensor, chunk_bytes: int) -> int:
@@ -475,7 +558,7 @@ def offload_tensor(
             baseline, on the same streams). Default True.
         chunk_bytes (int, optional): the tensor is compressed and copied in chunks of about this
             many bytes (at least 1 MiB), chunk k+1 compressed while chunk k is copied; default
-            32 MiB.
+            64 MiB.
 
     Returns:
         HostCopy: :meth:`HostCopy.load` brings the tensor back.
@@ -530,12 +613,78 @@ def empty_host_cache() -> None:
 @dataclass(eq=False)
 class _Saved:
     """What autograd keeps for an offloaded tensor: its host copy and its place in the order of
-    the forward pass it was saved in (``run``: weak references to that pass's entries)."""
+    the forward pass it was saved in (``run``: weak references to that pass's entries).
+
+    One entry may stand for several saved tensors (the same tensor saved twice, views of one
+    base): ``uses`` counts them. The tensor the first of them brings back is held (``held``)
+    until all ``uses`` have been unpacked, so that the others take it instead of copying it up
+    again, then only referenced weakly (``last``)."""
 
     copy: HostCopy
     run: list[weakref.ref[_Saved]]
     index: int
+    uses: int = 0
+    unpacked: int = 0
+    held: torch.Tensor | None = None
     last: weakref.ref[torch.Tensor] | None = None
+
+    def restored(self) -> torch.Tensor | None:
+        """The tensor an unpack brought back, while it is alive."""
+        if self.held is not None:
+            return self.held
+        return self.last() if self.last is not None else None
+
+    def unpack_done(self, tensor: torch.Tensor) -> None:
+        self.last, self.unpacked = weakref.ref(tensor), self.unpacked + 1
+        if self.unpacked >= self.uses:  # (a new round for each backward with retain_graph)
+            self.held, self.unpacked = None, 0
+        else:
+            self.held = tensor
+
+
+class _View(NamedTuple):
+    """What autograd keeps for a view offloaded through its base: the base's entry (shared by
+    every view of it) and where the view lies in it."""
+
+    base: _Saved
+    size: torch.Size
+    stride: tuple[int, ...]
+    offset: int
+
+
+VIEW_SPAN = 4  # a view is offloaded through its base when the base is at most this many times it
+
+
+_Place = tuple[torch.Size, tuple[int, ...], int]  # a view's size, stride and offset in its base
+
+
+def _through_base(tensor: torch.Tensor) -> tuple[torch.Tensor, _Place | None]:
+    """What to offload for ``tensor``: its base where it is a view that lies inside a dense base
+    of its dtype at most ``VIEW_SPAN`` times its size (then also the view's place in it), else
+    the tensor itself (and None).
+
+    Restoring the base and taking the view of it gives backward the tensor it saved: the same
+    strides and storage offset (some kernels choose their algorithm, and so their rounding, by
+    layout and alignment), views of one base sharing one storage, and one copy of the base's
+    bytes however many views of it are saved (q, k and v of one projection, say)."""
+    base = tensor._base
+    if (
+        base is None
+        or type(base) is not torch.Tensor
+        or base.dtype != tensor.dtype
+        or base.device != tensor.device
+        or tensor.numel() == 0
+        or base.numel() > VIEW_SPAN * tensor.numel()
+        or _unsupported(base) is not None
+        or _dense_order(base) is None
+    ):
+        return tensor, None
+    offset = int(tensor.storage_offset() - base.storage_offset())
+    last = offset + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
+    extent = 1 + sum((n - 1) * s for n, s in zip(base.shape, base.stride(), strict=True))
+    if offset < 0 or last >= extent:
+        return tensor, None
+    return base, (tensor.shape, tensor.stride(), offset)
 
 
 class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
@@ -610,13 +759,19 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
             or _unsupported(tensor) is not None
         )
 
-    def _pack(self, tensor: torch.Tensor) -> torch.Tensor | _Saved:
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor | _Saved | _View:
         if self.keeps(tensor):
             return tensor
+        source, place = _through_base(tensor)
+        saved = self._offload(source)
+        saved.uses += 1
+        return saved if place is None else _View(saved, *place)
+
+    def _offload(self, tensor: torch.Tensor) -> _Saved:
         seen = self._seen.get(id(tensor))
         if seen is not None and seen[0]() is tensor and seen[1] == tensor._version:
             saved = seen[2]()
-            if saved is not None:  # saved twice (unchanged): one host copy
+            if saved is not None:  # saved twice (unchanged), or a base of several: one copy
                 return saved
         with torch.no_grad():
             copy = HostCopy(tensor.detach(), self.compress, self.chunk_bytes)
@@ -641,17 +796,22 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
                 oldest.wait()
             self._inflight_bytes -= self._inflight.popleft()[1]
 
-    def _unpack(self, saved: torch.Tensor | _Saved) -> torch.Tensor:
-        if not isinstance(saved, _Saved):
-            return saved
-        alive = saved.last() if saved.last is not None else None
-        if alive is not None:  # saved twice: the tensor the first unpack returned
-            return alive
-        saved.copy.prefetch()
-        self._prefetch_below(saved.index, saved.run)
-        with torch.no_grad():
-            tensor = saved.copy.load()
-        saved.last = weakref.ref(tensor)
+    def _unpack(self, saved: torch.Tensor | _Saved | _View) -> torch.Tensor:
+        if isinstance(saved, _View):
+            base = self._restore(saved.base)
+            return base.as_strided(saved.size, saved.stride, saved.offset)
+        if isinstance(saved, _Saved):
+            return self._restore(saved)
+        return saved
+
+    def _restore(self, saved: _Saved) -> torch.Tensor:
+        tensor = saved.restored()  # saved more than once: the tensor the first unpack returned
+        if tensor is None:
+            saved.copy.prefetch()
+            self._prefetch_below(saved.index, saved.run)
+            with torch.no_grad():
+                tensor = saved.copy.load()
+        saved.unpack_done(tensor)
         return tensor
 
     def _prefetch_below(self, index: int, run: list[weakref.ref[_Saved]]) -> None:
@@ -660,7 +820,7 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
         budget = self.prefetch_bytes
         for ref in reversed(run[:index]):
             saved = ref()
-            if saved is None:
+            if saved is None or saved.restored() is not None:
                 continue
             if budget <= 0:
                 return
@@ -705,10 +865,14 @@ def offload_activations(
     * copied raw: every other dtype (integers, bool, float64, complex...), and every dtype with
       ``compress=False``.
 
-    A tensor saved twice (unchanged) is offloaded once. Views with gaps come back contiguous, the
-    rest with their strides. Host copies are freed when autograd frees what it saved (after
-    backward, or with the graph); ``backward(retain_graph=True)`` brings them back again for each
-    backward pass. CPU tensors are "offloaded" to a compact CPU copy by the same code.
+    Saved tensors come back as they were saved, so that backward computes what it would have:
+    a view whose base is at most ``VIEW_SPAN`` (4) times its size is offloaded through its base,
+    once for all views of that base, and comes back as the same view (sizes, strides, storage
+    offset) of the restored base; other tensors without gaps come back with their strides, other
+    views with gaps contiguous. A tensor saved twice (unchanged) is offloaded once. Host copies
+    are freed when autograd frees what it saved (after backward, or with the graph);
+    ``backward(retain_graph=True)`` brings them back again for each backward pass. CPU tensors
+    are "offloaded" to a compact CPU copy by the same code.
 
     Args:
         min_bytes (int, optional): tensors smaller than this stay; default 1 MiB.
@@ -719,7 +883,7 @@ def offload_activations(
         max_inflight_bytes (int, optional): device memory the forward pass may hold in tensors
             whose copy down has not finished; past it, the caller's thread waits for the oldest
             (bounding peak memory); default 1 GiB.
-        chunk_bytes (int, optional): as for :func:`offload_tensor`; default 32 MiB.
+        chunk_bytes (int, optional): as for :func:`offload_tensor`; default 64 MiB.
 
     Returns:
         ActivationOffload: the context manager; one instance may be entered again after it
