@@ -1,7 +1,9 @@
 """zipccl: lossless compression of LLM-training tensors and compressed collectives.
 
 The codec (:mod:`zipccl.codec`) writes golden/container.py buffers on CPU or CUDA; the collectives
-(:mod:`zipccl.collectives`) have torch.distributed's signatures; :mod:`zipccl.hooks` plugs them
+(:mod:`zipccl.collectives`) have torch.distributed's signatures, on NCCL, on gloo and for CUDA
+tensors on gloo (staged through pinned host memory); :mod:`zipccl.offload` moves tensors and
+saved activations to host memory compressed; :mod:`zipccl.hooks` plugs the collectives
 into DDP and FSDP2; :class:`Calibrator` (:mod:`zipccl.calibration`) fits a table per layer;
 importing the package, before or after torch, registers the ``zipccl`` torch.distributed backend
 (:mod:`zipccl.backend`), through which unchanged training code reaches the collectives; the
@@ -19,8 +21,10 @@ Settings, environment variables parsed in :mod:`zipccl.settings`:
 * what the collectives put on the wire, agreed across a group's ranks before its first zipccl
   call: ``ZIPCCL_MODE`` (``auto`` | ``always`` | ``never``), ``ZIPCCL_VERIFY`` (``auto`` | ``1``
   | ``0``), ``ZIPCCL_CHUNK_BYTES``, ``ZIPCCL_NATIVE_REDUCE`` (reductions only),
-  ``ZIPCCL_PLAN_CALLS`` and ``ZIPCCL_CHECKSUM`` (``1``: compressed pieces carry a values
-  checksum, checked by the receiver);
+  ``ZIPCCL_PLAN_CALLS``, ``ZIPCCL_CHECKSUM`` (``1``: compressed pieces carry a values
+  checksum, checked by the receiver) and ``ZIPCCL_CUDA_TRANSPORT`` (``auto`` | ``nccl`` |
+  ``gloo``: what moves a ``zipccl`` group's CUDA tensors; gloo stages them through pinned host
+  memory, as zipccl does for CUDA tensors on any gloo group);
 * ``ZIPCCL_LOG`` (``off`` | ``summary`` | ``calls``): the :func:`stats` report printed at exit,
   and one line per call with the reason a call stayed native (:mod:`zipccl.accounting`);
 * ``ZIPCCL_CACHE_DIR``: where the CUDA kernels' build and the switch's profiles are cached
