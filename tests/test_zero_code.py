@@ -86,6 +86,22 @@ def test_small_tensors_stay_native_when_compression_is_forced(tmp_path: Path) ->
     assert report["all_reduce/bfloat16"]["compressed"] == 1
 
 
+def test_no_deprecated_torch_names_in_compressed_calls(tmp_path: Path) -> None:
+    """Compressed all-gathers and reduce-scatters call torch's current names: under torch 2.13
+    the tensor forms all_gather_into_tensor / reduce_scatter_tensor warn (FutureWarning) at
+    every call, which here would be an error."""
+    code = (
+        "import warnings, torch, zipccl;" + WORLD_1.replace("'zipccl'", "'gloo'") + ""
+        "warnings.simplefilter('error', FutureWarning);"
+        "x = torch.randn(8192).bfloat16(); out = torch.empty_like(x);"
+        "zipccl.all_gather_into_tensor(out, x); zipccl.reduce_scatter_tensor(out, x);"
+        "zipccl.all_reduce(x); print(zipccl.collectives.STATS.strategy)"
+    )
+    done = _python(code, tmp_path, ZIPCCL_MODE="always")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["compressed"]
+
+
 def test_zipccl_log_calls_and_summary(tmp_path: Path) -> None:
     code = "import torch, zipccl;" + WORLD_1 + "dist.all_reduce(torch.ones(8).bfloat16())"
     done = _python(code, tmp_path, ZIPCCL_MODE="never", ZIPCCL_LOG="calls")
