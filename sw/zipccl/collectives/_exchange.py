@@ -249,7 +249,8 @@ def _raise_reported(
     first = min(p for p, _ in reports.values())
     listed = sorted(reports.items(), key=lambda item: (item[1][0], item[0]))  # causes first
     message = f"zipccl.{op_name}: " + "; ".join(
-        f"rank {r} failed {_PHASES[p]}: {text}" for r, (p, text) in listed
+        f"rank {r} failed {_PHASES.get(p, f'in an unknown phase {p}')}: {text}"
+        for r, (p, text) in listed
     )
     if own is not None and phase == first:
         own.add_note(message)

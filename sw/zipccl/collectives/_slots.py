@@ -29,6 +29,7 @@ from zipccl.golden.container import (
     LAYOUT_SPLIT,
     PAYLOAD_BYTES_AT,
     Header,
+    Sections,
 )
 from zipccl.golden.formats import FloatFormat
 
@@ -323,6 +324,7 @@ class Unpack:
         head = got[:HEADER_BYTES].cpu().numpy().tobytes()
         size = payload_size(head)
         if size <= seg.room:  # else resent raw after settle
+            _check_gaps(got, self.fmt, seg.numel)
             backend.decode_into(got[: seg.fixed + size], self.fmt, table, DEFAULT_BLOCK, size, out)
             if self.checksum:
                 codec._check_values(out, _stored_checksum(head))
@@ -349,6 +351,16 @@ class Unpack:
             if self.sizes[key] > seg.room:
                 over.add(key)
         return over
+
+
+def _check_gaps(got: torch.Tensor, fmt: FloatFormat, numel: int) -> None:
+    """A received piece's alignment gaps must be zero, as every decoder of the format requires
+    (the CUDA kernel checks them itself; the host decode does not)."""
+    for lo, hi in Sections.of(fmt, numel, DEFAULT_BLOCK).gaps:
+        if got[lo:hi].any():
+            raise ValueError(
+                f"received a corrupt piece: alignment gap bytes {lo}..{hi} are not zero"
+            )
 
 
 def _flag(device: torch.device) -> torch.Tensor:
