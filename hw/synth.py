@@ -1,6 +1,6 @@
 """FPGA figures for the QLC blocks: yosys ``synth_ice40`` + ``nextpnr-ice40`` (UP5K by default).
 
-    python -m zipccl.hw.synth --out build/synth [--blocks ...] [--generic ...] [--hx8k | --ecp5]
+    python -m zipccl.hw.synth [--out out/synth] [--blocks ...] [--generic ...] [--hx8k | --ecp5]
 
 Single-lane and N = 2, 4, 8 lane blocks go through the UP5K flow, or the HX8K's (``--hx8k``), or
 an ECP5 LFE5U-85F's (``--ecp5``: yosys ``synth_ecp5`` and nextpnr-ecp5 from the PyPI package
@@ -246,12 +246,30 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--out", type=Path, default=Path("build/synth"))
     ap.add_argument(
-        "--blocks", nargs="+", choices=BLOCKS + POOL_BLOCKS + GENERIC_BLOCKS, default=list(BLOCKS)
+        "--out", type=Path, default=Path("out/synth"), help="output folder (default out/synth)"
     )
-    ap.add_argument("--generic", nargs="*", choices=GENERIC_BLOCKS, default=list(GENERIC_BLOCKS))
-    ap.add_argument("--device", choices=sorted(DEVICES), default="up5k")
+    ap.add_argument(
+        "--blocks",
+        nargs="+",
+        choices=BLOCKS + POOL_BLOCKS + GENERIC_BLOCKS,
+        default=list(BLOCKS),
+        metavar="BLOCK",
+        help="blocks to place and route, by Verilog module name (default: "
+        f"{' '.join(BLOCKS)}; also {' '.join(POOL_BLOCKS + GENERIC_BLOCKS)})",
+    )
+    ap.add_argument(
+        "--generic",
+        nargs="*",
+        choices=GENERIC_BLOCKS,
+        default=list(GENERIC_BLOCKS),
+        metavar="BLOCK",
+        help="blocks only counted by yosys' technology-independent synthesis (default: "
+        f"{' '.join(GENERIC_BLOCKS)}; the bare flag: none)",
+    )
+    ap.add_argument(
+        "--device", choices=sorted(DEVICES), default="up5k", help="the FPGA (default up5k)"
+    )
     ap.add_argument(
         "--hx8k",
         dest="device",

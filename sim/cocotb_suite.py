@@ -1,7 +1,8 @@
 """cocotb test module: runs sim/suite.py on the generated Verilog of one block.
 
-Configured by the runner (sim/runner.py) through the environment: ZIPCCL_TOP (encoder, decoder,
-loopback), ZIPCCL_LEVEL (quick, full), ZIPCCL_SEED, ZIPCCL_REPORT (where the figures go as JSON).
+Configured by the runner (sim/runner.py) through the environment: ZIPCCL_TOP (a block:
+qlc_encoder, qlc_decoder_x4, ...), ZIPCCL_LEVEL (smoke, quick, full), ZIPCCL_SEED, ZIPCCL_REPORT
+(where the figures go as JSON).
 """
 
 from __future__ import annotations

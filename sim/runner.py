@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 from cocotb_tools.runner import get_results, get_runner
@@ -72,8 +73,11 @@ def _tail(log: Path | None, lines: int = 40) -> str:
 
 
 def run_cocotb(top: str, level: str, seed: int, build: Path, quiet: bool = False) -> dict:
-    """Generate, compile and simulate ``top``; returns its suite report or raises SimFailure."""
-    name = TOPS[top].verilog
+    """Generate, compile and simulate ``top``; returns its suite report (with the block's wall
+    time in ``seconds``) or raises SimFailure."""
+    began = time.monotonic()
+    if top not in TOPS:
+        raise ValueError(f"unknown block {top!r}; expected one of {sorted(TOPS)}")
     work = (build / top).resolve()
     report = work / "report.json"
     report.unlink(missing_ok=True)
@@ -83,7 +87,7 @@ def run_cocotb(top: str, level: str, seed: int, build: Path, quiet: bool = False
         "ZIPCCL_SEED": str(seed),
         "ZIPCCL_REPORT": str(report),
     }
-    run_module(name, "zipccl.sim.cocotb_suite", work, env, quiet)
+    run_module(top, "zipccl.sim.cocotb_suite", work, env, quiet)
     if not report.exists():
-        raise SimFailure(f"cocotb suite wrote no report on {name}" + _tail(work / "cocotb.log"))
-    return json.loads(report.read_text())
+        raise SimFailure(f"cocotb suite wrote no report on {top}" + _tail(work / "cocotb.log"))
+    return {**json.loads(report.read_text()), "seconds": time.monotonic() - began}

@@ -1,6 +1,7 @@
 """The verification suite of one hardware block, run by cocotb (Verilog) or Amaranth's simulator.
 
-Per block (``encoder``, ``decoder``, ``loopback``), in order:
+Per block (``qlc_encoder``, ``qlc_decoder``, ``qlc_loopback``, their N-lane forms and the decoder
+pools: the names of hw.generate's Verilog modules), in order:
 
 1. **throughput** -- one packet per code length 3..11 (a decoder pool: 4 E packets, so that its
    E engines are busy), no back-pressure: cycles per symbol;
@@ -57,13 +58,12 @@ Scenario = Callable[..., Awaitable[Stats]]
 
 @dataclass(frozen=True)
 class Top:
-    """A block under test: how to drive it and its Verilog top (a name in hw.generate.TOPS)."""
+    """A block under test (keyed by its Verilog top's name in hw.generate.TOPS): how to drive it."""
 
     scenario: Scenario
     inputs: tuple[str, ...]
     shape: Shape
-    verilog: str
-    auto: str = "full"  # the level of the default run (--level auto): lower when slow under Icarus
+    cap: str = "full"  # the highest level of a whole run (--level): lower when slow under Icarus
     packets: int = 1  # packets per code length in the throughput stage (a pool needs many)
 
     @property
@@ -76,28 +76,22 @@ ENC_IN, DEC_IN = ("tw", "i"), ("tw", "n", "i")
 
 def _tops() -> dict[str, Top]:
     tops = {
-        "encoder": Top(encode_packets, ENC_IN, SINGLE, "qlc_encoder"),
-        "decoder": Top(decode_packets, DEC_IN, SINGLE, "qlc_decoder"),
-        "loopback": Top(loopback_packets, DEC_IN, SINGLE, "qlc_loopback"),
+        "qlc_encoder": Top(encode_packets, ENC_IN, SINGLE),
+        "qlc_decoder": Top(decode_packets, DEC_IN, SINGLE),
+        "qlc_loopback": Top(loopback_packets, DEC_IN, SINGLE),
     }
     for n in (*MULTI_LANES, ENCODER_ONLY_LANES):
         shape = Shape(n, words_per_beat(n), counted=True)
-        tops[f"encoder_x{n}"] = Top(encode_packets, ENC_IN, shape, f"qlc_encoder_x{n}")
+        tops[f"qlc_encoder_x{n}"] = Top(encode_packets, ENC_IN, shape)
         if n != ENCODER_ONLY_LANES:  # the per-offset logic of N lanes is slow under Icarus
-            tops[f"decoder_x{n}"] = Top(
-                decode_packets, DEC_IN, shape, f"qlc_decoder_x{n}", "smoke" if n >= 8 else "quick"
-            )
-            tops[f"loopback_x{n}"] = Top(  # covered by its two blocks
-                loopback_packets, DEC_IN, shape, f"qlc_loopback_x{n}", "smoke"
-            )
+            slow = "smoke" if n >= 8 else "quick"
+            tops[f"qlc_decoder_x{n}"] = Top(decode_packets, DEC_IN, shape, slow)
+            # covered by its two blocks
+            tops[f"qlc_loopback_x{n}"] = Top(loopback_packets, DEC_IN, shape, "smoke")
     for n in POOL_ENGINES:  # E whole packets at once: the throughput stage gives it 4 E of them
-        tops[f"decoder_pool_x{n}"] = Top(
-            decode_packets,
-            DEC_IN,
-            Shape.pool(n),
-            f"qlc_decoder_pool_x{n}",
-            "smoke" if n >= 8 else "quick",
-            packets=4 * n,
+        slow = "smoke" if n >= 8 else "quick"
+        tops[f"qlc_decoder_pool_x{n}"] = Top(
+            decode_packets, DEC_IN, Shape.pool(n), slow, packets=4 * n
         )
     return tops
 
@@ -122,6 +116,12 @@ LEVELS = {
     "quick": Level(1024, 4096, 128, 3, 2, 40),
     "full": Level(4096, 1 << 20, 512, 12, 6, 200),
 }
+
+
+def capped(level: str, top: str) -> str:
+    """``level``, lowered to ``top``'s cap: what a whole run (every block) gives that block."""
+    order = list(LEVELS)
+    return order[min(order.index(level), order.index(TOPS[top].cap))]
 
 
 def packets_of(symbols: np.ndarray, size: int = PACKET) -> list[np.ndarray]:
@@ -237,7 +237,7 @@ def summary_lines(reports: Sequence[dict]) -> list[str]:
                 f"{r['top']} [{r['level']}]: {r['symbols']} symbols checked; "
                 f"symbols/clock by code length {per_len} (worst {worst:.3f})"
             )
-            if r["top"].startswith("loopback"):
+            if r["top"].startswith("qlc_loopback"):
                 lines.append("  (loopback figures include the encoder's word buffering latency)")
             continue
         worst = max(r["lengths"].values())
@@ -246,7 +246,7 @@ def summary_lines(reports: Sequence[dict]) -> list[str]:
             f"{r['top']} [{r['level']}]: {r['symbols']} symbols checked; cycles/symbol "
             f"by code length {per_len} (worst {worst:.4f})"
         )
-        if r["top"].startswith("loopback"):
+        if r["top"].startswith("qlc_loopback"):
             lines.append("  (loopback cycles include the encoder's word buffering latency)")
         for name, d in r["datasets"].items():
             ratio = d["bits"] / (8 * d["symbols"])

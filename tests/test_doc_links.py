@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = sorted(p for p in ROOT.rglob("*.md") if not {".git", ".nox", "build"} & set(p.parts))
+DOCS = sorted(
+    p for p in ROOT.rglob("*.md") if not {".git", ".nox", "build", "out", ".venv"} & set(p.parts)
+)
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 RESULT_PATH = re.compile(r"benchmarks/results(?:/[\w.-]*\w)*/?")
 

@@ -29,7 +29,7 @@ BLOCKS = st.sampled_from([64, 128, 256, 4096])
 
 
 def test_worked_example_by_hand() -> None:
-    """The README's worked example: ZipCCL table, exponents 126, 127, 7, 122."""
+    """docs/format.md's worked example: ZipCCL table, exponents 126, 127, 7, 122."""
     symbols = np.array([126, 127, 7, 122], np.uint8)
     # 126 -> prefix 1 ; 127 -> prefix 2 ; 7 escapes -> prefix 0 + 00000111 ; 122 -> prefix 7
     bits = "00101000000000111111"

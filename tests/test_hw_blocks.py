@@ -31,7 +31,7 @@ from zipccl.sim.suite import TOPS, reset_mid_packet, with_padding
 
 from tests.strategies import codebooks
 
-BLOCKS = {"encoder": QLCEncoder, "decoder": QLCDecoder, "loopback": QLCLoopback}
+BLOCKS = {"qlc_encoder": QLCEncoder, "qlc_decoder": QLCDecoder, "qlc_loopback": QLCLoopback}
 DATA = load_data()
 SETS = builder_sets(DATA)
 
@@ -57,7 +57,7 @@ def test_one_symbol_per_clock_at_every_code_length(top: str, length: int) -> Non
 
     st_ = _run(top, 0, 1.0, body)
     assert st_.symbols == 1024
-    assert st_.cycles / st_.symbols <= (1.03 if top == "loopback" else 1.01), st_
+    assert st_.cycles / st_.symbols <= (1.03 if top == "qlc_loopback" else 1.01), st_
 
 
 @pytest.mark.parametrize("top", sorted(BLOCKS))
@@ -88,10 +88,10 @@ def test_random_codebooks_loopback(book: Codebook, seed: int, rate: float) -> No
     async def body(bench, scenario):
         return await scenario(bench, book, packets)
 
-    assert _run("loopback", seed, rate, body).symbols == 296
+    assert _run("qlc_loopback", seed, rate, body).symbols == 296
 
 
-@pytest.mark.parametrize("top", ["encoder", "decoder"])
+@pytest.mark.parametrize("top", ["qlc_encoder", "qlc_decoder"])
 def test_blocks_match_golden_on_random_codebooks(top: str) -> None:
     seed = 5
     rng = np.random.default_rng(seed)
@@ -130,7 +130,7 @@ def test_illegal_codeword_raises_error_and_stops(seed: int) -> None:
         await decode_packets(bench, book, [symbols])
         return st_
 
-    assert _run("decoder", seed, 0.7, body).symbols == at, f"seed {seed}"
+    assert _run("qlc_decoder", seed, 0.7, body).symbols == at, f"seed {seed}"
 
 
 def test_table_writes_wait_for_packet_end() -> None:
@@ -154,7 +154,7 @@ def test_table_writes_wait_for_packet_end() -> None:
         await port.settle()
         return inside, port.get("tw__ready")
 
-    assert _run("encoder", 0, 1.0, body) == (0, 1)
+    assert _run("qlc_encoder", 0, 1.0, body) == (0, 1)
     # and both tables still code their own packets when reloaded back to back
     packets = [np.arange(256, dtype=np.uint8)]
 
@@ -163,7 +163,7 @@ def test_table_writes_wait_for_packet_end() -> None:
         await scenario(bench, other, packets)
         await scenario(bench, book, packets)
 
-    _run("decoder", 1, 0.8, reload)
+    _run("qlc_decoder", 1, 0.8, reload)
 
 
 def test_decoder_rejects_stream_of_wrong_table() -> None:
@@ -180,7 +180,7 @@ def test_decoder_rejects_stream_of_wrong_table() -> None:
         await bench.drain(first + 256)
         return [g & 0xFF for g in bench.sink.got[first:]], bench.port.get("error")
 
-    got, error = _run("decoder", 0, 1.0, body)
+    got, error = _run("qlc_decoder", 0, 1.0, body)
     assert error or got != list(range(256))
 
 
@@ -194,7 +194,7 @@ def test_decoder_rejects_non_zero_padding(seed: int) -> None:
     async def body(bench, _scenario):
         return await decode_bad_padding(bench, book, symbols, rng)
 
-    assert _run("decoder", seed, 0.7, body).symbols == len(symbols), f"seed {seed}"
+    assert _run("qlc_decoder", seed, 0.7, body).symbols == len(symbols), f"seed {seed}"
 
 
 @pytest.mark.parametrize("top", sorted(BLOCKS))

@@ -1,7 +1,8 @@
 """The decoder pool (hw/pool.py) in Amaranth's simulator against golden/.
 
 Small FIFOs (``depth``) so that back-pressure reaches the dispatcher; the cocotb suite
-(``python -m zipccl.sim``, top ``decoder_pool_x{E}``) runs the generated Verilog at full depth.
+(``python -m zipccl.sim``, block ``qlc_decoder_pool_x{E}``) runs the generated Verilog at full
+depth.
 """
 
 from __future__ import annotations

@@ -94,6 +94,27 @@ def test_public_names_load_on_first_use(tmp_path: Path) -> None:
     assert _python(code, tmp_path, ROOT / "sw").strip() == "True"
 
 
+def test_the_codec_without_torch_says_what_to_install(tmp_path: Path) -> None:
+    """Where torch is missing (hidden here by an import hook), the first use of a public name
+    names the install, instead of a bare ModuleNotFoundError from deep inside the package."""
+    code = (
+        "import sys, importlib.abc\n"
+        "class NoTorch(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'torch':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+        "import zipccl, zipccl.golden.container\n"
+        "try:\n"
+        "    zipccl.compress\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    print(exc.name, '|', exc)\n"
+    )
+    name, message = _python(code, tmp_path, ROOT / "sw").split(" | ", 1)
+    assert name == "torch"
+    assert "zipccl.compress needs PyTorch" in message and "pip install torch==" in message
+
+
 def test_all_is_what_the_public_module_imports() -> None:
     """__init__'s __all__ and _public's imports are one list written twice: they must agree."""
     import zipccl

@@ -17,11 +17,11 @@ pytestmark = [
 @pytest.mark.parametrize(
     ("top", "level"),
     [
-        ("encoder", "quick"),
-        ("decoder", "quick"),
-        ("loopback", "quick"),
-        ("encoder_x4", "smoke"),
-        ("decoder_x4", "smoke"),
+        ("qlc_encoder", "quick"),
+        ("qlc_decoder", "quick"),
+        ("qlc_loopback", "quick"),
+        ("qlc_encoder_x4", "smoke"),
+        ("qlc_decoder_x4", "smoke"),
     ],
 )
 def test_cocotb_suite_passes(top: str, level: str, tmp_path) -> None:
@@ -29,7 +29,7 @@ def test_cocotb_suite_passes(top: str, level: str, tmp_path) -> None:
     assert report["top"] == top
     assert report["symbols"] >= 9 * LEVELS[level].length_symbols
     lanes = TOPS[top].shape.lanes
-    if top == "loopback":  # its cycles include the encoder's word buffering
+    if top == "qlc_loopback":  # its cycles include the encoder's word buffering
         return
     # one packet per code length, first input to last output: N symbols per clock plus at most
     # FILL_CYCLES of pipeline fill and flush, whatever the packet length

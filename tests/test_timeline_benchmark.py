@@ -1,6 +1,7 @@
-"""benchmarks/timeline.py's probe stays in step with the kernels: every stamp's anchor is found
-exactly once in the current csrc/ (a kernel edit that moves one fails here, on CPU, instead of
-silently timing the wrong point on the GPU machine), and a missing anchor is refused."""
+"""benchmarks/investigations/timeline.py's probe stays in step with the kernels: every stamp's
+anchor is found exactly once in the current csrc/ (a kernel edit that moves one fails here, on
+CPU, instead of silently timing the wrong point on the GPU machine), and a missing anchor is
+refused."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+TIMELINE = Path(__file__).resolve().parents[1] / "benchmarks" / "investigations" / "timeline.py"
 
 
 def _timeline():
-    spec = importlib.util.spec_from_file_location("timeline", BENCHMARKS / "timeline.py")
+    spec = importlib.util.spec_from_file_location("timeline", TIMELINE)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("timeline", module)

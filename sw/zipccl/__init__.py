@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from zipccl import _register
 
-if TYPE_CHECKING or "torch" in sys.modules:  # torch loaded already: load (and register) now
+if TYPE_CHECKING or sys.modules.get("torch") is not None:  # torch loaded: load and register now
     from zipccl._public import *  # noqa: F403
 else:  # register as soon as torch.distributed is imported, before any group can be made
     _register.register_when_torch_loads()
@@ -86,6 +86,18 @@ def __getattr__(name: str) -> object:
     """A public name on first use: the torch-based modules load, the backend registers."""
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    public = importlib.import_module("zipccl._public")
+    try:
+        public = importlib.import_module("zipccl._public")
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":
+            raise
+        raise ModuleNotFoundError(
+            f"zipccl.{name} needs PyTorch, which is not installed. Install torch first -- on a "
+            "CPU machine `python -m pip install torch==2.13.0 --index-url "
+            "https://download.pytorch.org/whl/cpu`, on a CUDA machine the build for its CUDA "
+            '(README, "Install") -- then `python -m pip install "zipccl[torch]"`. '
+            "zipccl.golden, zipccl.hw and zipccl.sim work without it.",
+            name="torch",
+        ) from exc
     globals().update({n: getattr(public, n) for n in __all__})
     return globals()[name]

@@ -1,6 +1,6 @@
 """Kernel experiments: time edited copies of csrc/codec.cu against the current one, same process.
 
-    python benchmarks/variants.py VARIANT.cu [VARIANT.cu ...] [--mib 256] [--out OUT]
+    python benchmarks/investigations/variants.py VARIANT.cu [VARIANT.cu ...] [--mib 256] [--out OUT]
 
 Each source (the current codec.cu first) is built with nvcc like zipccl/_cuda.py builds its own,
 then BF16 N(0,1) and FP8 (histogram table) tensors are compressed and decompressed with it: GPU
@@ -24,7 +24,7 @@ import torch
 import zipccl
 from zipccl import _cuda, codec
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: codec
 from codec import MIB, event_median, graph_median, make
 
 
@@ -84,7 +84,7 @@ def measure(x: torch.Tensor, table: object) -> tuple[dict[str, float], torch.Ten
 
 def main() -> None:
     ap = argparse.ArgumentParser(
-        prog="python benchmarks/variants.py",
+        prog="python benchmarks/investigations/variants.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,7 +1,7 @@
 """Back-to-back compress calls: what a loop of them sustains, and where the time between calls goes.
 
-    python benchmarks/back_to_back.py --out OUT [--cases bfloat16:1,bfloat16:16,float8_e4m3fn:16]
-                                      [--trace]
+    python benchmarks/investigations/back_to_back.py --out OUT
+        [--cases bfloat16:1,bfloat16:16,float8_e4m3fn:16] [--trace]
 
 Per case (dtype:MiB, N(0,1), FP8 absmax-scaled as in calls.py), the time per call of 20
 back-to-back ``zipccl.compress(x)`` (calls.py's per_call) three ways: results kept alive (20
@@ -22,8 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: calls, timing, codec
 
 import torch
 import zipccl
@@ -79,13 +82,13 @@ def traced(fn, path: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(
-        prog="python benchmarks/back_to_back.py",
+        prog="python benchmarks/investigations/back_to_back.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--cases", default="bfloat16:1,bfloat16:16,float8_e4m3fn:16")
     ap.add_argument("--trace", action="store_true", help="torch.profiler trace of one loop")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/codec"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/investigations/results"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []

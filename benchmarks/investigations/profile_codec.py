@@ -1,8 +1,9 @@
 """Where a public call's GPU time goes, kernel by kernel, and single calls for ncu to attach to.
 
-    python benchmarks/profile_codec.py --mib 1     # torch.profiler: mean µs per call and kernel
+    # torch.profiler: mean µs per call and kernel
+    python benchmarks/investigations/profile_codec.py --mib 1
     ncu --clock-control none -k regex:'theory|staircase|encode|finish|decode' \
-        python benchmarks/profile_codec.py --mib 256 --once
+        python benchmarks/investigations/profile_codec.py --mib 256 --once
 
 Cases: BF16 N(0,1) and absmax-scaled FP8 e4m3 (benchmarks/calls.py's tensors), ``compress(x)``
 with its default table (built on the device) and ``decompress(c, out=y, sync=False)``.
@@ -11,6 +12,10 @@ with its default table (built on the device) and ``decompress(c, out=y, sync=Fal
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: calls, timing, codec
 
 import torch
 import zipccl
@@ -45,7 +50,7 @@ def kernel_times(x: torch.Tensor, calls: int) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(
-        prog="python benchmarks/profile_codec.py",
+        prog="python benchmarks/investigations/profile_codec.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,6 +1,7 @@
 """Where the host time of a CUDA compress call goes, layer by layer (issue 14: at most 15 µs).
 
-    python benchmarks/host_time.py --out OUT [--sizes 1,16] [--dtypes bfloat16] [--runs 2000]
+    python benchmarks/investigations/host_time.py --out OUT [--sizes 1,16] [--dtypes bfloat16]
+        [--runs 2000]
 
 Each figure is the median, over ``--runs`` calls in five rounds that take the layers in turn, of
 one layer's own time on the host from entry to return, with the device idle before each call
@@ -24,9 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: calls, timing, codec
 
 import torch
 import zipccl
@@ -96,14 +100,14 @@ def layers(x: torch.Tensor, runs: int) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(
-        prog="python benchmarks/host_time.py",
+        prog="python benchmarks/investigations/host_time.py",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--sizes", default="1,16", help="MiB, comma separated")
     ap.add_argument("--dtypes", default="bfloat16,float8_e4m3fn")
     ap.add_argument("--runs", type=int, default=2000)
-    ap.add_argument("--out", default="benchmarks/results/codec")
+    ap.add_argument("--out", default="benchmarks/investigations/results")
     args = ap.parse_args()
     rows = []
     for dtype_name in args.dtypes.split(","):

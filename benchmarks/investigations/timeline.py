@@ -1,7 +1,7 @@
 """Where one compress call's device time goes: a timeline of its three kernels.
 
-    python benchmarks/timeline.py [--sizes 1,16] [--dtypes bfloat16,float8_e4m3fn] [--flush]
-                                  [--out OUT]
+    python benchmarks/investigations/timeline.py [--sizes 1,16]
+        [--dtypes bfloat16,float8_e4m3fn] [--flush] [--out OUT]
 
 A copy of csrc/ gets globaltimer stamps at named points of the table, encode and finish kernels
 (STAMPS: the source line each follows or precedes; the copy is refused if one is missing, so the
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-CSRC = Path(__file__).resolve().parents[1] / "sw" / "zipccl" / "csrc"
+CSRC = Path(__file__).resolve().parents[2] / "sw" / "zipccl" / "csrc"
 SLOTS = 32
 S, E = "sample.cuh", "encode.cuh"
 
@@ -164,13 +164,15 @@ def timeline(lib: ctypes.CDLL, call, calls: int = 15) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python benchmarks/timeline.py", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/investigations/timeline.py", description=__doc__
+    )
     parser.add_argument("--sizes", default="1,16", help="MiB, comma-separated")
     parser.add_argument("--dtypes", default="bfloat16,float8_e4m3fn")
     parser.add_argument("--flush", action="store_true", help="evict L2 before each call")
     parser.add_argument("--out", type=Path, help="folder for timeline.json")
     args = parser.parse_args()
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: calls, timing
     import zipccl
     from calls import make
     from timing import MIB

@@ -1,7 +1,7 @@
 // What launching a compress call's three-kernel chain costs the host, by launch strategy (the
 // measurement behind csrc/launch.cuh's cached call graphs; BENCHMARKS.md §3f). Standalone:
 //
-//     nvcc -O2 -arch=sm_90 benchmarks/launch_cost.cu -o /tmp/launch_cost && /tmp/launch_cost
+//     nvcc -O2 -arch=sm_90 benchmarks/investigations/launch_cost.cu -o /tmp/launch_cost && /tmp/launch_cost
 //
 // Three trivial kernels with a by-value argument the size of the codec's Layout, chained by
 // programmatic dependent launches as codec.cu chains its kernels, launched (a) one by one with
