@@ -46,7 +46,7 @@ def tests(session: nox.Session) -> None:
     ):  # the synthesis script's test too
         _ensure_tool(session, tool, package)
     session.install(TORCH)
-    session.install("-e", ".[test,sim,torch,triton,report,formal]")
+    session.install("-e", ".[test,sim,torch,triton,report,formal,frameworks]")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy")  # golden/ and sw/zipccl ([tool.mypy] in pyproject.toml)

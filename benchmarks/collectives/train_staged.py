@@ -95,7 +95,7 @@ def digest(model: torch.nn.Module) -> str:
 def train(args: argparse.Namespace) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = wrapped(args)
-    params = sum(p.numel() for p in model.parameters()) * (world if args.strategy == "fsdp2" else 1)
+    params = sum(p.numel() for p in model.parameters())  # FSDP2's DTensors: the global numel
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
     losses: list[torch.Tensor] = []
     times = []
