@@ -180,8 +180,9 @@ def op_cases(rank: int, world: int) -> dict[str, tuple[Callable, list[torch.Tens
 
 
 def _sizes(src: int, dst: int) -> int:
-    """Values rank ``src`` sends rank ``dst`` in the list all-to-all: a different count per pair."""
-    return 10 * (src + 2 * dst) + 5
+    """Values rank ``src`` sends rank ``dst`` in the list all-to-all: a different count per pair,
+    each over SMALL_BYTES (smaller pieces are never compressed)."""
+    return 30 * (src + 2 * dst) + 260
 
 
 def _sent(src: int, world: int) -> int:
@@ -373,7 +374,7 @@ def sc_dtensor(rank: int, world: int) -> dict[str, str]:
     )
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
-    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))  # over SMALL_BYTES
     local = mlp(x)
     parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     out = mlp(x)
@@ -644,3 +645,28 @@ def test_malformed_setting_is_a_value_error_naming_it(monkeypatch, key, odd):
 def test_init_process_group_mismatch(pair, tmp_path):
     found = pair.run(sc_init_mismatch, str(tmp_path / "bad"), str(tmp_path / "good"))
     assert all("ZIPCCL_MODE (rank 0: always, rank 1: never)" in m for m in found), found
+
+
+@pytest.mark.parametrize(
+    ("choice", "gpus", "nccl", "want"),
+    [
+        ("auto", ["a", "b"], True, "nccl"),
+        ("auto", ["a", "a"], True, "gloo"),  # ranks sharing a GPU: NCCL refuses them
+        ("auto", ["a", "b"], False, "gloo"),  # no NCCL in this torch
+        ("gloo", ["a", "b"], True, "gloo"),
+        ("nccl", ["a", "a"], True, "nccl"),
+    ],
+)
+def test_what_moves_cuda_tensors(monkeypatch, choice, gpus, nccl, want) -> None:
+    """ZIPCCL_CUDA_TRANSPORT and the ranks' GPUs decide the inner group of CUDA tensors: the
+    host-staged gloo transport where NCCL cannot serve or is not wanted."""
+    from zipccl import backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: nccl)
+    assert backend._cuda_backend(choice, gpus) == want
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
+    with pytest.raises(ValueError, match="ZIPCCL_CUDA_TRANSPORT=nccl, but this torch has no NCCL"):
+        backend._cuda_backend("nccl", gpus)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert backend._cuda_backend(choice, gpus) is None

@@ -349,8 +349,8 @@ def op_case(
     if case == "all_to_all_uneven":
         ins = [(rank + j) % 3 + 1 for j in range(world)]
         outs = [(i + rank) % 3 + 1 for i in range(world)]
-        x = x[: sum(ins) * 5].view(sum(ins), 5)
-        out = torch.empty(sum(outs), 5, dtype=x.dtype)
+        x = x[: sum(ins) * 100].view(sum(ins), 100)  # over SMALL_BYTES: compressed in always
+        out = torch.empty(sum(outs), 100, dtype=x.dtype)
         return (
             lambda: lib.all_to_all_single(out, x, outs, ins, async_op=async_op, **kw),
             [out, x],

@@ -136,12 +136,9 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         agreed = settings.agree(store, rank, size)  # before anything else: a mismatch raises
         options = options or Options()
         # every rank's plan, checked before any rank blocks in an inner group's connect
+        gpus = _round(store, rank, size, "gpus", _gpu_id())  # which ranks share a GPU
         plan = _together(
-            store,
-            rank,
-            size,
-            "plan",
-            lambda: _plan(options, agreed.cuda_transport, store, rank, size),
+            store, rank, size, "plan", lambda: _plan(options, agreed.cuda_transport, gpus)
         )
         # the binding's (rank, size) constructor, which torch's stub lacks (it has only the store's)
         super().__init__(rank, size)  # type: ignore[call-arg]
@@ -513,13 +510,11 @@ for _method in (
     setattr(ProcessGroupZipccl, _method, _passed(_method))
 
 
-def _plan(
-    options: Options, cuda_transport: str, store: dist.Store, rank: int, size: int
-) -> dict[str, str]:
+def _plan(options: Options, cuda_transport: str, gpus: list[str]) -> dict[str, str]:
     """Device type -> inner backend, from ``options`` or the default (cpu: gloo always; cuda:
     :func:`_cuda_backend`); ValueError naming what zipccl cannot wrap."""
     if not options.inner:
-        cuda = _cuda_backend(cuda_transport, store, rank, size)
+        cuda = _cuda_backend(cuda_transport, gpus)
         return {"cpu": "gloo", "cuda": cuda} if cuda else {"cpu": "gloo"}
     plan = dict(sorted(options.inner.items()))
     for device, backend in plan.items():
@@ -571,19 +566,18 @@ def _round(store: dist.Store, rank: int, size: int, step: str, mine: str) -> lis
     return [value.decode() for value in store.multi_get(keys)]
 
 
-def _cuda_backend(choice: str, store: dist.Store, rank: int, size: int) -> str | None:
+def _cuda_backend(choice: str, gpus: list[str]) -> str | None:
     """What moves the group's CUDA tensors (None: no GPU here): NCCL, or gloo -- the host-staged
     transport, for ranks that share a GPU (NCCL refuses them), without NCCL, or where
     ``ZIPCCL_CUDA_TRANSPORT`` asks for it. Every rank decides alike: the setting is agreed, and
-    ``auto`` compares every rank's GPU (one store round, which every rank takes part in)."""
-    gpus = _round(store, rank, size, "gpus", _gpu_id())
+    ``auto`` looks at every rank's GPU (``gpus``, from one store round)."""
     if not torch.cuda.is_available():
         return None
     if choice == "nccl" and not dist.is_nccl_available():
         raise ValueError("ZIPCCL_CUDA_TRANSPORT=nccl, but this torch has no NCCL")
     if choice != "auto":
         return choice
-    shared = len(set(gpus)) < size
+    shared = len(set(gpus)) < len(gpus)
     return "nccl" if dist.is_nccl_available() and not shared else "gloo"
 
 

@@ -211,8 +211,9 @@ def agree(
     if agreed != nbytes:  # the local plan was for another size
         nbytes, local = agreed, None
     strategy, chunks = local or strategy_and_chunks(g, name, dtype, nbytes, red_code)
-    if strategy == switch.COMPRESSED and nbytes <= SMALL_BYTES:
-        strategy = _uncompressed(g, dtype, red_code)
+    if strategy == switch.COMPRESSED and nbytes <= SMALL_BYTES:  # rank order kept: W > 2 too
+        rank_order = red_code >= 0 and not native_reduce_ok(g, dtype)
+        strategy = switch.A2A_REDUCE if rank_order else switch.NATIVE
     _slots.STATS.strategy = strategy
     sources: tuple[_slots.Source, ...] = ()
     if strategy == switch.COMPRESSED:
@@ -324,15 +325,8 @@ def strategy_of(
 
 #  A tensor this small is never compressed, whatever the mode: a compressed piece's header alone
 #  is as large. A call that would compress it still exchanges its descriptor (a mismatch still
-#  raises on every rank), then moves it as it is.
+#  raises on every rank), then moves it uncompressed.
 SMALL_BYTES = HEADER_BYTES
-
-
-def _uncompressed(g: _transport.Group, dtype: torch.dtype, red_code: int) -> str:
-    """The strategy of a call with nothing worth compressing: native, except a reduction of FP8
-    on gloo, which cannot reduce it (zipccl's own all-to-all and reduction)."""
-    gloo_fp8 = red_code >= 0 and dtype in _slots.BYTE_VIEW and not g.nccl
-    return switch.A2A_REDUCE if gloo_fp8 else switch.NATIVE
 
 
 def strategy_and_chunks(
@@ -344,8 +338,9 @@ def strategy_and_chunks(
     chunks = _chunks(g, nbytes)
     if dtype not in _exchange.CODEC_DTYPES or red_code == 99:
         return switch.NATIVE, chunks  # nothing to compress, or an op only the backend implements
-    if nbytes == 0:
-        return _uncompressed(g, dtype, red_code), chunks
+    if nbytes == 0:  # nothing to compress; but gloo cannot reduce fp8, not even an empty tensor
+        gloo_fp8 = red_code >= 0 and dtype in _slots.BYTE_VIEW and not g.nccl
+        return (switch.A2A_REDUCE if gloo_fp8 else switch.NATIVE), chunks
     mode = switch.mode()
     if mode != "auto":
         return (switch.COMPRESSED if mode == "always" else switch.NATIVE), chunks
