@@ -393,9 +393,9 @@ def all_reduce_strategy(
 
 
 def native_reduce_ok(g: _transport.Group, dtype: torch.dtype) -> bool:
-    """Native reductions equal the fp32 rank-order one only for two ranks (ZIPCCL_NATIVE_REDUCE=1
-    takes them for any world size), and gloo lacks fp8."""
-    return (g.world == 2 or switch.native_reduce()) and not (
+    """Native reductions equal the fp32 rank-order one only for one or two ranks
+    (ZIPCCL_NATIVE_REDUCE=1 takes them for any world size), and gloo lacks fp8."""
+    return (g.world <= 2 or switch.native_reduce()) and not (
         dtype in _slots.BYTE_VIEW and not g.nccl
     )
 
