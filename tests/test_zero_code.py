@@ -25,10 +25,15 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
+# a process that leaves its group alive at exit may abort in gloo's threads' teardown
+# ("terminate called without an active exception"), whatever zipccl did: end it first
+_END = "\nimport torch.distributed as _d\nif _d.is_initialized(): _d.destroy_process_group()"
+
+
 def _python(code: str, tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     extra.setdefault("ZIPCCL_CACHE_DIR", str(tmp_path / "cache"))
     return subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", code + _END],
         cwd=tmp_path,
         env=_env(**extra),
         capture_output=True,
