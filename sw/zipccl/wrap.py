@@ -19,6 +19,8 @@ That it is a zipccl group shows in ``isinstance(group, zipccl.ProcessGroupZipccl
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 from typing import Any
 
@@ -31,10 +33,12 @@ _DEVICES = ("cpu", "cuda")
 
 
 def install() -> None:
-    """Wrap ``torch.distributed.distributed_c10d._new_process_group_helper`` (once)."""
+    """Wrap ``torch.distributed.distributed_c10d._new_process_group_helper`` (once), and end
+    the groups a script leaves alive at exit."""
     helper = c10d._new_process_group_helper
     if hasattr(helper, "__wrapped__"):
         return
+    atexit.register(_end_groups)
 
     @functools.wraps(helper)
     def zipccl_group(
@@ -79,6 +83,15 @@ def install() -> None:
 
     # the same parameters, the tail passed on as keywords (which mypy cannot match to the stub)
     c10d._new_process_group_helper = zipccl_group  # type: ignore[assignment]
+
+
+def _end_groups() -> None:
+    """Destroy the default group (and with it every other) if the script did not: torch asks
+    scripts to, many do not, and a process whose gloo groups outlive the interpreter may abort in
+    their threads' teardown. At exit nothing can be reported to the script: errors are dropped."""
+    if c10d.is_initialized():
+        with contextlib.suppress(Exception):
+            c10d.destroy_process_group()
 
 
 def inner_backends(backend: str) -> dict[str, str] | None:
