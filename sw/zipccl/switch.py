@@ -15,7 +15,8 @@ Cost model for a message of ``n`` bytes per rank (``W`` ranks, ``r`` the dtype's
 
     native      a_op + n / b_op
     compressed  the descriptor exchange and the tables once, then three stages -- compress,
-                wire (one collective per chunk: a_op + r n / b_op), decompress -- pipelined
+                wire (per chunk, the transfer the protocol makes: its own line, measured on
+                the group, a_w + r n / b_w), decompress -- pipelined
                 over ``C`` chunks: max(stage) + (sum - max) / C + (C - 1) * per-chunk latency,
                 plus the profile's measured overhead of a compressed call
 
@@ -43,6 +44,7 @@ from zipccl.settings import MODES
 
 MARGIN = 0.9  # compress only when predicted at <= 90 % of the native time
 OPS = ("all_gather", "all_to_all", "reduce_scatter", "all_reduce", "broadcast")
+WIRE_OPS = ("all_gather", "all_to_all", "broadcast")  # the transfers zipccl's protocols make
 NATIVE, A2A_REDUCE, COMPRESSED = "native", "a2a_reduce", "compressed"
 PRIOR_DTYPES = (
     torch.bfloat16,
@@ -104,11 +106,26 @@ class Profile:
     ratio: dict[str, float]  # dtype name -> compressed / raw bytes
     exchange: Line = Line(0.0, 1e18)  # the descriptor exchange, once per call (alpha only)
     overhead: Line = Line(0.0, 1e18)  # what the lines miss of a compressed call (alpha only)
+    # The transfers the compressed protocols themselves make, per WIRE_OPS entry, for n input
+    # bytes per rank -- not the native op: on gloo an all-gather travels as an all-to-all and a
+    # staged group's bytes through pinned memory, several times faster than gloo's own handling
+    # of the same op. None (a synthetic profile): the native ops' lines.
+    wire: dict[str, Line] | None = None
+
+    def __post_init__(self) -> None:
+        if self.wire is None:
+            object.__setattr__(self, "wire", {op: self.native[op] for op in WIRE_OPS})
+
+    @property
+    def wires(self) -> dict[str, Line]:
+        assert self.wire is not None  # (set by __post_init__)
+        return self.wire
 
     def vector(self) -> list[float]:
         out: list[float] = []
         for line in [
             *(self.native[o] for o in OPS),
+            *(self.wires[o] for o in WIRE_OPS),
             self.compress,
             self.decompress,
             self.reduce,
@@ -123,7 +140,8 @@ class Profile:
     def from_vector(cls, v: list[float]) -> Profile:
         lines = [Line(v[i], v[i + 1]) for i in range(0, 2 * LINES, 2)]
         ratios = v[2 * LINES :]
-        comp, dec, red, table, exchange, overhead = lines[len(OPS) :]
+        wires = len(OPS) + len(WIRE_OPS)
+        comp, dec, red, table, exchange, overhead = lines[wires:]
         return cls(
             dict(zip(OPS, lines[: len(OPS)], strict=True)),
             comp,
@@ -133,6 +151,7 @@ class Profile:
             ratio={dtype_name(d): r for d, r in zip(PRIOR_DTYPES, ratios, strict=True)},
             exchange=exchange,
             overhead=overhead,
+            wire=dict(zip(WIRE_OPS, lines[len(OPS) : wires], strict=True)),
         )
 
     def to_json(self) -> str:
@@ -167,7 +186,7 @@ def _checked_vector(v: object) -> list[float]:
 _MAX_VALUE = 1e300  # NaN and the infinities compare False; a 400-digit int compares True
 
 
-LINES = len(OPS) + 6  # Lines in a Profile's vector form
+LINES = len(OPS) + len(WIRE_OPS) + 6  # Lines in a Profile's vector form
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -203,17 +222,10 @@ def predict(p: Profile, call: Call) -> dict[str, float]:
     }
 
 
-def wire_line(p: Profile, op: str, world: int) -> Line:
-    """What the compressed protocol's bytes travel on: the op's own collective, except that
-    all-to-all (and the reductions built on it) between two ranks moves each rank's outgoing
-    half by all-gathers (collectives._protocols.swap): the all-gather line at twice its per-rank
-    bandwidth, as it carries n / 2 of the n bytes the all-to-all line is fitted on."""
-    if op in ("all_gather", "broadcast"):
-        return p.native[op]
-    if world != 2:
-        return p.native["all_to_all"]
-    gather = p.native["all_gather"]
-    return Line(gather.alpha, 2 * gather.beta)
+def wire_line(p: Profile, op: str) -> Line:
+    """What the compressed protocol's bytes travel on: the transfer it makes for the op
+    (reduce-scatter and all-reduce: the all-to-all's), as the profile measured it on the group."""
+    return p.wires[op if op in WIRE_OPS else "all_to_all"]
 
 
 def predict_stages(p: Profile, call: Call) -> dict[str, float]:
@@ -229,10 +241,10 @@ def predict_stages(p: Profile, call: Call) -> dict[str, float]:
         return p.table.alpha + p.overhead.alpha + pipelined
 
     if op in ("all_gather", "all_to_all", "broadcast"):
-        return {NATIVE: p.native[op](n), COMPRESSED: zipped(wire_line(p, op, w), 0.0)}
+        return {NATIVE: p.native[op](n), COMPRESSED: zipped(wire_line(p, op), 0.0)}
     a2a, red = p.native["all_to_all"], p.reduce(n)
     if op == "reduce_scatter":
-        out = {A2A_REDUCE: a2a(n) + red, COMPRESSED: zipped(wire_line(p, op, w), red)}
+        out = {A2A_REDUCE: a2a(n) + red, COMPRESSED: zipped(wire_line(p, op), red)}
         if call.native_ok:  # two operands: every order is the one fp32-then-round result
             out[NATIVE] = p.native["reduce_scatter"](n)
         return out
@@ -292,7 +304,7 @@ def can_compress(p: Profile, op: str, dtype: torch.dtype, world: int) -> bool:
     ``MARGIN * native`` is convex piecewise linear in n, so its minimum over n >= 0 lies at 0,
     where two stage lines cross, or at infinity.
     """
-    line, wire, r = p.native[op], wire_line(p, op, world), p.ratio.get(dtype_name(dtype), 1.0)
+    line, wire, r = p.native[op], wire_line(p, op), p.ratio.get(dtype_name(dtype), 1.0)
     fan = {"all_gather": world}.get(op, 1)  # bytes decompressed per input byte
     stages = [
         (p.compress.alpha, 1 / p.compress.beta),

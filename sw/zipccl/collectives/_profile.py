@@ -95,7 +95,7 @@ def save_profile(g: _transport.Group, profile: Profile) -> None:
         warnings.warn(f"zipccl: could not cache the profile: {exc}", stacklevel=3)
 
 
-_PROFILE_VERSION = 7  # bumped whenever what a profile measures changes: old caches are not read
+_PROFILE_VERSION = 8  # bumped whenever what a profile measures changes: old caches are not read
 
 
 def _once(fn: Callable[[], object], cuda: bool) -> float:
@@ -140,12 +140,15 @@ def _sizes(g: _transport.Group) -> list[int]:
 def measure(g: _transport.Group) -> Profile:
 
     sizes = _sizes(g)
-    timed = timed_together(
-        {(op, s): native_op(g, op, s) for op in switch.OPS for s in sizes}, g.cuda
-    )
-    native = {
-        op: Line.fit([float(s) for s in sizes], [timed[op, s] for s in sizes]) for op in switch.OPS
-    }
+    closures = {(op, s): native_op(g, op, s) for op in switch.OPS for s in sizes}
+    closures |= {("wire", op, s): wire_op(g, op, s) for op in switch.WIRE_OPS for s in sizes}
+    timed = timed_together(closures, g.cuda)
+
+    def fitted(*key: str) -> Line:
+        return Line.fit([float(s) for s in sizes], [timed[(*key, s)] for s in sizes])
+
+    native = {op: fitted(op) for op in switch.OPS}
+    wire = {op: fitted("wire", op) for op in switch.WIRE_OPS}
     gen = torch.Generator().manual_seed(0)
     data = {s: torch.randn(s // 2, generator=gen).to(torch.bfloat16).to(g.device) for s in sizes}
     book = codec.default_table(data[sizes[-1]])
@@ -169,7 +172,7 @@ def measure(g: _transport.Group) -> Profile:
         ratio[switch.dtype_name(dtype)] = float(codec.compress(x).ratio)
     fields = [_OP_CODE_PROFILE, 0] + [0] * (5 + 2 * g.world + 1)  # a descriptor's length
     exchange = Line(fastest(lambda: _exchange.exchange(g, fields, "profile"), g.cuda), 1e18)
-    lines = Profile(native, comp, dec, red, table, ratio, exchange)
+    lines = Profile(native, comp, dec, red, table, ratio, exchange, wire=wire)
     return replace(lines, overhead=overhead(g, lines, data[sizes[-1]]))
 
 
@@ -194,6 +197,25 @@ def overhead(g: _transport.Group, p: Profile, x: torch.Tensor) -> Line:
 def _reduce_once(x: torch.Tensor, world: int) -> torch.Tensor:
     parts = x.view(world, -1) if x.numel() % world == 0 else x[: x.numel() // world * world]
     return parts.view(world, -1).float().sum(0).to(x.dtype)
+
+
+def wire_op(g: _transport.Group, op: str, nbytes: int) -> Callable[[], object]:
+    """A closure making the transfer a compressed ``op`` (a WIRE_OPS entry) makes of ``nbytes``
+    per rank: _transport's all-gather (gloo: an all-to-all), all-to-all (two ranks on NCCL:
+    _protocols.swap's all-gather of the outgoing half) or broadcast, with a staged group's copies
+    through pinned memory."""
+    x = torch.zeros(nbytes // g.world * g.world, dtype=torch.uint8, device=g.device)
+    if op == "all_gather":
+        out = torch.empty(x.numel() * g.world, dtype=x.dtype, device=g.device)
+        return lambda: _transport.all_gather(g, out, x).wait()
+    out = torch.empty_like(x)
+    if op == "all_to_all" and _protocols.swaps_by_gather(g):
+        return lambda: _transport.all_gather(g, out, x[: x.numel() // 2]).wait()
+    if op == "all_to_all":
+        return lambda: _transport.all_to_all(g, out, x).wait()
+    if op == "broadcast":
+        return lambda: _transport.broadcast(g, x, 0).wait()
+    raise ValueError(f"unknown wire op {op!r}")
 
 
 def native_op(g: _transport.Group, op: str, nbytes: int) -> Callable[[], object]:

@@ -319,6 +319,11 @@ def resend_pairs(
             target.copy_(piece)
 
 
+def swaps_by_gather(g: _transport.Group) -> bool:
+    """Whether :func:`swap` moves an all-to-all as one all-gather (two ranks on NCCL)."""
+    return g.world == 2 and g.nccl
+
+
 def swap(
     g: _transport.Group,
     streams: _transport.Streams,
@@ -337,7 +342,7 @@ def swap(
     """
     if g.world == 2 and not whole.numel():  # nothing either way: both ranks skip
         return [whole, whole], None
-    by_gather = g.world == 2 and g.nccl
+    by_gather = swaps_by_gather(g)
     got = torch.empty(
         2 * whole.numel() if by_gather else sum(in_sizes), dtype=torch.uint8, device=g.device
     )
