@@ -1,5 +1,6 @@
 """Unmodified training scripts (examples/frameworks/) under the zipccl-run launcher on 2 CPU
-processes, each compared bit for bit with the same script under plain torchrun (gloo).
+processes (4 for the Megatron-style one: tensor x data parallel), each compared bit for bit
+with the same script under plain torchrun (gloo).
 
 ``ZIPCCL_MODE=always``: every float collective the frameworks make goes through zipccl's
 compressed protocols, and ``ZIPCCL_LOG=summary``'s report must show compressed calls -- so a
@@ -20,12 +21,12 @@ EXAMPLES = Path(__file__).parent.parent / "examples" / "frameworks"
 WAIT_S = 240  # one launch; the groups' own timeout is torch's (far longer): a hang fails here
 
 
-def _launch(launcher: str, script: str, out: str, cwd: Path, **env: str) -> str:
+def _launch(launcher: str, script: str, out: str, cwd: Path, nproc: int, **env: str) -> str:
     """stderr of ``launcher`` (a module: zipccl.run or torch.distributed.run) running ``script
-    out`` on 2 processes."""
+    out`` on ``nproc`` processes."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("ZIPCCL_")}
     done = subprocess.run(
-        [sys.executable, "-m", launcher, "--standalone", "--nproc-per-node=2", script, out],
+        [sys.executable, "-m", launcher, "--standalone", f"--nproc-per-node={nproc}", script, out],
         cwd=cwd,
         env={
             **base,
@@ -50,27 +51,36 @@ def _compressed_calls(log: str) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("script", "needs"),
+    ("script", "needs", "nproc"),
     [
-        ("ddp.py", "torch"),
-        ("fsdp2.py", "torch"),
-        ("dtensor.py", "torch"),
-        ("lightning_ddp.py", "lightning"),
-        ("hf_trainer.py", "transformers"),
-        ("deepspeed_zero2.py", "deepspeed"),
+        ("ddp.py", "torch", 2),
+        ("fsdp2.py", "torch", 2),
+        ("dtensor.py", "torch", 2),
+        ("megatron_style.py", "torch", 4),  # tensor parallel 2 x data parallel 2
+        ("lightning_ddp.py", "lightning", 2),
+        ("hf_trainer.py", "transformers", 2),
+        ("deepspeed_zero2.py", "deepspeed", 2),
     ],
 )
-def test_unmodified_script_matches_gloo(tmp_path: Path, script: str, needs: str) -> None:
+def test_unmodified_script_matches_gloo(
+    tmp_path: Path, script: str, needs: str, nproc: int
+) -> None:
     pytest.importorskip(needs)
     if needs == "transformers":
         pytest.importorskip("accelerate")  # the Trainer's own requirement
     zipped, plain, path = tmp_path / "zipccl.pt", tmp_path / "gloo.pt", str(EXAMPLES / script)
     log = _launch(
-        "zipccl.run", path, str(zipped), tmp_path, ZIPCCL_MODE="always", ZIPCCL_LOG="summary"
+        "zipccl.run",
+        path,
+        str(zipped),
+        tmp_path,
+        nproc,
+        ZIPCCL_MODE="always",
+        ZIPCCL_LOG="summary",
     )
-    _launch("torch.distributed.run", path, str(plain), tmp_path)
+    _launch("torch.distributed.run", path, str(plain), tmp_path, nproc)
     counts = _compressed_calls(log)
-    assert len(counts) == 2 and min(counts) > 0, log[-3000:]
+    assert len(counts) == nproc and min(counts) > 0, log[-3000:]
     ours, theirs = torch.load(zipped), torch.load(plain)
     assert list(ours) == list(theirs)
     for name in ours:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch.distributed.distributed_c10d as c10d
 
-from zipccl import _register
+from zipccl._name import NAME
 
 WRAPPED = ("gloo", "nccl")  # the inner backends zipccl wraps
 _DEVICES = ("cpu", "cuda")
@@ -70,7 +70,7 @@ def install() -> None:
             group_size,
             group_rank,
             global_ranks_in_group,
-            _register.NAME,
+            NAME,
             store,
             group_name,
             options,
