@@ -3,8 +3,8 @@ a GPU, for a smoke run of the offline torchtitan setup (``torchtitan_h200.py --c
 and the developers' machines have no GPU. torchtitan picks its device once, at import, from
 ``torch._utils._get_available_device_type`` (``"cuda"`` when none is found) and then calls
 ``torch.cuda``-style memory functions on it: this makes that answer ``"cpu"`` and gives
-``torch.cpu`` no-op stand-ins for the memory functions it lacks (and a device index). torchtitan's own code runs
-unchanged. Not used on the GPU machine."""
+``torch.cpu`` no-op stand-ins for the memory functions it lacks (and a device index).
+torchtitan's own code runs unchanged. Not used on the GPU machine."""
 
 import runpy
 import sys
