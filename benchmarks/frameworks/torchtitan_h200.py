@@ -4,14 +4,16 @@ summary. On the GPU machine (no internet), from the repository root::
 
     PYTHONPATH=sw:. bash benchmarks/frameworks/torchtitan_h200.sh OUT
 
-writes ``OUT/torchtitan.json`` (and each run's log, ``OUT/<run>.log``); exit status 0 only if
-every comparison is equal and every zipccl run compressed calls. ``--cpu`` runs the same on a
-machine without a GPU (gloo, a smaller batch, 3 steps), through ``torchtitan_on_cpu.py``.
+writes ``OUT/torchtitan.json`` (and each run's log, ``OUT/<run>.node<i>.log``; what it installs
+and makes goes to ``--work``, by default a folder in the temporary directory); exit status 0
+only if every comparison is equal and every zipccl run compressed calls. ``--cpu`` runs the
+same on a machine without a GPU (gloo, a smaller batch, 3 steps), through
+``torchtitan_on_cpu.py``.
 
 Nothing is downloaded:
 
 * packages: the wheels in ``.data/wheels`` (:data:`WHEELS`, fetched beforehand by
-  :data:`DOWNLOAD`), installed with ``pip --no-index --no-deps --target OUT/work/site`` for the
+  :data:`DOWNLOAD`), installed with ``pip --no-index --no-deps --target WORK/site`` for the
   import names this Python lacks; Hugging Face ``datasets`` is replaced, where it is missing, by
   ``offline/datasets`` (its pyarrow alone outweighs the rest);
 * data: a synthetic corpus of JSON lines (seeded pseudo-words) read as torchtitan's own
@@ -22,7 +24,8 @@ Nothing is downloaded:
   ``--debug.seed`` and ``--debug.deterministic`` so that a rerun gives the same bits.
 
 Runs (``ZIPCCL_LOG=summary``; the zipccl runs ``ZIPCCL_MODE=always``, so every float
-collective of a group takes zipccl's compressed protocol where its size allows):
+collective of a group takes zipccl's compressed protocol where its size allows; ``--mode auto``
+leaves it to zipccl's switch, and then compressed calls are not required):
 
 * world 1: ``torchrun`` vs ``zipccl-run``, ``--nproc-per-node 1`` (torchtitan shards nothing
   then: only loss scalars cross the group, which zipccl keeps native);
@@ -51,10 +54,12 @@ import os
 import platform
 import random
 import re
+import shutil
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -154,6 +159,7 @@ def install(wheels: Path, site: Path) -> list[str]:
         if not found:
             raise SystemExit(f"no {wheel} wheel in {wheels}: fetch them first with\n  {DOWNLOAD}")
         files.append(found[-1])
+    shutil.rmtree(site, ignore_errors=True)
     if files:
         pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
         subprocess.run([*pip, "--target", str(site), *map(str, files)], check=True)
@@ -295,6 +301,7 @@ class Runner:
         """Run ``name`` on ``world`` ranks (``nodes`` > 1: that many one-process launches on this
         host) with torchtitan's ``flags``; record its steps, zipccl report and status."""
         dump = self.work / "dump" / name
+        shutil.rmtree(dump, ignore_errors=True)  # the events read back must be this run's
         config = self.work / "configs" / f"{name}.toml"
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(
@@ -353,7 +360,8 @@ class Runner:
         print(f"{name}: {status}, {len(steps)} steps, {self.results[name]['seconds']} s")
         if codes != [0] * nodes:
             print(text[-3000:])
-        print("\n".join(f"  {line}" for line in report))
+        for line in report:
+            print(f"  {line}")
 
     def compare(self, reference: str, zipped: str, compresses: bool = True) -> dict[str, Any]:
         """Whether ``zipped``'s steps equal ``reference``'s bit for bit, and that it ran zipccl:
@@ -373,6 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--wheels", type=Path, default=WHEELS)
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "zipccl-torchtitan",
+        help="installed packages, corpus, tokenizer, configs, TensorBoard events",
+    )
     parser.add_argument("--cpu", action="store_true", help="no GPU: gloo, small, 3 steps")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--batch", type=int)
@@ -384,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in {"steps": 10, "batch": 8, "seq_len": 512, **small}.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    args.out = args.out.resolve()
-    work = args.out / "work"
+    args.out, work = args.out.resolve(), args.work.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
 
     installed = install(args.wheels, work / "site")
@@ -400,23 +414,24 @@ def main(argv: list[str] | None = None) -> int:
     kernels_s = warm_kernels() if gpus else None
     runner = Runner(args, work, python_path)
     plain, zipped = "torch.distributed.run", "zipccl.run"
-    always = {"ZIPCCL_MODE": args.mode}
+    mode = {"ZIPCCL_MODE": args.mode}
+    forced = args.mode == "always"  # else the switch may keep every call native
     runner.run("world1_torchrun", plain, 1, 1, [])
-    runner.run("world1_zipccl", zipped, 1, 1, [], **always)
+    runner.run("world1_zipccl", zipped, 1, 1, [], **mode)
     comparisons = [runner.compare("world1_torchrun", "world1_zipccl", compresses=False)]
     if gpus >= 2 or args.cpu:
         runner.run("tp2_torchrun", plain, 2, 1, TP2)
-        runner.run("tp2_zipccl", zipped, 2, 1, TP2, **always)
-        comparisons.append(runner.compare("tp2_torchrun", "tp2_zipccl"))
+        runner.run("tp2_zipccl", zipped, 2, 1, TP2, **mode)
+        comparisons.append(runner.compare("tp2_torchrun", "tp2_zipccl", forced))
     elif gpus == 1:
         staged = {"ZIPCCL_CUDA_TRANSPORT": "gloo"}
         runner.run("tp2_shared_gpu_native", zipped, 2, 2, TP2, ZIPCCL_MODE="never", **staged)
-        runner.run("tp2_shared_gpu_zipccl", zipped, 2, 2, TP2, **always, **staged)
-        comparisons.append(runner.compare("tp2_shared_gpu_native", "tp2_shared_gpu_zipccl"))
+        runner.run("tp2_shared_gpu_zipccl", zipped, 2, 2, TP2, **mode, **staged)
+        comparisons.append(runner.compare("tp2_shared_gpu_native", "tp2_shared_gpu_zipccl", forced))
     if gpus >= 2:
         runner.run("fsdp2_torchrun", plain, 2, 1, [])
-        runner.run("fsdp2_zipccl", zipped, 2, 1, [], **always)
-        comparisons.append(runner.compare("fsdp2_torchrun", "fsdp2_zipccl"))
+        runner.run("fsdp2_zipccl", zipped, 2, 1, [], **mode)
+        comparisons.append(runner.compare("fsdp2_torchrun", "fsdp2_zipccl", forced))
     ok = all(c["ok"] for c in comparisons)
     summary = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
