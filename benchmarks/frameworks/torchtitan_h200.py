@@ -391,7 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--batch", type=int)
     parser.add_argument("--seq-len", type=int)
-    parser.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    parser.add_argument(
+        "--timeout", type=int, default=120, help="seconds per run (a hang fails it)"
+    )
     parser.add_argument("--mode", default="always", help="ZIPCCL_MODE of the zipccl runs")
     args = parser.parse_args(argv)
     small = {"steps": 3, "batch": 2, "seq_len": 128} if args.cpu else {}
@@ -411,28 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     gpus = 0 if args.cpu else torch.cuda.device_count()
-    kernels_s = warm_kernels() if gpus else None
+    comparisons: list[dict[str, Any]] = []
     runner = Runner(args, work, python_path)
-    plain, zipped = "torch.distributed.run", "zipccl.run"
-    mode = {"ZIPCCL_MODE": args.mode}
-    forced = args.mode == "always"  # else the switch may keep every call native
-    runner.run("world1_torchrun", plain, 1, 1, [])
-    runner.run("world1_zipccl", zipped, 1, 1, [], **mode)
-    comparisons = [runner.compare("world1_torchrun", "world1_zipccl", compresses=False)]
-    if gpus >= 2 or args.cpu:
-        runner.run("tp2_torchrun", plain, 2, 1, TP2)
-        runner.run("tp2_zipccl", zipped, 2, 1, TP2, **mode)
-        comparisons.append(runner.compare("tp2_torchrun", "tp2_zipccl", forced))
-    elif gpus == 1:
-        staged = {"ZIPCCL_CUDA_TRANSPORT": "gloo"}
-        runner.run("tp2_shared_gpu_native", zipped, 2, 2, TP2, ZIPCCL_MODE="never", **staged)
-        runner.run("tp2_shared_gpu_zipccl", zipped, 2, 2, TP2, **mode, **staged)
-        comparisons.append(runner.compare("tp2_shared_gpu_native", "tp2_shared_gpu_zipccl", forced))
-    if gpus >= 2:
-        runner.run("fsdp2_torchrun", plain, 2, 1, [])
-        runner.run("fsdp2_zipccl", zipped, 2, 1, [], **mode)
-        comparisons.append(runner.compare("fsdp2_torchrun", "fsdp2_zipccl", forced))
-    ok = all(c["ok"] for c in comparisons)
     summary = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
@@ -440,18 +422,49 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0) if gpus else None,
         "gpus": gpus,
-        "kernel_build_seconds": kernels_s,
         "cpu_smoke": args.cpu,
         "config": {"steps": args.steps, "batch": args.batch, "seq_len": args.seq_len},
+        "zipccl_mode": args.mode,
         "wheels_installed": installed,
         "datasets": "offline/datasets stand-in" if stand_in else "installed datasets",
         "runs": runner.results,
         "comparisons": comparisons,
-        "ok": ok,
+        "ok": False,
     }
-    (args.out / "torchtitan.json").write_text(json.dumps(summary, indent=1))
-    print(f"{'OK' if ok else 'FAILED'}: {args.out / 'torchtitan.json'}")
-    return 0 if ok else 1
+    path = args.out / "torchtitan.json"
+
+    def save() -> None:  # after every run: a run cut short by the caller's limit still reports
+        path.write_text(json.dumps(summary, indent=1))
+
+    save()
+    summary["kernel_build_seconds"] = warm_kernels() if gpus else None
+    plain, zipped = "torch.distributed.run", "zipccl.run"
+    mode = {"ZIPCCL_MODE": args.mode}
+    forced = args.mode == "always"  # else the switch may keep every call native
+    # (reference, its launcher, the zipccl run, ranks, nodes, torchtitan's flags, settings,
+    # whether the zipccl run must compress); a zipccl reference runs with ZIPCCL_MODE=never
+    pairs: list[tuple[str, str, str, int, int, list[str], dict[str, str], bool]] = [
+        ("world1_torchrun", plain, "world1_zipccl", 1, 1, [], {}, False),  # nothing sharded
+    ]
+    if gpus >= 2 or args.cpu:
+        pairs.append(("tp2_torchrun", plain, "tp2_zipccl", 2, 1, TP2, {}, forced))
+    elif gpus == 1:  # two one-process nodes on GPU 0
+        staged = {"ZIPCCL_CUDA_TRANSPORT": "gloo"}
+        shared = ("tp2_shared_gpu_native", zipped, "tp2_shared_gpu_zipccl", 2, 2, TP2)
+        pairs.append((*shared, staged, forced))
+    if gpus >= 2:
+        pairs.append(("fsdp2_torchrun", plain, "fsdp2_zipccl", 2, 1, [], {}, forced))
+    for reference, launcher, name, world, nodes, flags, extra, compresses in pairs:
+        native = {"ZIPCCL_MODE": "never", **extra} if launcher == zipped else {}
+        runner.run(reference, launcher, world, nodes, flags, **native)
+        save()
+        runner.run(name, zipped, world, nodes, flags, **mode, **extra)
+        comparisons.append(runner.compare(reference, name, compresses))
+        save()
+    summary["ok"] = all(c["ok"] for c in comparisons)
+    save()
+    print(f"{'OK' if summary['ok'] else 'FAILED'}: {path}")
+    return 0 if summary["ok"] else 1
 
 
 if __name__ == "__main__":
