@@ -670,3 +670,23 @@ def test_what_moves_cuda_tensors(monkeypatch, choice, gpus, nccl, want) -> None:
         backend._cuda_backend("nccl", gpus)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert backend._cuda_backend(choice, gpus) is None
+
+
+@pytest.mark.parametrize(
+    ("asked", "choice", "gpus", "want"),
+    [
+        ({"cuda": "nccl"}, "auto", ["a", "b"], {"cuda": "nccl"}),
+        ({"cuda": "nccl"}, "auto", ["a", "a"], {"cuda": "gloo"}),  # NCCL refuses a shared GPU
+        ({"cuda": "nccl", "cpu": "gloo"}, "gloo", ["a", "b"], {"cpu": "gloo", "cuda": "gloo"}),
+        ({"cuda": "gloo"}, "nccl", ["a", "b"], {"cuda": "gloo"}),  # gloo asked: gloo kept
+    ],
+)
+def test_nccl_asked_by_a_script_shares_a_gpu(monkeypatch, asked, choice, gpus, want) -> None:
+    """A script's "nccl" group under zipccl-run (inner backends given) on ranks that share a GPU
+    moves its CUDA tensors through the host-staged gloo transport, as a plain zipccl group does:
+    NCCL would refuse the ranks."""
+    from zipccl import backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    assert backend._plan(backend.Options(asked), choice, gpus) == want

@@ -4,10 +4,13 @@ script does not shadow."""
 
 from __future__ import annotations
 
+import ast
+import graphlib
 import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -122,3 +125,37 @@ def test_all_is_what_the_public_module_imports() -> None:
 
     assert sorted(n for n in vars(_public) if not n.startswith("_")) == sorted(zipccl.__all__)
     assert all(getattr(zipccl, n) is getattr(_public, n) for n in zipccl.__all__)
+
+
+def _zipccl_imports(path: Path, package: str, modules: Collection[str]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports anywhere in it (at the top or inside a
+    function); ``from p import m`` counts as importing ``p.m`` where that is a module, else p."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    return found & set(modules)
+
+
+def test_zipccl_modules_import_one_way() -> None:
+    """No import cycle among zipccl's own modules, counting imports inside functions: each
+    module calls only downward (the registration, the launcher's wrapping and the backend once
+    imported each other)."""
+    sw = ROOT / "sw"
+    modules = {}
+    for path in (sw / "zipccl").rglob("*.py"):
+        parts = path.relative_to(sw).with_suffix("").parts
+        if parts[1] not in ("golden", "hw", "sim", "_boot"):  # their own packages, no zipccl
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        graph[name] = _zipccl_imports(path, package, modules) - {name}
+    graphlib.TopologicalSorter(graph).prepare()  # CycleError names the cycle

@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING
 
 from zipccl import _register
 
-if TYPE_CHECKING or sys.modules.get("torch") is not None:  # torch loaded: load and register now
+_register.register_when_torch_loads()  # now, or as soon as torch.distributed is imported
+
+if TYPE_CHECKING or sys.modules.get("torch") is not None:  # torch loaded: load the names now
     from zipccl._public import *  # noqa: F403
-else:  # register as soon as torch.distributed is imported, before any group can be made
-    _register.register_when_torch_loads()
 
 __all__ = [
     "FSDP2_HOOKS",

@@ -1,7 +1,5 @@
-"""zipccl's public names, which need torch; ``zipccl/__init__.py`` loads them on first use.
-
-Importing this module registers the ``zipccl`` torch.distributed backend (zipccl.backend).
-"""
+"""zipccl's public names, which need torch; ``zipccl/__init__.py`` loads them on first use
+(and registers the ``zipccl`` torch.distributed backend: :mod:`zipccl._register`)."""
 
 from zipccl.accounting import reset_stats, stats
 from zipccl.backend import ProcessGroupZipccl

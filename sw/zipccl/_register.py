@@ -1,15 +1,18 @@
 """The ``zipccl`` backend's registration, whatever the import order of zipccl and torch.
 
-torch.distributed learns a backend's name only when :func:`register` runs. ``import zipccl``
-after torch registers at once; ``import zipccl`` *before* torch (as import sorters order it)
-cannot, as importing torch there would make ``import zipccl.golden`` pay for torch. So it leaves
-a finder on ``sys.meta_path`` that runs :func:`register` the moment ``torch.distributed`` has
-been executed -- inside ``import torch``, before any ``init_process_group``.
+The one owner of registration: ``import zipccl`` calls :func:`register_when_torch_loads`, and
+nothing else registers. torch.distributed learns a backend's name only when :func:`register`
+runs. ``import zipccl`` after torch registers at once; ``import zipccl`` *before* torch (as
+import sorters order it) cannot, as importing torch there would make ``import zipccl.golden``
+pay for torch. So it leaves a finder on ``sys.meta_path`` that runs :func:`register` the moment
+``torch.distributed`` has been executed -- inside ``import torch``, before any
+``init_process_group``.
 
-This module imports nothing of torch or zipccl at import time, and :func:`register` only names
-the backend: torch may still be half-imported then. zipccl's collectives load when the first
-zipccl group is created (:func:`_create`). Under ``ZIPCCL_WRAP=1`` (the ``zipccl-run``
-launcher, :mod:`zipccl.run`) it also installs :mod:`zipccl.wrap`'s patch.
+This module imports nothing of torch at import time, and :func:`register` only names the
+backend: torch may still be half-imported then. zipccl's collectives load when the first zipccl
+group is created (:func:`_create`, which imports :mod:`zipccl.backend`). Under ``ZIPCCL_WRAP=1``
+(the ``zipccl-run`` launcher, :mod:`zipccl.run`) it also installs :mod:`zipccl.wrap`'s patch.
+Imports go one way: this module loads those two on demand, and neither imports it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-NAME = "zipccl"
+from zipccl._name import NAME
+
 _TARGET = "torch.distributed"
 
 

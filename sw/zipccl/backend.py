@@ -38,13 +38,13 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions  # (torch.distributed does not export it)
 from torch.distributed import distributed_c10d as c10d
 
-from zipccl import _register, accounting, collectives, settings, switch
+from zipccl import accounting, collectives, settings, switch
 from zipccl._errors import CollectiveMismatchError, PeerError
+from zipccl._name import NAME
 from zipccl.collectives import DoneWork, Forwarding, ReduceOpArg, _agree, _profile
 from zipccl.collectives._exchange import CODEC_DTYPES
 from zipccl.collectives._transport import resolve
 
-NAME = _register.NAME
 _KINDS = {"gloo": dist.ProcessGroup.BackendType.GLOO, "nccl": dist.ProcessGroup.BackendType.NCCL}
 _DEVICES = ("cpu", "cuda")
 _R = TypeVar("_R")
@@ -512,7 +512,10 @@ for _method in (
 
 def _plan(options: Options, cuda_transport: str, gpus: list[str]) -> dict[str, str]:
     """Device type -> inner backend, from ``options`` or the default (cpu: gloo always; cuda:
-    :func:`_cuda_backend`); ValueError naming what zipccl cannot wrap."""
+    :func:`_cuda_backend`); ValueError naming what zipccl cannot wrap. NCCL asked for CUDA
+    tensors (as the zipccl-run launcher asks for a script's ``"nccl"`` group) is also subject to
+    :func:`_cuda_backend`: the host-staged gloo transport where ranks share a GPU, which NCCL
+    refuses, or where ``ZIPCCL_CUDA_TRANSPORT=gloo`` asks for it."""
     if not options.inner:
         cuda = _cuda_backend(cuda_transport, gpus)
         return {"cpu": "gloo", "cuda": cuda} if cuda else {"cpu": "gloo"}
@@ -523,6 +526,8 @@ def _plan(options: Options, cuda_transport: str, gpus: list[str]) -> dict[str, s
                 f"the zipccl backend wraps {sorted(_KINDS)} on {list(_DEVICES)}, "
                 f"not {backend!r} on {device!r}"
             )
+    if plan.get("cuda") == "nccl":
+        plan["cuda"] = _cuda_backend(cuda_transport, gpus) or "nccl"  # (no GPU: NCCL's own error)
     return plan
 
 
@@ -706,7 +711,5 @@ def create(
         backend_options,
     )
 
-
-_register.register()
 
 __all__ = ["NAME", "Options", "ProcessGroupZipccl", "create"]

@@ -5,9 +5,10 @@ read when torch.distributed is imported, :mod:`zipccl._register`). It wraps torc
 behind ``init_process_group`` and ``new_group`` (and so DeviceMesh, FSDP2, DTensor and every
 framework that calls them): a group asked for with ``"gloo"``, ``"nccl"``, a device map of those
 (``"cuda:nccl,cpu:gloo"``) or no backend (torch's default for the devices present) is created as
-a zipccl group whose inner backends are exactly the ones asked for, per device
-(:class:`zipccl.backend.Options`). Other backends (``mpi``, ``xccl``, ``zipccl`` itself, ...)
-are left as they are.
+a zipccl group whose inner backends are the ones asked for, per device
+(:class:`zipccl.backend.Options`) -- save NCCL for ranks that share a GPU, which NCCL refuses,
+or under ``ZIPCCL_CUDA_TRANSPORT=gloo``: zipccl's host-staged gloo transport then moves the CUDA
+tensors. Other backends (``mpi``, ``xccl``, ``zipccl`` itself, ...) are left as they are.
 
 Frameworks branch on the backend's name (HF accelerate, Lightning and DeepSpeed check for
 ``"nccl"`` or ``"gloo"``), so such a group keeps the name it was asked for:
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch.distributed.distributed_c10d as c10d
 
-from zipccl import _register
+from zipccl._name import NAME
 
 WRAPPED = ("gloo", "nccl")  # the inner backends zipccl wraps
 _DEVICES = ("cpu", "cuda")
@@ -70,7 +71,7 @@ def install() -> None:
             group_size,
             group_rank,
             global_ranks_in_group,
-            _register.NAME,
+            NAME,
             store,
             group_name,
             options,
