@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -116,32 +115,6 @@ def test_chunk_copies_queued_for_a_guessed_size(second: str) -> None:
     assert same(copy.load(), x) and copy.host_bytes == sum(sizes)
     del copy
     assert in_use() == before
-
-
-def test_a_load_runs_on_the_callers_thread_only_where_the_worker_is_idle(monkeypatch) -> None:
-    """A load nothing is queued ahead of is queued by the caller itself (no hand-over to the
-    worker); one behind a queued job waits its turn on the worker, in order."""
-    x = sample((1 << 18,), torch.bfloat16, seed=31)
-    copy = zipccl.offload_tensor(x, chunk_bytes=1 << 20)
-    copy.wait()
-    lanes = offload._lanes(torch.device("cpu"))
-    lanes.drain()
-    threads: list[str] = []
-    load = offload.HostCopy._load
-
-    def spy(self: offload.HostCopy, ticket: offload._Ticket) -> None:
-        threads.append(threading.current_thread().name)
-        load(self, ticket)
-
-    monkeypatch.setattr(offload.HostCopy, "_load", spy)
-    assert same(copy.load(), x)
-    gate = threading.Event()
-    lanes.submit(gate.wait)
-    timer = threading.Timer(0.2, gate.set)
-    timer.start()
-    assert same(copy.load(), x)
-    timer.join()
-    assert threads == [threading.current_thread().name, "zipccl-offload-cpu"]
 
 
 def test_a_dtypes_last_ratio_sizes_the_next_tensors_first_copy(monkeypatch) -> None:

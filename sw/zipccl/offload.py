@@ -75,9 +75,7 @@ class _Lanes:
     """One device's side streams, host pool, worker thread (which runs jobs in order) and
     staging ring: compressed chunks coming up land in one of ``STAGING_SLOTS`` device buffers,
     each reused once the decode of its previous chunk has run (the copy waits for it on the
-    device), so loads in flight hold no per-chunk buffers. Jobs run one at a time, in order, on
-    the worker -- or, for a load that no job is queued ahead of, on the caller's thread
-    (:meth:`run_if_idle`); only a running job touches the ring and ``ratios``."""
+    device), so loads in flight hold no per-chunk buffers. Only the worker touches the ring."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -86,11 +84,8 @@ class _Lanes:
         self.d2h, self.h2d, self.decode = make(), make(), make()
         self.heads = make()  # compressed chunks' header copies, apart from the caller's stream
         self.pool = HostPool(pinned=self.cuda)
-        self.ratios: dict[torch.dtype, float] = {}  # each dtype's last chunk ratio
+        self.ratios: dict[torch.dtype, float] = {}  # the worker's: each dtype's last chunk ratio
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._running = threading.Lock()  # held by whichever thread runs a job
-        self._count = threading.Lock()
-        self._pending = 0  # jobs submitted and not yet finished
         self._slots: list[torch.Tensor | None] = [None] * STAGING_SLOTS
         self._slot_free: list[torch.cuda.Event | None] = [None] * STAGING_SLOTS
         self._next_slot = 0
@@ -103,10 +98,7 @@ class _Lanes:
             torch.cuda.set_device(self.device)
         with torch.no_grad():
             for job in iter(self._jobs.get, None):
-                with self._running:
-                    job()  # a job records its own errors
-                with self._count:
-                    self._pending -= 1
+                job()  # a job records its own errors
 
     def stop(self) -> None:
         """Run the jobs queued so far, then end the worker (at interpreter exit: a worker still
@@ -115,26 +107,7 @@ class _Lanes:
         self._thread.join(timeout=60)  # (a device that never finishes must not hang the exit)
 
     def submit(self, job: Callable[[], None]) -> None:
-        with self._count:
-            self._pending += 1
         self._jobs.put(job)
-
-    def run_if_idle(self, job: Callable[[], None]) -> bool:
-        """Run ``job`` on the calling thread where no job is queued or running (True), sparing
-        the hand-over to the worker and back (~0.3 ms before a 256 MiB load's first copy up);
-        False, at once, where one is."""
-        if not self._running.acquire(blocking=False):
-            return False
-        try:
-            with self._count:
-                if self._pending:
-                    return False
-            on_device = torch.cuda.device(self.device) if self.cuda else contextlib.nullcontext()
-            with torch.no_grad(), on_device:
-                job()
-            return True
-        finally:
-            self._running.release()
 
     def drain(self) -> None:
         """Wait until the worker has run (and let go of) every job queued so far."""
@@ -460,9 +433,8 @@ class HostCopy:
 
     def load(self) -> torch.Tensor:
         """The tensor, bit-exact, on its device and ordered after the copy on the current stream
-        (the caller's stream waits for it; the caller's thread waits only for the copies to be
-        queued: by itself where the worker is idle, else by the worker). Each call makes a new
-        tensor; the host copy stays until garbage collected.
+        (the caller's stream waits for it; the caller's thread waits only for the worker to have
+        queued it). Each call makes a new tensor; the host copy stays until garbage collected.
 
         Returns:
             Tensor: the original dtype, shape and, for tensors without gaps or overlaps in
@@ -471,10 +443,6 @@ class HostCopy:
         Raises:
             RuntimeError: the copy down or up failed; its cause is chained.
         """
-        if self._ticket is None:
-            inline = _Ticket(threading.Event())
-            if self._lanes.run_if_idle(lambda: self._load(inline)):
-                self._ticket = inline
         self.prefetch()
         ticket = self._ticket
         assert ticket is not None
