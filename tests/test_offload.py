@@ -117,27 +117,6 @@ def test_chunk_copies_queued_for_a_guessed_size(second: str) -> None:
     assert in_use() == before
 
 
-def test_a_dtypes_last_ratio_sizes_the_next_tensors_first_copy(monkeypatch) -> None:
-    """The first chunk of a dtype waits for its header; after it, every chunk's copy -- the
-    next tensor's first one included -- is queued for the dtype's last ratio, header unread."""
-    lanes = offload._lanes(torch.device("cpu"))
-    lanes.drain()
-    lanes.ratios.pop(torch.bfloat16, None)
-    queued_first: list[bool] = []
-    settle = offload.HostCopy._settle
-
-    def spy(self: offload.HostCopy, piece: offload._Piece) -> None:
-        queued_first.append(piece.host is not None)
-        settle(self, piece)
-
-    monkeypatch.setattr(offload.HostCopy, "_settle", spy)
-    for seed in (21, 22):
-        x = sample((1 << 19,), torch.bfloat16, seed=seed)
-        copy = zipccl.offload_tensor(x, chunk_bytes=1 << 20)
-        assert same(copy.load(), x) and copy.host_bytes < copy.nbytes
-    assert queued_first == [False, True]
-
-
 @pytest.mark.parametrize(
     "view",
     [

@@ -82,9 +82,7 @@ class _Lanes:
         self.cuda = device.type == "cuda"
         make = (lambda: torch.cuda.Stream(device)) if self.cuda else (lambda: None)
         self.d2h, self.h2d, self.decode = make(), make(), make()
-        self.heads = make()  # compressed chunks' header copies, apart from the caller's stream
         self.pool = HostPool(pinned=self.cuda)
-        self.ratios: dict[torch.dtype, float] = {}  # the worker's: each dtype's last chunk ratio
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._slots: list[torch.Tensor | None] = [None] * STAGING_SLOTS
         self._slot_free: list[torch.cuda.Event | None] = [None] * STAGING_SLOTS
@@ -218,7 +216,7 @@ class _Piece:
     source: torch.Tensor | None
     ready: torch.cuda.Event | None  # on the caller's stream, after ``source`` is written
     header: torch.Tensor | None = None
-    sized: torch.cuda.Event | None = None  # on the header stream, after the header's copy
+    sized: torch.cuda.Event | None = None  # on the caller's stream, after the header's copy
     host: HostRange | None = None
     head: Header | None = None
 
@@ -292,10 +290,8 @@ class HostCopy:
     def _compress(
         self, flat: torch.Tensor, chunk_bytes: int, feed: queue.SimpleQueue[_Piece | None]
     ) -> None:
-        """Queue each chunk's compression on the caller's stream and the copy of its header on
-        the header stream (a copy that may wait for the copy engine behind earlier chunks' copies
-        down, which must not hold up the caller's stream), handing each chunk to the worker as
-        soon as it is queued."""
+        """Queue each chunk's compression and the copy of its header on the caller's stream,
+        handing each chunk to the worker as soon as it is queued."""
         lanes, step = self._lanes, _chunk_elements(flat, chunk_bytes)
         for start in range(0, flat.numel(), step):
             chunk = flat[start : start + step]
@@ -307,11 +303,8 @@ class HostCopy:
             compress_into(chunk, out)
             ready = lanes.mark(lanes.current())
             header = torch.empty(HEADER_BYTES, dtype=torch.uint8, pin_memory=lanes.cuda)
-            with lanes.on(lanes.heads):
-                _wait(lanes.heads, ready)
-                header.copy_(out[:HEADER_BYTES], non_blocking=True)
-                _used_on(out, lanes.heads)
-            sized = lanes.mark(lanes.heads)
+            header.copy_(out[:HEADER_BYTES], non_blocking=True)
+            sized = lanes.mark(lanes.current())
             piece = _Piece(start, start + chunk.numel(), out, ready, header, sized)
             self._pieces.append(piece)
             feed.put(piece)
@@ -326,13 +319,11 @@ class HostCopy:
         caller's thread queues them. ``_stored`` is recorded after whatever was queued, also
         when a chunk fails, so that the host memory of the chunks before it is not reused under
         their copies."""
-        lanes, guessed = self._lanes, []
+        lanes, ratio = self._lanes, None
         try:
             for piece in pieces:
-                if self._queue_piece(piece):
-                    guessed.append(piece)
-            for piece in guessed:
-                self._settle(piece)
+                ratio = self._store_piece(piece, ratio)
+                piece.source = None
         except BaseException as exc:  # raised to the caller by wait() and load()
             self._error = exc
         finally:
@@ -343,33 +334,24 @@ class HostCopy:
                 piece.source = piece.header = None
             self._stored_issued.set()
 
-    def _queue_piece(self, piece: _Piece) -> bool:
-        """Queue one chunk's copy down; True where it was queued for a guessed size, to be
-        settled once every chunk's copy is queued.
+    def _store_piece(self, piece: _Piece, ratio: float | None) -> float:
+        """Queue one chunk's copy down; returns its compressed size over its capacity.
 
         A compressed chunk's size is in its header, which reaches the host by a copy that may
-        queue behind earlier chunks' copies on the copy engine; waiting for it before queuing
-        the next chunk would leave the link idle while the worker reacts. So once a chunk of
-        this dtype has told its ratio (``_Lanes.ratios``: chunks compress alike, from one
-        tensor to the next of a training step too), each copy is queued at once for that ratio
-        plus ``GUESS_MARGIN``, and the headers are read after the last one (:meth:`_settle`)."""
-        source = piece.source
+        queue behind the previous chunk's copy on the copy engine; waiting for it before
+        queuing this chunk would leave the link idle while the worker reacts. So once a chunk
+        of the tensor has told its ratio (``ratio``), the next one's copy is queued at once for
+        that ratio plus ``GUESS_MARGIN``; the header then shows whether it covered the chunk
+        (the unused tail of its host memory is given back after the copy) or not (the chunk is
+        copied again, whole: rare, as chunks of one tensor compress alike)."""
+        lanes, source = self._lanes, piece.source
         assert source is not None
         if piece.header is None:  # raw: its own size
             piece.host = self._copy_down(piece, source.numel())
-            return False
-        ratio = self._lanes.ratios.get(self.dtype)
-        if ratio is None:  # the first chunk of its dtype: its exact size
-            self._settle(piece)
-            return False
-        piece.host = self._copy_down(piece, _guess(ratio, source.numel()))
-        return True
-
-    def _settle(self, piece: _Piece) -> None:
-        """Read the chunk's header; where no copy is queued or the queued one falls short
-        (rare), copy the chunk whole, else give the copy's unused tail back after it."""
-        lanes, source, host = self._lanes, piece.source, piece.host
-        assert source is not None and piece.header is not None
+            return 1.0
+        cap = source.numel()
+        guess = None if ratio is None else _guess(ratio, cap)
+        host = None if guess is None else self._copy_down(piece, guess)
         if piece.sized is not None:
             piece.sized.synchronize()  # the GIL is released while it waits
         piece.head = Header.unpack(bytes(piece.header.numpy()))
@@ -381,7 +363,7 @@ class HostCopy:
         else:
             host = lanes.pool.trim(host, nbytes, lanes.marks(lanes.d2h))
         piece.host = host
-        lanes.ratios[self.dtype] = nbytes / source.numel()
+        return nbytes / cap
 
     def _copy_down(self, piece: _Piece, nbytes: int) -> HostRange:
         """Queue the copy of the first ``nbytes`` of the chunk into new host memory."""
@@ -515,12 +497,12 @@ class HostCopy:
                 self._lanes.pool.free(piece.host, after)
 
 
-GUESS_MARGIN = 1 / 64  # a chunk's copy is queued for its dtype's last chunk ratio plus this
+GUESS_MARGIN = 1 / 64  # a chunk's copy is queued for the previous chunk's ratio plus this
 
 
 def _guess(ratio: float, cap: int) -> int:
     """Bytes to copy of a chunk of ``cap`` bytes at most, expected to compress like one of
-    ``ratio`` (see HostCopy._queue_piece)."""
+    ``ratio`` (see HostCopy._store_piece)."""
     return min(cap, int(ratio * (1 + GUESS_MARGIN) * cap) + HEADER_BYTES)
 
 
