@@ -74,35 +74,53 @@ __device__ inline uint32_t enc_round_fast(const EncIn<BF16>& x, const int cnt[kG
   return total;
 }
 
-// One round of the generic path: planes out, codewords ORed into the (zeroed) stage.
+// The generic path's per-symbol words (s_enc), from the encoder word `code`: x has prefix bits 0,
+// 1, 2 at bits 0, 8, 16 (element k's x shifted left by k lands them in the three plane bytes, as
+// spread_word's); y has the payload left-aligned (its top `width` bits) and the width in bits 0..4,
+// so that one funnel shift by y itself appends the codeword to an accumulator:
+// funnelshift_l(y, acc, y) = (acc << w) | (y >> (32 - w)), and acc for w = 0 (y = 0). golden's
+// tables have widths <= 8 (codebook.MAX_WIDTH), so the payload bits never reach bit 4.
+__device__ inline uint2 enc_words(int32_t code) {
+  const uint32_t c = static_cast<uint32_t>(code);
+  const uint32_t p = (c >> kEncPrefixShift) & 7u, w = (c >> kEncWidthShift) & 15u;
+  const uint32_t x = (p & 1u) | ((p >> 1) & 1u) << 8 | ((p >> 2) & 1u) << 16;
+  return make_uint2(x, w ? (c & 0xffu) << (32u - w) | w : 0u);
+}
+
+// One round of the generic path: planes out, codewords ORed into the (zeroed) stage. One lookup
+// per element gives its plane bits (added in at bit k) and its codeword (funnel-shifted onto the
+// half group's accumulator: 4 codewords of <= 8 bits fit 32 bits), so the codewords are held in
+// registers from the one pass to the emit after the warp's scan.
 template <class F, bool FULL>
 __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
                                      const long long e0[kGroups], uint8_t* out, const Layout& L,
-                                     const uint32_t* s_code, uint32_t bits, uint32_t* stage) {
+                                     const uint2* s_enc, uint32_t bits, uint32_t* stage) {
   using T = typename F::T;
   uint32_t nbits[kGroups], pos[kGroups];
+  unsigned long long acc[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    uint32_t pbits[3] = {0u, 0u, 0u}, tbits[F::RAWb > 0 ? F::RAWb : 1] = {0u};
+    uint32_t planes = 0u, tbits[F::RAWb > 0 ? F::RAWb : 1] = {0u}, half[2] = {0u, 0u};
+    uint32_t n[2] = {0u, 0u};
     unsigned long long rbytes[F::RAWB > 0 ? F::RAWB : 1] = {0ull};
-    nbits[g] = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       if (FULL || k < cnt[g]) {
         const uint32_t v = elem<T>(x.w[g], k);
         const uint32_t r = F::raw(v);
-        const uint32_t code = s_code[F::sym(v)];
-        const uint32_t p = (code >> kEncPrefixShift) & 7u;
-#pragma unroll
-        for (int j = 0; j < 3; ++j) pbits[j] |= ((p >> j) & 1u) << k;
+        const uint2 c = s_enc[F::sym(v)];
+        planes += c.x << k;
+        half[k >> 2] = __funnelshift_l(c.y, half[k >> 2], c.y);
+        n[k >> 2] += c.y & 31u;
 #pragma unroll
         for (int j = 0; j < F::RAWB; ++j)
           rbytes[j] |= static_cast<unsigned long long>((r >> (8 * j)) & 0xffu) << (8 * k);
 #pragma unroll
         for (int j = 0; j < F::RAWb; ++j) tbits[j] |= ((r >> (8 * F::RAWB + j)) & 1u) << k;
-        nbits[g] += code >> kEncWidthShift;
       }
     }
+    acc[g] = static_cast<unsigned long long>(half[0]) << n[1] | half[1];  // n[1] <= 32
+    nbits[g] = n[0] + n[1];
     if (cnt[g]) {
       const long long e = e0[g];
 #pragma unroll
@@ -110,31 +128,20 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
 #pragma unroll
       for (int j = 0; j < F::RAWb; ++j) out[L.raw_bit_at[j] + e / 8] = tbits[j];
 #pragma unroll
-      for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e / 8] = pbits[j];
+      for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e / 8] = static_cast<uint8_t>(planes >> (8 * j));
     }
   }
   const uint32_t total = round_positions(nbits, pos);
 #pragma unroll
-  for (int g = 0; g < kGroups; ++g) {  // second pass: the codewords, MSB first
-    unsigned long long acc = 0;
-    uint32_t n = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      if (FULL || k < cnt[g]) {
-        const uint32_t code = s_code[F::sym(elem<T>(x.w[g], k))], w = code >> kEncWidthShift;
-        acc = (acc << w) | (code & 0xffu);
-        n += w;
-      }
-    }
-    emit_bits(stage, bits + pos[g], acc, n);
-  }
+  for (int g = 0; g < kGroups; ++g) emit_bits(stage, bits + pos[g], acc[g], nbits[g]);
   return total;
 }
 
 template <class F, bool Z, bool FULL, class S>
 __device__ inline uint32_t enc_round_at(const typename F::T* in, uint8_t* out, const Layout& L,
                                         long long start, int r, const uint32_t* s_lut,
-                                        uint32_t bits, uint32_t* stage, S& sum) {
+                                        const uint2* s_enc, uint32_t bits, uint32_t* stage,
+                                        S& sum) {
   EncIn<F> x;
   int cnt[kGroups];
   long long e0[kGroups];
@@ -145,7 +152,7 @@ __device__ inline uint32_t enc_round_at(const typename F::T* in, uint8_t* out, c
   if constexpr (Z)
     return enc_round_fast<FULL>(x, cnt, e0, out, L, s_lut, bits, reinterpret_cast<uint8_t*>(stage));
   else
-    return enc_round<F, FULL>(x, cnt, e0, out, L, s_lut, bits, stage);
+    return enc_round<F, FULL>(x, cnt, e0, out, L, s_enc, bits, stage);
 }
 
 // `work` (zipccl_work_bytes): [0, 8) the payload size, [8, 24) the values checksum's sums (a
@@ -207,7 +214,8 @@ template <class F, bool Z, bool CK>
 __global__ void __launch_bounds__(32 * kMaxWarps, Z ? 4 : 0)
 encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
               const int32_t* __restrict__ tab, Work work, uint8_t* __restrict__ head_to_hash) {
-  __shared__ uint32_t s_lut[256];  // Z: spread words; else the encoder words
+  __shared__ uint32_t s_lut[256];  // Z: spread words; the hashing CTA's message
+  __shared__ uint2 s_enc[Z ? 1 : 256];  // else enc_words
   extern __shared__ uint4 s_stage[];
   static_assert(16 * kShaBlocks <= 256, "the hashing CTA's message fits in s_lut");
   const int hashing = head_to_hash != nullptr;  // a default table comes unhashed
@@ -226,7 +234,10 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
   __shared__ uint32_t s_half_bits[kMaxWarps];  // split: each half's payload bits
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;
   uint32_t* block_stage = stage - half * words;  // the block's payload: its first warp's stage
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) s_lut[i] = Z ? spread_word(tab[i]) : tab[i];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    if constexpr (Z) s_lut[i] = spread_word(tab[i]);
+    else s_enc[i] = enc_words(tab[i]);
+  }
   __syncthreads();
   Summer<CK> sum;
   const long long units = static_cast<long long>(gridDim.x - hashing) * (blockDim.x >> 5) / split;
@@ -239,9 +250,9 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
     uint32_t bits = 0;
     for (int r = r0; r < r0 + per; ++r) {
       if (full_round(L, start, r))
-        bits += enc_round_at<F, Z, true>(in, out, L, start, r, s_lut, bits, stage, sum);
+        bits += enc_round_at<F, Z, true>(in, out, L, start, r, s_lut, s_enc, bits, stage, sum);
       else
-        bits += enc_round_at<F, Z, false>(in, out, L, start, r, s_lut, bits, stage, sum);
+        bits += enc_round_at<F, Z, false>(in, out, L, start, r, s_lut, s_enc, bits, stage, sum);
     }
     __syncwarp();
     if (split == 2) {  // the second half's bytes after the first's, in the first's stage
