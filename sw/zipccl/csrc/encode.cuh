@@ -12,13 +12,17 @@ struct EncIn {
   uint32_t w[kGroups][2 * sizeof(typename F::T)];
 };
 
-template <class F, bool FULL>
+// VEC (FULL rounds of an input that is vec8_aligned): vector loads only, no byte-load fallback.
+template <class F, bool FULL, bool VEC>
 __device__ inline void enc_load(const typename F::T* in, const Layout& L, long long start, int r,
                                 EncIn<F>& x, int cnt[kGroups], long long e0[kGroups]) {
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     cnt[g] = group_count<FULL>(L, start, r, g, e0[g]);
-    load_packed(in + (cnt[g] ? e0[g] : 0), cnt[g], x.w[g]);
+    if constexpr (VEC)
+      load_vec8(in + e0[g], x.w[g]);
+    else
+      load_packed(in + (cnt[g] ? e0[g] : 0), cnt[g], x.w[g]);
   }
 }
 
@@ -122,13 +126,15 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
     acc[g] = static_cast<unsigned long long>(half[0]) << n[1] | half[1];  // n[1] <= 32
     nbits[g] = n[0] + n[1];
     if (cnt[g]) {
-      const long long e = e0[g];
+      // A plane byte's index: e0[g] / 8, which in a whole round is group 0's plus 32 g (e0[g] =
+      // e0[0] + 256 g, all >= 0), so that the stores share one address per plane.
+      const long long e = e0[g], e8 = FULL ? (e0[0] >> 3) + 32 * g : e / 8;
 #pragma unroll
       for (int j = 0; j < F::RAWB; ++j) store_bytes(out + L.raw_byte_at[j] + e, cnt[g], rbytes[j]);
 #pragma unroll
-      for (int j = 0; j < F::RAWb; ++j) out[L.raw_bit_at[j] + e / 8] = tbits[j];
+      for (int j = 0; j < F::RAWb; ++j) out[L.raw_bit_at[j] + e8] = tbits[j];
 #pragma unroll
-      for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e / 8] = static_cast<uint8_t>(planes >> (8 * j));
+      for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e8] = static_cast<uint8_t>(planes >> (8 * j));
     }
   }
   const uint32_t total = round_positions(nbits, pos);
@@ -137,7 +143,7 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
   return total;
 }
 
-template <class F, bool Z, bool FULL, class S>
+template <class F, bool Z, bool FULL, bool VEC, class S>
 __device__ inline uint32_t enc_round_at(const typename F::T* in, uint8_t* out, const Layout& L,
                                         long long start, int r, const uint32_t* s_lut,
                                         const uint2* s_enc, uint32_t bits, uint32_t* stage,
@@ -145,7 +151,7 @@ __device__ inline uint32_t enc_round_at(const typename F::T* in, uint8_t* out, c
   EncIn<F> x;
   int cnt[kGroups];
   long long e0[kGroups];
-  enc_load<F, FULL>(in, L, start, r, x, cnt, e0);
+  enc_load<F, FULL, VEC>(in, L, start, r, x, cnt, e0);
 #pragma unroll
   for (int g = 0; g < kGroups; ++g)
     if (cnt[g]) sum.template group<typename F::T>(e0[g], cnt[g], x.w[g]);
@@ -240,6 +246,7 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
   }
   __syncthreads();
   Summer<CK> sum;
+  const bool vec = vec8_aligned(in);  // then so is every group (e0 is a multiple of 8)
   const long long units = static_cast<long long>(gridDim.x - hashing) * (blockDim.x >> 5) / split;
   for (long long b = first; b < L.nb; b += units) {
     if constexpr (!Z) {
@@ -249,10 +256,13 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
     const long long start = b * L.block;
     uint32_t bits = 0;
     for (int r = r0; r < r0 + per; ++r) {
-      if (full_round(L, start, r))
-        bits += enc_round_at<F, Z, true>(in, out, L, start, r, s_lut, s_enc, bits, stage, sum);
+      // Whole rounds: by vector loads only where the input is aligned for them (an unaligned
+      // input's rounds take the general code; BF16's fast path keeps its loads' fallback).
+      if (full_round(L, start, r) && (Z || vec))
+        bits += enc_round_at<F, Z, true, !Z>(in, out, L, start, r, s_lut, s_enc, bits, stage, sum);
       else
-        bits += enc_round_at<F, Z, false>(in, out, L, start, r, s_lut, s_enc, bits, stage, sum);
+        bits += enc_round_at<F, Z, false, false>(in, out, L, start, r, s_lut, s_enc, bits, stage,
+                                                 sum);
     }
     __syncwarp();
     if (split == 2) {  // the second half's bytes after the first's, in the first's stage

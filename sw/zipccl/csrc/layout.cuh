@@ -189,21 +189,33 @@ __device__ inline unsigned long long load_bytes(const uint8_t* p, int cnt) {
   return w;
 }
 
+// The alignment of 8 elements that load_vec8 needs.
+template <typename T>
+__device__ inline bool vec8_aligned(const T* p) {
+  return aligned(p, sizeof(T) == 1 ? 8 : 16);
+}
+
+// 8 elements at `p` (vec8_aligned) in 2*sizeof(T) little-endian words, by vector loads.
+template <typename T>
+__device__ inline void load_vec8(const T* p, uint32_t w[2 * sizeof(T)]) {
+  if constexpr (sizeof(T) == 1) {
+    const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
+    w[0] = v.x, w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < sizeof(T) / 2; ++i) {
+      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + i);
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  }
+}
+
 // 8 elements packed in 2*sizeof(T) little-endian words (fewer registers for prefetching).
 template <typename T>
 __device__ inline void load_packed(const T* p, int cnt, uint32_t w[2 * sizeof(T)]) {
   constexpr int kWords = 2 * sizeof(T), kPer = 4 / sizeof(T);
-  if (cnt == 8 && aligned(p, sizeof(T) == 1 ? 8 : 16)) {
-    if constexpr (sizeof(T) == 1) {
-      const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
-      w[0] = v.x, w[1] = v.y;
-    } else {
-#pragma unroll
-      for (int i = 0; i < kWords / 4; ++i) {
-        const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + i);
-        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-      }
-    }
+  if (cnt == 8 && vec8_aligned(p)) {
+    load_vec8(p, w);
     return;
   }
 #pragma unroll
