@@ -511,11 +511,12 @@ __device__ inline void stage_payload_wide(uint32_t* stage, const uint8_t* src, u
 // container's own payload section, or a separate buffer. Whole rounds of an aligned block
 // (round_aligned) take dec_round_z or dec_round_byte_z, the rest the general code. The byte-coded
 // and BF16 fast-path decoders are held to 64 registers, with no spills: four CTAs per SM instead
-// of two or three, which the latency-bound decoders need (the generic kernels need more
-// registers). CK: the decoded values' checksum is summed on the way and checked against the
+// of two or three, which the latency-bound decoders need. The generic kernels are held to 128
+// (two CTAs per SM: FP16's and FP32's took 136-149 registers, one CTA of 8 warps per SM; at 128
+// the kernels without the checksum spill nothing). CK: the decoded values' checksum is summed on the way and checked against the
 // header's at buf + kChecksumAt (verify_sum; `acc` its zeroed accumulator).
 template <class F, bool Z, bool CK>
-__global__ void __launch_bounds__(32 * kMaxWarps, (F::BYTE_CODED || Z) ? 4 : 1)
+__global__ void __launch_bounds__(32 * kMaxWarps, (F::BYTE_CODED || Z) ? 4 : 2)
 decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
               typename F::T* __restrict__ out, const Layout L, const int32_t* __restrict__ tab,
               const Report report, SumAcc* __restrict__ acc) {
