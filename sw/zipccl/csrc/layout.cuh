@@ -151,21 +151,27 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
   asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
+// 8 elements v[k] (each below 2^(8 sizeof(T))) to `p` (8- or 16-byte aligned) by vector stores.
+template <typename T>
+__device__ inline void store_vec8(T* p, const uint32_t v[8]) {
+  if constexpr (sizeof(T) == 1) {
+    uint2 w = {0, 0};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w.x |= v[k] << (8 * k), w.y |= v[k + 4] << (8 * k);
+    *reinterpret_cast<uint2*>(p) = w;
+  } else if constexpr (sizeof(T) == 2) {
+    uint4 w = {v[0] | v[1] << 16, v[2] | v[3] << 16, v[4] | v[5] << 16, v[6] | v[7] << 16};
+    *reinterpret_cast<uint4*>(p) = w;
+  } else {
+    reinterpret_cast<uint4*>(p)[0] = make_uint4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<uint4*>(p)[1] = make_uint4(v[4], v[5], v[6], v[7]);
+  }
+}
+
 template <typename T>
 __device__ inline void store8(T* p, int cnt, const uint32_t v[8]) {
   if (cnt == 8 && aligned(p, sizeof(T) == 1 ? 8 : 16)) {
-    if constexpr (sizeof(T) == 1) {
-      uint2 w = {0, 0};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) w.x |= v[k] << (8 * k), w.y |= v[k + 4] << (8 * k);
-      *reinterpret_cast<uint2*>(p) = w;
-    } else if constexpr (sizeof(T) == 2) {
-      uint4 w = {v[0] | v[1] << 16, v[2] | v[3] << 16, v[4] | v[5] << 16, v[6] | v[7] << 16};
-      *reinterpret_cast<uint4*>(p) = w;
-    } else {
-      reinterpret_cast<uint4*>(p)[0] = make_uint4(v[0], v[1], v[2], v[3]);
-      reinterpret_cast<uint4*>(p)[1] = make_uint4(v[4], v[5], v[6], v[7]);
-    }
+    store_vec8(p, v);
     return;
   }
 #pragma unroll

@@ -72,13 +72,6 @@ __device__ inline void emit_bits(uint32_t* stage, uint32_t pos, unsigned long lo
   if (w2) atomicOr(&stage[i + 2], w2);
 }
 
-// The `w` (<= 8) bits at stream bit `pos` of a big-endian word stage.
-__device__ inline uint32_t read_bits(const uint32_t* stage, uint32_t pos, uint32_t w) {
-  const uint32_t i = pos >> 5;
-  const uint32_t top = __funnelshift_l(stage[i + 1], stage[i], pos & 31u);
-  return w ? top >> (32u - w) : 0u;
-}
-
 // Elements of group g of this lane in round r of a block starting at `start`: count (0..8) and the
 // first element's index. FULL: the caller knows the whole round is inside the block and tensor.
 template <bool FULL>
