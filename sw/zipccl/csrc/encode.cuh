@@ -105,7 +105,7 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     uint32_t planes = 0u, tbits[F::RAWb > 0 ? F::RAWb : 1] = {0u}, half[2] = {0u, 0u};
-    uint32_t n[2] = {0u, 0u};
+    uint32_t ysum[2] = {0u, 0u};  // the half's y words summed: bits 0..5 are its widths' sum
     unsigned long long rbytes[F::RAWB > 0 ? F::RAWB : 1] = {0ull};
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
@@ -115,7 +115,7 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
         const uint2 c = s_enc[F::sym(v)];
         planes += c.x << k;
         half[k >> 2] = __funnelshift_l(c.y, half[k >> 2], c.y);
-        n[k >> 2] += c.y & 31u;
+        ysum[k >> 2] += c.y;
 #pragma unroll
         for (int j = 0; j < F::RAWB; ++j)
           rbytes[j] |= static_cast<unsigned long long>((r >> (8 * j)) & 0xffu) << (8 * k);
@@ -123,8 +123,10 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
         for (int j = 0; j < F::RAWb; ++j) tbits[j] |= ((r >> (8 * F::RAWB + j)) & 1u) << k;
       }
     }
-    acc[g] = static_cast<unsigned long long>(half[0]) << n[1] | half[1];  // n[1] <= 32
-    nbits[g] = n[0] + n[1];
+    // A y word's bits 5..23 are zero, so 4 widths (<= 32) sum in bits 0..5 with no carry out.
+    const uint32_t n0 = ysum[0] & 63u, n1 = ysum[1] & 63u;
+    acc[g] = static_cast<unsigned long long>(half[0]) << n1 | half[1];  // n1 <= 32
+    nbits[g] = n0 + n1;
     if (cnt[g]) {
       // A plane byte's index: e0[g] / 8, which in a whole round is group 0's plus 32 g (e0[g] =
       // e0[0] + 256 g, all >= 0), so that the stores share one address per plane.
