@@ -203,6 +203,17 @@ __device__ inline void prefetch_block(const typename F::T* in, const Layout& L, 
   for (long long at = 128 * (threadIdx.x & 31); at < bytes; at += 32 * 128) prefetch_l1(p + at);
 }
 
+// A hint: the kRound elements from element e on (the round this warp codes next) into the SM's
+// L1, a 128-byte line a lane, so that the round's loads find them there instead of waiting on
+// memory after the round before. Lines past the tensor's end are left out.
+template <class F>
+__device__ inline void prefetch_round(const typename F::T* in, const Layout& L, long long e) {
+  constexpr int kPer = 128 / sizeof(typename F::T), kLines = kRound / kPer;  // 8 to 32 lines
+  const int lane = threadIdx.x & 31;
+  const long long at = e + static_cast<long long>(lane) * kPer;
+  if (lane < kLines && at < L.n) prefetch_l1(in + at);
+}
+
 // Two warps' halves of a block (block_split): the second warp's payload bytes, `bytes` of them at
 // the start of its own stage, moved to follow the first warp's `at` bytes in the first's stage
 // (both hold stream bytes in big-endian words: byte i at i ^ 3).
@@ -257,7 +268,10 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
     }
     const long long start = b * L.block;
     uint32_t bits = 0;
+    const long long after = (b + units) * L.block + r0 * kRound;  // the warp's next block's
     for (int r = r0; r < r0 + per; ++r) {
+      if constexpr (!Z)  // the next round: this block's, else the first of the warp's next block
+        prefetch_round<F>(in, L, r + 1 < r0 + per ? start + (r + 1) * kRound : after);
       // Whole rounds: by vector loads only where the input is aligned for them (an unaligned
       // input's rounds take the general code; BF16's fast path keeps its loads' fallback).
       if (full_round(L, start, r) && (Z || vec))
