@@ -78,6 +78,32 @@ __device__ inline uint32_t enc_round_fast(const EncIn<BF16>& x, const int cnt[kG
   return total;
 }
 
+// A group's raw planes (F::raw's bits of its 8 elements) from its packed words, a plane at a
+// time: raw byte plane j is byte j of the elements (raw bits 8j..8j+7 are element bits where they
+// are below MANT), but for the byte that ends at the sign (MANT = 8j + 7: BF16, FP32's third),
+// whose bit 7 is the sign, bit 7 of the elements' top byte; raw bit plane j is element bit
+// 8 RAWB + j, or the sign where that is MANT (FP16's third). Elements past a partial group's
+// count are zero in the words (load_packed), so their raw bits are zero, as F::raw(0)'s.
+template <class F>
+__device__ __forceinline__ void raw_planes(const uint32_t* w, unsigned long long rbytes[],
+                                           uint32_t tbits[]) {
+  using T = typename F::T;
+  constexpr int kMant = F::RAW - 1, kTop = F::BITS / 8 - 1;
+#pragma unroll
+  for (int j = 0; j < F::RAWB; ++j) {
+    static_assert(F::RAWB == 0 || kMant - 8 * (F::RAWB - 1) >= 7, "a raw byte holds whole bits");
+    rbytes[j] = byte_plane<T>(w, j);
+    if (kMant - 8 * j == 7)
+      rbytes[j] = (rbytes[j] & 0x7f7f7f7f7f7f7f7full) | (byte_plane<T>(w, kTop) & 0x8080808080808080ull);
+  }
+#pragma unroll
+  for (int j = 0; j < F::RAWb; ++j) {
+    static_assert(F::RAWb == 0 || sizeof(T) == 2, "raw bit planes: 16-bit formats");
+    const int bit = 8 * F::RAWB + j;
+    if constexpr (sizeof(T) == 2) tbits[j] = bit_plane16(w, bit < kMant ? bit : F::BITS - 1);
+  }
+}
+
 // The generic path's per-symbol words (s_enc), from the encoder word `code`: x has prefix bits 0,
 // 1, 2 at bits 0, 8, 16 (element k's x shifted left by k lands them in the three plane bytes, as
 // spread_word's); y has the payload left-aligned (its top `width` bits) and the width in bits 0..4,
@@ -104,25 +130,20 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
   unsigned long long acc[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    uint32_t planes = 0u, tbits[F::RAWb > 0 ? F::RAWb : 1] = {0u}, half[2] = {0u, 0u};
+    uint32_t planes = 0u, half[2] = {0u, 0u};
     uint32_t ysum[2] = {0u, 0u};  // the half's y words summed: bits 0..5 are its widths' sum
-    unsigned long long rbytes[F::RAWB > 0 ? F::RAWB : 1] = {0ull};
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       if (FULL || k < cnt[g]) {
-        const uint32_t v = elem<T>(x.w[g], k);
-        const uint32_t r = F::raw(v);
-        const uint2 c = s_enc[F::sym(v)];
+        const uint2 c = s_enc[F::sym(elem<T>(x.w[g], k))];
         planes += c.x << k;
         half[k >> 2] = __funnelshift_l(c.y, half[k >> 2], c.y);
         ysum[k >> 2] += c.y;
-#pragma unroll
-        for (int j = 0; j < F::RAWB; ++j)
-          rbytes[j] |= static_cast<unsigned long long>((r >> (8 * j)) & 0xffu) << (8 * k);
-#pragma unroll
-        for (int j = 0; j < F::RAWb; ++j) tbits[j] |= ((r >> (8 * F::RAWB + j)) & 1u) << k;
       }
     }
+    unsigned long long rbytes[F::RAWB > 0 ? F::RAWB : 1];
+    uint32_t tbits[F::RAWb > 0 ? F::RAWb : 1];
+    raw_planes<F>(x.w[g], rbytes, tbits);
     // A y word's bits 5..23 are zero, so 4 widths (<= 32) sum in bits 0..5 with no carry out.
     const uint32_t n0 = ysum[0] & 63u, n1 = ysum[1] & 63u;
     acc[g] = static_cast<unsigned long long>(half[0]) << n1 | half[1];  // n1 <= 32
@@ -226,11 +247,13 @@ __device__ inline void append_stage(uint8_t* dst, uint32_t at, const uint8_t* sr
 // slot, its byte count into `counts` and the tile's sum. `head_to_hash`: a header stage whose table
 // hash is still to be written (a default table's, see theory_kernel and staircase_kernel); CTA 0
 // then computes it and the stage's CRC-32 (seal_stage) while the other CTAs encode. CK: the values
-// checksum is summed into `work.sum` on the way. The BF16 fast path is held to 64 registers (four
-// CTAs an SM, as before the hashing CTA's code joined it); the others keep the compiler's own
-// choice (asking for at least one CTA an SM is not the same: it made FP8's encoder 6 % slower).
+// checksum is summed into `work.sum` on the way. The BF16 fast path and the 16-bit formats are held
+// to 64 registers (four CTAs an SM), FP32 to 80 (three), where they spill nothing; FP8 keeps the
+// compiler's own choice, below 64 (asking for at least one CTA an SM is not the same: it made
+// FP8's encoder 6 % slower).
 template <class F, bool Z, bool CK>
-__global__ void __launch_bounds__(32 * kMaxWarps, Z ? 4 : 0)
+__global__ void __launch_bounds__(32 * kMaxWarps, Z ? 4 : sizeof(typename F::T) == 2 ? 4
+                                                  : sizeof(typename F::T) == 4 ? 3 : 0)
 encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
               const int32_t* __restrict__ tab, Work work, uint8_t* __restrict__ head_to_hash) {
   __shared__ uint32_t s_lut[256];  // Z: spread words; the hashing CTA's message

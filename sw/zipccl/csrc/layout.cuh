@@ -241,4 +241,30 @@ __device__ inline uint32_t elem(const uint32_t w[2 * sizeof(T)], int k) {
   }
 }
 
+// Byte j of each of a group's 8 elements (packed as load_packed leaves them), element k's at
+// byte k: byte permutes, 1 to 3 for 4 elements.
+template <typename T>
+__device__ __forceinline__ unsigned long long byte_plane(const uint32_t w[2 * sizeof(T)], int j) {
+  if constexpr (sizeof(T) == 1) {
+    return w[0] | static_cast<unsigned long long>(w[1]) << 32;  // (j is 0)
+  } else if constexpr (sizeof(T) == 2) {  // word i: elements 2i (bytes 0, 1), 2i + 1 (bytes 2, 3)
+    const uint32_t sel = j | (2 + j) << 4 | (4 + j) << 8 | (6 + j) << 12;
+    return __byte_perm(w[0], w[1], sel) | static_cast<unsigned long long>(__byte_perm(w[2], w[3], sel)) << 32;
+  } else {  // word k: element k
+    const uint32_t sel = j | (4 + j) << 4;
+    const uint32_t lo = __byte_perm(__byte_perm(w[0], w[1], sel), __byte_perm(w[2], w[3], sel), 0x5410);
+    const uint32_t hi = __byte_perm(__byte_perm(w[4], w[5], sel), __byte_perm(w[6], w[7], sel), 0x5410);
+    return lo | static_cast<unsigned long long>(hi) << 32;
+  }
+}
+
+// Bit s of each of a group's 8 16-bit elements (packed two a word), element k's at bit k: word i's
+// two bits land at bits 2i and 16 + 2i, and the high ones shift down by 15 to 2i + 1.
+__device__ __forceinline__ uint32_t bit_plane16(const uint32_t w[4], int s) {
+  uint32_t x = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) x |= ((w[i] >> s) & 0x00010001u) << (2 * i);
+  return (x | x >> 15) & 0xffu;
+}
+
 }  // namespace
