@@ -31,7 +31,7 @@ __device__ inline DecRaw<F> dec_raw(const uint8_t* buf, const Layout& L, long lo
   return x;
 }
 
-// Element k's raw bits (F::raw's) from its group's raw planes.
+// Element k's raw bits (F::RAW: what F::join takes) from its group's raw planes.
 template <class F>
 __device__ __forceinline__ uint32_t raw_of(const DecRaw<F>& x, int k) {
   uint32_t raw = 0;

@@ -78,12 +78,12 @@ __device__ inline uint32_t enc_round_fast(const EncIn<BF16>& x, const int cnt[kG
   return total;
 }
 
-// A group's raw planes (F::raw's bits of its 8 elements) from its packed words, a plane at a
+// A group's raw planes (its 8 elements' raw bits, F::RAW) from its packed words, a plane at a
 // time: raw byte plane j is byte j of the elements (raw bits 8j..8j+7 are element bits where they
 // are below MANT), but for the byte that ends at the sign (MANT = 8j + 7: BF16, FP32's third),
 // whose bit 7 is the sign, bit 7 of the elements' top byte; raw bit plane j is element bit
 // 8 RAWB + j, or the sign where that is MANT (FP16's third). Elements past a partial group's
-// count are zero in the words (load_packed), so their raw bits are zero, as F::raw(0)'s.
+// count are zero in the words (load_packed), so their raw bits are zero.
 template <class F>
 __device__ __forceinline__ void raw_planes(const uint32_t* w, unsigned long long rbytes[],
                                            uint32_t tbits[]) {
@@ -93,8 +93,10 @@ __device__ __forceinline__ void raw_planes(const uint32_t* w, unsigned long long
   for (int j = 0; j < F::RAWB; ++j) {
     static_assert(F::RAWB == 0 || kMant - 8 * (F::RAWB - 1) >= 7, "a raw byte holds whole bits");
     rbytes[j] = byte_plane<T>(w, j);
-    if (kMant - 8 * j == 7)
-      rbytes[j] = (rbytes[j] & 0x7f7f7f7f7f7f7f7full) | (byte_plane<T>(w, kTop) & 0x8080808080808080ull);
+    if (kMant - 8 * j == 7) {
+      rbytes[j] = (rbytes[j] & 0x7f7f7f7f7f7f7f7full) |
+                  (byte_plane<T>(w, kTop) & 0x8080808080808080ull);
+    }
   }
 #pragma unroll
   for (int j = 0; j < F::RAWb; ++j) {
@@ -157,7 +159,8 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
 #pragma unroll
       for (int j = 0; j < F::RAWb; ++j) out[L.raw_bit_at[j] + e8] = tbits[j];
 #pragma unroll
-      for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e8] = static_cast<uint8_t>(planes >> (8 * j));
+      for (int j = 0; j < 3; ++j)
+        out[L.prefix_at[j] + e8] = static_cast<uint8_t>(planes >> (8 * j));
     }
   }
   const uint32_t total = round_positions(nbits, pos);

@@ -99,16 +99,13 @@ struct Fmt {
   static constexpr int BITS = BITS_;
   static constexpr bool BYTE_CODED = BYTE;  // the whole element is the symbol (FP8)
   using T = typename Uint<BITS>::T;
-  static constexpr int RAW = BYTE ? 0 : 1 + MANT;
+  static constexpr int RAW = BYTE ? 0 : 1 + MANT;  // raw bits: the mantissa, the sign at bit MANT
   static constexpr int RAWB = RAW / 8;  // raw byte planes
   static constexpr int RAWb = RAW % 8;  // raw bit planes
   static constexpr uint32_t MMASK = (1u << MANT) - 1;
   static constexpr int EXP_BITS = EXPB;
   __device__ static uint32_t sym(uint32_t x) {
     return BYTE ? x : (x >> MANT) & ((1u << EXP_BITS) - 1);
-  }
-  __device__ static uint32_t raw(uint32_t x) {
-    return BYTE ? 0u : ((x >> (BITS - 1)) << MANT) | (x & MMASK);
   }
   __device__ static uint32_t join(uint32_t s, uint32_t r) {
     return BYTE ? s : ((r >> MANT) << (BITS - 1)) | (s << MANT) | (r & MMASK);
@@ -249,11 +246,14 @@ __device__ __forceinline__ unsigned long long byte_plane(const uint32_t w[2 * si
     return w[0] | static_cast<unsigned long long>(w[1]) << 32;  // (j is 0)
   } else if constexpr (sizeof(T) == 2) {  // word i: elements 2i (bytes 0, 1), 2i + 1 (bytes 2, 3)
     const uint32_t sel = j | (2 + j) << 4 | (4 + j) << 8 | (6 + j) << 12;
-    return __byte_perm(w[0], w[1], sel) | static_cast<unsigned long long>(__byte_perm(w[2], w[3], sel)) << 32;
+    const uint32_t lo = __byte_perm(w[0], w[1], sel), hi = __byte_perm(w[2], w[3], sel);
+    return lo | static_cast<unsigned long long>(hi) << 32;
   } else {  // word k: element k
     const uint32_t sel = j | (4 + j) << 4;
-    const uint32_t lo = __byte_perm(__byte_perm(w[0], w[1], sel), __byte_perm(w[2], w[3], sel), 0x5410);
-    const uint32_t hi = __byte_perm(__byte_perm(w[4], w[5], sel), __byte_perm(w[6], w[7], sel), 0x5410);
+    const uint32_t lo =
+        __byte_perm(__byte_perm(w[0], w[1], sel), __byte_perm(w[2], w[3], sel), 0x5410);
+    const uint32_t hi =
+        __byte_perm(__byte_perm(w[4], w[5], sel), __byte_perm(w[6], w[7], sel), 0x5410);
     return lo | static_cast<unsigned long long>(hi) << 32;
   }
 }

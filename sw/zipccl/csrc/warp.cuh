@@ -64,16 +64,17 @@ __device__ inline uint32_t round_positions(const uint32_t nbits[kGroups], uint32
 // returned) at a shared-window address, which leaves the encoder's round fewer instructions than
 // atomicOr does.
 __device__ __forceinline__ void or_shared_nonzero(uint32_t* p, uint32_t w) {
-  asm volatile("{\n\t.reg .pred nz;\n\tsetp.ne.u32 nz, %1, 0;\n\t@nz red.shared.or.b32 [%0], %1;\n\t}"
-               ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))), "r"(w)
-               : "memory");
+  const uint32_t at = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("{\n\t.reg .pred nz;\n\tsetp.ne.u32 nz, %1, 0;\n\t"
+               "@nz red.shared.or.b32 [%0], %1;\n\t}" ::"r"(at), "r"(w) : "memory");
 }
 
 // OR the low `n` (<= 64) bits of `acc`, MSB first, into the big-endian word stage (in shared
 // memory) at bit `pos`
 // (nothing where n is 0). The 64 left-aligned bits hi:lo land in three words: hi >> off, the
 // low half of hi:lo >> off, and lo << (32 - off) (0 for off = 0: the clamped funnel shift).
-__device__ inline void emit_bits(uint32_t* stage, uint32_t pos, unsigned long long acc, uint32_t n) {
+__device__ inline void emit_bits(uint32_t* stage, uint32_t pos, unsigned long long acc,
+                                 uint32_t n) {
   const uint32_t i = pos >> 5, off = pos & 31u;
   const unsigned long long v = n ? acc << (64u - n) : 0ull;  // left-aligned
   const uint32_t hi = static_cast<uint32_t>(v >> 32), lo = static_cast<uint32_t>(v);
