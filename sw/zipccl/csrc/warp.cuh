@@ -70,9 +70,9 @@ __device__ __forceinline__ void or_shared_nonzero(uint32_t* p, uint32_t w) {
 }
 
 // OR the low `n` (<= 64) bits of `acc`, MSB first, into the big-endian word stage (in shared
-// memory) at bit `pos`
-// (nothing where n is 0). The 64 left-aligned bits hi:lo land in three words: hi >> off, the
-// low half of hi:lo >> off, and lo << (32 - off) (0 for off = 0: the clamped funnel shift).
+// memory) at bit `pos` (nothing where n is 0). The 64 left-aligned bits hi:lo land in three
+// words: hi >> off, the low half of hi:lo >> off, and lo << (32 - off) (0 for off = 0: the
+// clamped funnel shift).
 __device__ inline void emit_bits(uint32_t* stage, uint32_t pos, unsigned long long acc,
                                  uint32_t n) {
   const uint32_t i = pos >> 5, off = pos & 31u;
