@@ -324,6 +324,31 @@ __device__ inline uint32_t width_of(uint32_t w_lo, uint32_t w_hi, uint32_t sel, 
   return d & valid_bytes(cnt, hi);
 }
 
+// A 16-bit format's group of 8 elements, whole, as 4 words of 2 (element 2i in the low half): F::join
+// of each symbol with its raw bits, a pair at a time: the raw bytes by one byte permute (BF16's
+// bit 7, its sign, moved to bit 15), the two symbols by another (an entry's byte 3 is 0) shifted
+// to MANT, and each raw bit plane's two bits by one multiply and mask (x = b0 + 2 b1 times
+// 2^t + 2^(t + 15) puts b0 at bit t and b1 at t + 16, its other terms at t + 1 and t + 15).
+template <class F>
+__device__ __forceinline__ void join_pairs16(const uint32_t ent[8], const DecRaw<F>& raw,
+                                             uint32_t w[4]) {
+  constexpr int kMant = F::RAW - 1;
+  const uint32_t rb[2] = {static_cast<uint32_t>(raw.rb[0]), static_cast<uint32_t>(raw.rb[0] >> 32)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t b = __byte_perm(rb[i >> 1], 0u, (i & 1) ? 0x4342 : 0x4140);
+    uint32_t v = kMant >= 8 ? b : (b & 0x007f007fu) | (b & 0x00800080u) << 8;
+    v |= __byte_perm(ent[2 * i], ent[2 * i + 1], 0x3430) << kMant;
+#pragma unroll
+    for (int j = 0; j < F::RAWb; ++j) {
+      const int bit = 8 * F::RAWB + j, t = bit < kMant ? bit : 15;
+      const uint32_t x = (raw.tb >> (8 * j + 2 * i)) & 3u;
+      v |= (x * ((1u << t) + (1u << (t + 15)))) & (1u << t | 1u << (t + 16));
+    }
+    w[i] = v;
+  }
+}
+
 // A group's decoded symbols joined with its raw planes (exponent formats) or packed as bytes
 // (FP8), stored to `o` (cnt elements; VEC: all 8, by vector stores) and summed. ent[k]: element
 // k's symbol table entry.
@@ -337,6 +362,11 @@ __device__ __forceinline__ void dec_put(const uint32_t ent[8], const DecRaw<F>& 
     else
       store_bytes(o, cnt, word[0] | static_cast<unsigned long long>(word[1]) << 32);
     sum.template group<uint8_t>(e0, cnt, word);
+  } else if constexpr (VEC && sizeof(typename F::T) == 2) {
+    uint32_t w[4];
+    join_pairs16<F>(ent, raw, w);
+    *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
+    sum.template group<uint16_t>(e0, 8, w);
   } else {
     uint32_t v[8];
 #pragma unroll
