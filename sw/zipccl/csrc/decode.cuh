@@ -324,19 +324,19 @@ __device__ inline uint32_t width_of(uint32_t w_lo, uint32_t w_hi, uint32_t sel, 
   return d & valid_bytes(cnt, hi);
 }
 
-// A 16-bit format's group of 8 elements, whole, as 4 words of 2 (element 2i in the low half): F::join
-// of each symbol with its raw bits, a pair at a time: the raw bytes by one byte permute (BF16's
-// bit 7, its sign, moved to bit 15), the two symbols by another (an entry's byte 3 is 0) shifted
-// to MANT, and each raw bit plane's two bits by one multiply and mask (x = b0 + 2 b1 times
-// 2^t + 2^(t + 15) puts b0 at bit t and b1 at t + 16, its other terms at t + 1 and t + 15).
+// A 16-bit format's group of 8 elements, whole, as 4 words of 2 (element 2i in the low half):
+// F::join of each symbol with its raw bits, a pair at a time: the raw bytes by one byte permute
+// (BF16's bit 7, its sign, moved to bit 15), the two symbols by another (an entry's byte 3 is 0)
+// shifted to MANT, and each raw bit plane's two bits by one multiply and mask (x = b0 + 2 b1
+// times 2^t + 2^(t + 15) puts b0 at bit t and b1 at t + 16, its other terms at t + 1, t + 15).
 template <class F>
 __device__ __forceinline__ void join_pairs16(const uint32_t ent[8], const DecRaw<F>& raw,
                                              uint32_t w[4]) {
   constexpr int kMant = F::RAW - 1;
-  const uint32_t rb[2] = {static_cast<uint32_t>(raw.rb[0]), static_cast<uint32_t>(raw.rb[0] >> 32)};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const uint32_t b = __byte_perm(rb[i >> 1], 0u, (i & 1) ? 0x4342 : 0x4140);
+    const uint32_t rb = static_cast<uint32_t>(raw.rb[0] >> (32 * (i >> 1)));
+    const uint32_t b = __byte_perm(rb, 0u, (i & 1) ? 0x4342 : 0x4140);
     uint32_t v = kMant >= 8 ? b : (b & 0x007f007fu) | (b & 0x00800080u) << 8;
     v |= __byte_perm(ent[2 * i], ent[2 * i + 1], 0x3430) << kMant;
 #pragma unroll
@@ -346,6 +346,26 @@ __device__ __forceinline__ void join_pairs16(const uint32_t ent[8], const DecRaw
       v |= (x * ((1u << t) + (1u << (t + 15)))) & (1u << t | 1u << (t + 16));
     }
     w[i] = v;
+  }
+}
+
+// FP32's group of 8 elements, whole, as 8 words: an element's high half is BF16's join of its
+// symbol with its raw byte plane 2 (mantissa bits 16..22 and the sign), as join_pairs16 builds
+// it for a pair; its low half is its bytes of raw byte planes 0 and 1, a pair by one permute.
+template <class F>
+__device__ __forceinline__ void join_words32(const uint32_t ent[8], const DecRaw<F>& raw,
+                                             uint32_t w[8]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int h = 32 * (i >> 1);  // elements 2i, 2i + 1 are in the low or high half of a plane
+    const uint32_t r0 = static_cast<uint32_t>(raw.rb[0] >> h);
+    const uint32_t r1 = static_cast<uint32_t>(raw.rb[1] >> h);
+    const uint32_t r2 = static_cast<uint32_t>(raw.rb[2] >> h);
+    const uint32_t b = __byte_perm(r2, 0u, (i & 1) ? 0x4342 : 0x4140);
+    const uint32_t hi = (b & 0x007f007fu) | (b & 0x00800080u) << 8 |
+                        __byte_perm(ent[2 * i], ent[2 * i + 1], 0x3430) << 7;
+    const uint32_t lo = __byte_perm(r0, r1, (i & 1) ? 0x7362 : 0x5140);
+    w[2 * i] = __byte_perm(lo, hi, 0x5410), w[2 * i + 1] = __byte_perm(lo, hi, 0x7632);
   }
 }
 
@@ -367,6 +387,12 @@ __device__ __forceinline__ void dec_put(const uint32_t ent[8], const DecRaw<F>& 
     join_pairs16<F>(ent, raw, w);
     *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
     sum.template group<uint16_t>(e0, 8, w);
+  } else if constexpr (VEC && sizeof(typename F::T) == 4) {
+    static_assert(F::RAWB == 3 && F::RAW == 24, "FP32's raw planes");
+    uint32_t w[8];
+    join_words32<F>(ent, raw, w);
+    store_vec8(o, w);
+    sum.template group<uint32_t>(e0, 8, w);
   } else {
     uint32_t v[8];
 #pragma unroll
