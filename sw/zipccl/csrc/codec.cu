@@ -27,14 +27,15 @@
 //
 // BF16 under a byte-escape table (the ZipCCL exponent layout) has its own path (Z = true). Its
 // encoder gets bytes by permutes, and an element's three plane bytes and escape mask by one table
-// lookup and one add. Byte-coded formats (FP8) decode by byte-permute width lookups, byte-wise
-// prefix sums of the widths and a (prefix, value) symbol table laid out so that an entry's index
-// is one funnel shift. Both decoders take a fast path for the whole rounds of a block whose raw
-// bytes and output are aligned for vector access: plane bytes at immediate offsets, a group's
-// prefixes as one word of nibbles from three lookups, bare prmt lookups, BF16 escapes patched
-// without a loop, and an L2 prefetch of the next round; partial rounds and unaligned buffers take
-// the general code. FP8's large per-block payload is staged with eight loads in flight per lane
-// (the decoder is latency-bound). Measured numbers and the path that led here: BENCHMARKS.md §3
+// lookup and one add; the other encoders look each symbol up once (its spread plane bits and its
+// codeword, appended by one funnel shift). Every other decoder finds symbols by byte-permute width
+// lookups, byte-wise prefix sums of the widths and a (prefix, value) symbol table laid out so that
+// an entry's index is one funnel shift. The decoders take a fast path for the whole rounds of a
+// block whose raw bytes and output are aligned for vector access: plane bytes at immediate
+// offsets, a group's prefixes as one word of nibbles from three lookups, bare prmt lookups, BF16
+// escapes patched without a loop, and an L2 prefetch of the next round; partial rounds and
+// unaligned buffers take the general code. Their payloads (but BF16's escape bytes) are staged
+// with eight loads in flight per lane (the decoders are latency-bound). Measured numbers and the path that led here: BENCHMARKS.md §3
 // and benchmarks/results/codec.md.
 //
 // Files: layout.cuh (Layout, format traits, load/store helpers), table.cuh (device-side tables,

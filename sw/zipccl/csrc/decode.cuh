@@ -5,38 +5,42 @@
 
 namespace {
 
-// One round's groups of one lane, loaded before decoding.
+// One group's raw planes.
 template <class F>
-struct DecIn {
-  uint32_t planes[kGroups];  // prefix plane byte j at bits 8j..8j+7
-  uint32_t tb[kGroups];      // raw bit plane byte j at bits 8j..8j+7 (FP16)
-  unsigned long long rb[kGroups][F::RAWB > 0 ? F::RAWB : 1];
+struct DecRaw {
+  uint32_t tb;  // raw bit plane byte j at bits 8j..8j+7 (FP16)
+  unsigned long long rb[F::RAWB > 0 ? F::RAWB : 1];
 };
 
-template <class F, bool FULL>
-__device__ inline void dec_load(const uint8_t* buf, const Layout& L, long long start, int r,
-                                DecIn<F>& x, int cnt[kGroups], long long e0[kGroups]) {
+// The raw planes of the group of `cnt` elements at element e (a multiple of 8). VEC: cnt is 8 and
+// the raw byte planes are 8-aligned there (round_aligned).
+template <class F, bool VEC>
+__device__ inline DecRaw<F> dec_raw(const uint8_t* buf, const Layout& L, long long e, int cnt) {
+  DecRaw<F> x;
+  x.tb = 0;
+  if (cnt) {
 #pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    cnt[g] = group_count<FULL>(L, start, r, g, e0[g]);
-    const long long e = cnt[g] ? e0[g] : 0;
-    uint32_t pl = 0, tb = 0;
-    if (cnt[g]) {
-#pragma unroll
-      for (int j = 0; j < 3; ++j) pl |= static_cast<uint32_t>(buf[L.prefix_at[j] + e / 8]) << (8 * j);
-#pragma unroll
-      for (int j = 0; j < F::RAWb; ++j)
-        tb |= static_cast<uint32_t>(buf[L.raw_bit_at[j] + e / 8]) << (8 * j);
-    }
-    x.planes[g] = pl;
-    x.tb[g] = tb;
-#pragma unroll
-    for (int j = 0; j < F::RAWB; ++j) x.rb[g][j] = load_bytes(buf + L.raw_byte_at[j] + e, cnt[g]);
+    for (int j = 0; j < F::RAWb; ++j)
+      x.tb |= static_cast<uint32_t>(buf[L.raw_bit_at[j] + (e >> 3)]) << (8 * j);
   }
+#pragma unroll
+  for (int j = 0; j < F::RAWB; ++j) {
+    const uint8_t* p = buf + L.raw_byte_at[j] + e;
+    x.rb[j] = VEC ? *reinterpret_cast<const unsigned long long*>(p) : load_bytes(p, cnt);
+  }
+  return x;
 }
 
-__device__ inline uint32_t prefix_of(uint32_t planes, int k) {
-  return ((planes >> k) & 1u) | ((planes >> (8 + k)) & 1u) << 1 | ((planes >> (16 + k)) & 1u) << 2;
+// Element k's raw bits (F::RAW: what F::join takes) from its group's raw planes.
+template <class F>
+__device__ __forceinline__ uint32_t raw_of(const DecRaw<F>& x, int k) {
+  uint32_t raw = 0;
+#pragma unroll
+  for (int j = 0; j < F::RAWB; ++j)
+    raw |= static_cast<uint32_t>((x.rb[j] >> (8 * k)) & 0xffu) << (8 * j);
+#pragma unroll
+  for (int j = 0; j < F::RAWb; ++j) raw |= ((x.tb >> (8 * j + k)) & 1u) << (8 * F::RAWB + j);
+  return raw;
 }
 
 // The 8 prefixes of a group as bytes (elements 0..3 in pre[0], 4..7 in pre[1]), by three lookups
@@ -94,76 +98,51 @@ __device__ inline void dec_group_fast(const uint32_t pre[2], uint32_t esc,
   }
 }
 
-// Per-CTA decoder tables in shared memory (generic path).
+// The rank table in shared memory, from which the compact symbol table is built.
 struct DecTab {
-  uint32_t region[8];
   uint8_t rank[256];
 };
 
-// One round of decoding by the general code (every round of BF16, FP16 and FP32; under a
-// byte-escape table, the rounds dec_round_z does not take); returns the round's payload bits.
-// `bits` is where the round starts in the block's stream.
-template <class F, bool Z, bool FULL, class S>
-__device__ inline uint32_t dec_round(const uint8_t* buf, typename F::T* out, const Layout& L,
-                                     long long start, int r, const DecTab& t, uint32_t nranked,
-                                     const Fast& f, const unsigned long long* s_spread8,
-                                     uint32_t bits, const uint32_t* stage, int& err, S& sum) {
-  DecIn<F> x;
+// BF16 under a byte-escape table, a round that dec_round_z does not take (a partial round, a
+// block not aligned for vectors); returns the round's payload bits. `bits` is where the round
+// starts in the block's stream.
+template <bool FULL, class S>
+__device__ inline uint32_t dec_round(const uint8_t* buf, uint16_t* out, const Layout& L,
+                                     long long start, int r, const Fast& f,
+                                     const unsigned long long* s_spread8, uint32_t bits,
+                                     const uint32_t* stage, int& err, S& sum) {
+  uint32_t planes[kGroups];
+  unsigned long long rb[kGroups];
   int cnt[kGroups];
   long long e0[kGroups];
-  dec_load<F, FULL>(buf, L, start, r, x, cnt, e0);
-  uint32_t nbits[kGroups], pos[kGroups], esc[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    nbits[g] = 0;
-    if constexpr (Z) {  // escapes straight from the planes: bit k set where prefix k == L
-      const uint32_t p0 = x.planes[g] & 0xffu, p1 = (x.planes[g] >> 8) & 0xffu;
-      const uint32_t p2 = x.planes[g] >> 16;
-      esc[g] = ~(p0 ^ f.lit_planes) & ~(p1 ^ (f.lit_planes >> 8)) & ~(p2 ^ (f.lit_planes >> 16)) &
-               ((1u << cnt[g]) - 1u) & 0xffu;
-      nbits[g] = 8 * __popc(esc[g]);
-    } else {
+    cnt[g] = group_count<FULL>(L, start, r, g, e0[g]);
+    const long long e = cnt[g] ? e0[g] : 0;
+    uint32_t pl = 0;
+    if (cnt[g]) {
 #pragma unroll
-      for (int k = 0; k < 8; ++k)
-        if (FULL || k < cnt[g]) nbits[g] += t.region[prefix_of(x.planes[g], k)] & 15u;
+      for (int j = 0; j < 3; ++j) pl |= static_cast<uint32_t>(buf[L.prefix_at[j] + e / 8]) << (8 * j);
     }
+    planes[g] = pl;
+    rb[g] = load_bytes(buf + L.raw_byte_at[0] + e, cnt[g]);
+  }
+  uint32_t nbits[kGroups], pos[kGroups], esc[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {  // escapes straight from the planes: bit k where prefix k == L
+    const uint32_t p0 = planes[g] & 0xffu, p1 = (planes[g] >> 8) & 0xffu, p2 = planes[g] >> 16;
+    esc[g] = ~(p0 ^ f.lit_planes) & ~(p1 ^ (f.lit_planes >> 8)) & ~(p2 ^ (f.lit_planes >> 16)) &
+             ((1u << cnt[g]) - 1u) & 0xffu;
+    nbits[g] = 8 * __popc(esc[g]);
   }
   const uint32_t total = round_positions(nbits, pos);
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     if (!cnt[g]) continue;
-    if constexpr (Z) {
-      uint32_t pre[2];
-      prefix_bytes(x.planes[g], s_spread8, pre);
-      dec_group_fast(pre, esc[g], x.rb[g][0], cnt[g], (bits + pos[g]) >> 3,
-                     reinterpret_cast<const uint8_t*>(stage), f, reinterpret_cast<uint16_t*>(out),
-                     e0[g], err, sum);
-      continue;
-    }
-    uint32_t v[8], at = bits + pos[g];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint32_t region = t.region[prefix_of(x.planes[g], k)];
-      const uint32_t w = FULL || k < cnt[g] ? region & 15u : 0u;
-      const uint32_t val = read_bits(stage, at, w);
-      const bool lit = region >> kRegionLiteralShift;
-      const uint32_t rank = ((region >> kRegionBaseShift) & 0x3ffu) + val;
-      if ((FULL || k < cnt[g]) && !lit && rank >= nranked) err |= kErrRank;
-      const uint32_t sym = lit ? val : t.rank[min(rank, 255u)];
-      if constexpr (F::EXP_BITS < 8) {  // FP16: a symbol past its 5-bit exponent field
-        if ((FULL || k < cnt[g]) && (sym >> F::EXP_BITS)) err |= kErrSymbol;
-      }
-      uint32_t raw = 0;
-#pragma unroll
-      for (int j = 0; j < F::RAWB; ++j)
-        raw |= static_cast<uint32_t>((x.rb[g][j] >> (8 * k)) & 0xffu) << (8 * j);
-#pragma unroll
-      for (int j = 0; j < F::RAWb; ++j) raw |= ((x.tb[g] >> (8 * j + k)) & 1u) << (8 * F::RAWB + j);
-      v[k] = F::join(sym, raw);
-      at += w;
-    }
-    store8(out + e0[g], cnt[g], v);
-    sum.template values<typename F::T>(e0[g], cnt[g], v);
+    uint32_t pre[2];
+    prefix_bytes(planes[g], s_spread8, pre);
+    dec_group_fast(pre, esc[g], rb[g], cnt[g], (bits + pos[g]) >> 3,
+                   reinterpret_cast<const uint8_t*>(stage), f, out, e0[g], err, sum);
   }
   return total;
 }
@@ -175,7 +154,10 @@ template <class F>
 __device__ inline bool round_aligned(const uint8_t* buf, const typename F::T* out, const Layout& L,
                                      long long start) {
   if constexpr (F::BYTE_CODED) return aligned(out + start, 8);
-  return aligned(buf + L.raw_byte_at[0] + start, 8) && aligned(out + start, 16);
+  bool ok = aligned(out + start, 16);
+#pragma unroll
+  for (int j = 0; j < F::RAWB; ++j) ok = ok && aligned(buf + L.raw_byte_at[j] + start, 8);
+  return ok;
 }
 
 // This lane's plane bytes of a whole round whose first element is e: b[g][j], byte j of group g,
@@ -294,10 +276,11 @@ __device__ inline uint32_t dec_round_z(const uint8_t* buf, uint16_t* out, const 
   return total;
 }
 
-// Byte-coded formats (FP8): per-prefix widths in registers, looked up four elements at a time by
-// byte permutes; each element's bit offset in its half group by one multiply (a byte-wise prefix
-// sum of the widths); one shared table, in the compact layout of region_off, maps (prefix,
-// payload value) to the symbol, or flags an illegal rank (bit 8).
+// Every format but BF16's fast path (FP8, FP16, FP32, BF16 under other tables): per-prefix widths
+// in registers, looked up four elements at a time by byte permutes; each element's bit offset in
+// its half group by one multiply (a byte-wise prefix sum of the widths); one shared table, in the
+// compact layout of region_off, maps (prefix, payload value) to the symbol (FP8: the byte; else
+// the exponent field, joined with the raw planes), or flags an illegal rank (bit 8).
 constexpr int kSym2 = 8 * 256;
 
 __device__ inline uint16_t sym2_entry(const int32_t* tab, const DecTab& t, uint32_t nranked,
@@ -341,12 +324,107 @@ __device__ inline uint32_t width_of(uint32_t w_lo, uint32_t w_hi, uint32_t sel, 
   return d & valid_bytes(cnt, hi);
 }
 
-template <bool FULL, class S>
-__device__ inline uint32_t dec_round_byte(const uint8_t* buf, uint8_t* out, const Layout& L,
-                                          long long start, int r, uint32_t w_lo, uint32_t w_hi,
-                                          uint32_t hb_lo, uint32_t hb_hi, const uint16_t* s_sym2,
-                                          const unsigned long long* s_spread8, uint32_t bits,
-                                          const uint32_t* stage, int& err, S& sum) {
+// A 16-bit format's group of 8 elements, whole, as 4 words of 2 (element 2i in the low half):
+// F::join of each symbol with its raw bits, a pair at a time: the raw bytes by one byte permute
+// (BF16's bit 7, its sign, moved to bit 15), the two symbols by another (an entry's byte 3 is 0)
+// shifted to MANT, and each raw bit plane's two bits by one multiply and mask (x = b0 + 2 b1
+// times 2^t + 2^(t + 15) puts b0 at bit t and b1 at t + 16, its other terms at t + 1, t + 15).
+template <class F>
+__device__ __forceinline__ void join_pairs16(const uint32_t ent[8], const DecRaw<F>& raw,
+                                             uint32_t w[4]) {
+  constexpr int kMant = F::RAW - 1;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t rb = static_cast<uint32_t>(raw.rb[0] >> (32 * (i >> 1)));
+    const uint32_t b = __byte_perm(rb, 0u, (i & 1) ? 0x4342 : 0x4140);
+    uint32_t v = kMant >= 8 ? b : (b & 0x007f007fu) | (b & 0x00800080u) << 8;
+    v |= __byte_perm(ent[2 * i], ent[2 * i + 1], 0x3430) << kMant;
+#pragma unroll
+    for (int j = 0; j < F::RAWb; ++j) {
+      const int bit = 8 * F::RAWB + j, t = bit < kMant ? bit : 15;
+      const uint32_t x = (raw.tb >> (8 * j + 2 * i)) & 3u;
+      v |= (x * ((1u << t) + (1u << (t + 15)))) & (1u << t | 1u << (t + 16));
+    }
+    w[i] = v;
+  }
+}
+
+// FP32's group of 8 elements, whole, as 8 words: an element's high half is BF16's join of its
+// symbol with its raw byte plane 2 (mantissa bits 16..22 and the sign), as join_pairs16 builds
+// it for a pair; its low half is its bytes of raw byte planes 0 and 1, a pair by one permute.
+template <class F>
+__device__ __forceinline__ void join_words32(const uint32_t ent[8], const DecRaw<F>& raw,
+                                             uint32_t w[8]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int h = 32 * (i >> 1);  // elements 2i, 2i + 1 are in the low or high half of a plane
+    const uint32_t r0 = static_cast<uint32_t>(raw.rb[0] >> h);
+    const uint32_t r1 = static_cast<uint32_t>(raw.rb[1] >> h);
+    const uint32_t r2 = static_cast<uint32_t>(raw.rb[2] >> h);
+    const uint32_t b = __byte_perm(r2, 0u, (i & 1) ? 0x4342 : 0x4140);
+    const uint32_t hi = (b & 0x007f007fu) | (b & 0x00800080u) << 8 |
+                        __byte_perm(ent[2 * i], ent[2 * i + 1], 0x3430) << 7;
+    const uint32_t lo = __byte_perm(r0, r1, (i & 1) ? 0x7362 : 0x5140);
+    w[2 * i] = __byte_perm(lo, hi, 0x5410), w[2 * i + 1] = __byte_perm(lo, hi, 0x7632);
+  }
+}
+
+// A group's decoded symbols joined with its raw planes (exponent formats) or packed as bytes
+// (FP8), stored to `o` (cnt elements; VEC: all 8, by vector stores) and summed. ent[k]: element
+// k's symbol table entry.
+template <class F, bool VEC, class S>
+__device__ __forceinline__ void dec_put(const uint32_t ent[8], const DecRaw<F>& raw,
+                                        typename F::T* o, long long e0, int cnt, S& sum) {
+  if constexpr (F::BYTE_CODED) {
+    const uint32_t word[2] = {pack4(ent), pack4(ent + 4)};
+    if constexpr (VEC)
+      *reinterpret_cast<uint2*>(o) = make_uint2(word[0], word[1]);
+    else
+      store_bytes(o, cnt, word[0] | static_cast<unsigned long long>(word[1]) << 32);
+    sum.template group<uint8_t>(e0, cnt, word);
+  } else if constexpr (VEC && sizeof(typename F::T) == 2) {
+    uint32_t w[4];
+    join_pairs16<F>(ent, raw, w);
+    *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
+    sum.template group<uint16_t>(e0, 8, w);
+  } else if constexpr (VEC && sizeof(typename F::T) == 4) {
+    static_assert(F::RAWB == 3 && F::RAW == 24, "FP32's raw planes");
+    uint32_t w[8];
+    join_words32<F>(ent, raw, w);
+    store_vec8(o, w);
+    sum.template group<uint32_t>(e0, 8, w);
+  } else {
+    uint32_t v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = F::join(ent[k] & 0xffu, raw_of(raw, k));
+    if constexpr (VEC)
+      store_vec8(o, v);
+    else
+      store8(o, cnt, v);
+    sum.template values<typename F::T>(e0, cnt, v);
+  }
+}
+
+// The error bits of the OR of a round's entries (of its elements only): bit 8, a rank past the
+// table's count; for FP16, a symbol past its 5-bit exponent field (entries hold 8-bit symbols).
+template <class F>
+__device__ __forceinline__ int entry_errors(uint32_t bad) {
+  int err = bad & 0x100u ? kErrRank : 0;
+  if constexpr (!F::BYTE_CODED && F::EXP_BITS < 8) {
+    if (bad & 0xffu & ~((1u << F::EXP_BITS) - 1u)) err |= kErrSymbol;
+  }
+  return err;
+}
+
+// Every format but BF16's fast path, any round: a group's prefixes from its plane bytes, the
+// widths and entries as dec_round_sym_z finds them, past-the-count elements read as width 0 and
+// left out of the error check.
+template <class F, bool FULL, class S>
+__device__ inline uint32_t dec_round_sym(const uint8_t* buf, typename F::T* out, const Layout& L,
+                                         long long start, int r, uint32_t w_lo, uint32_t w_hi,
+                                         uint32_t hb_lo, uint32_t hb_hi, const uint16_t* s_sym2,
+                                         const unsigned long long* s_spread8, uint32_t bits,
+                                         const uint32_t* stage, int& err, S& sum) {
   uint32_t sel[kGroups][2], nbits[kGroups], pos[kGroups];
   int cnt[kGroups];
   long long e0[kGroups];
@@ -373,7 +451,9 @@ __device__ inline uint32_t dec_round_byte(const uint8_t* buf, uint8_t* out, cons
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     if (!cnt[g]) continue;
-    uint32_t at = bits + pos[g], word[2];
+    DecRaw<F> raw{};
+    if constexpr (!F::BYTE_CODED) raw = dec_raw<F, false>(buf, L, e0[g], cnt[g]);
+    uint32_t at = bits + pos[g], e[8];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint32_t wb = width_of(w_lo, w_hi, sel[g][h], cnt[g], h);
@@ -381,35 +461,42 @@ __device__ inline uint32_t dec_round_byte(const uint8_t* buf, uint8_t* out, cons
       const uint32_t win = __funnelshift_l(stage[i + 1], stage[i], at & 31u);  // <= 32 bits
       const uint32_t incl = wb * 0x01010101u, excl = incl - wb;
       const uint32_t hb = __byte_perm(hb_lo, hb_hi, sel[g][h]);  // off_p >> w_p per element
-      uint32_t e[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint32_t w = (wb >> (8 * k)) & 0xffu, x = (excl >> (8 * k)) & 0xffu;
         const uint32_t val = __funnelshift_l(win << x, 0u, w);  // the top w bits, 0 if w = 0
-        e[k] = s_sym2[(((hb >> (8 * k)) & 0xffu) << w) | val];  // off_p + val
-        if (FULL || 4 * h + k < cnt[g]) bad |= e[k];
+        e[4 * h + k] = s_sym2[(((hb >> (8 * k)) & 0xffu) << w) | val];  // off_p + val
+        if (FULL || 4 * h + k < cnt[g]) bad |= e[4 * h + k];
       }
-      word[h] = pack4(e);
       at += incl >> 24;
     }
-    store_bytes(out + e0[g], cnt[g], word[0] | static_cast<unsigned long long>(word[1]) << 32);
-    sum.template group<uint8_t>(e0[g], cnt[g], word);
+    dec_put<F, false>(e, raw, out + e0[g], e0[g], cnt[g], sum);
   }
-  if (bad & 0x100u) err |= kErrRank;
+  err |= entry_errors<F>(bad);
   return total;
 }
 
-// FP8, a whole round of an aligned block, with an 8-byte store per group. Entry off_p + v of the
-// symbol table is one funnel shift of the per-prefix byte hb = off_p >> w (<= 7) and the payload
-// bits; the bit window shifts left by each width in turn (funnel shifts read only the low 5 bits
-// of the amount, so the width bytes need no masking). pf: as in round_planes.
-template <class S>
-__device__ inline uint32_t dec_round_byte_z(const uint8_t* buf, uint8_t* out, const Layout& L,
-                                            long long start, int r, uint32_t w_lo, uint32_t w_hi,
-                                            uint32_t hb_lo, uint32_t hb_hi, const uint16_t* s_sym2,
-                                            const uint32_t* s_spread4, uint32_t bits,
-                                            const uint32_t* stage, int& err, bool pf, S& sum) {
+// Every format but BF16's fast path, a whole round of an aligned block, with vector loads and
+// stores. Entry off_p + v of the symbol table is one funnel shift of the per-prefix byte hb = off_p
+// >> w (<= 7) and the payload bits; the bit window shifts left by each width in turn (funnel
+// shifts read only the low 5 bits of the amount, so the width bytes need no masking). pf: as in
+// round_planes (raw byte and bit planes too).
+template <class F, class S>
+__device__ inline uint32_t dec_round_sym_z(const uint8_t* buf, typename F::T* out, const Layout& L,
+                                           long long start, int r, uint32_t w_lo, uint32_t w_hi,
+                                           uint32_t hb_lo, uint32_t hb_hi, const uint16_t* s_sym2,
+                                           const uint32_t* s_spread4, uint32_t bits,
+                                           const uint32_t* stage, int& err, bool pf, S& sum) {
   const long long e = start + static_cast<long long>(r) * kRound + 8 * (threadIdx.x & 31);
+  if (pf) {  // the next round's raw planes into L2
+#pragma unroll
+    for (int j = 0; j < F::RAWB; ++j)
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) prefetch_l2(buf + L.raw_byte_at[j] + e + kRound + 256 * g);
+#pragma unroll
+    for (int j = 0; j < F::RAWb; ++j)
+      prefetch_l2(buf + L.raw_bit_at[j] + (e >> 3) + kRound / 8 + 32 * (threadIdx.x & 3));
+  }
   uint32_t sel[kGroups], nbits[kGroups], pos[kGroups], b[kGroups][3];
   round_planes(buf, L, e, pf, b);
 #pragma unroll
@@ -420,31 +507,30 @@ __device__ inline uint32_t dec_round_byte_z(const uint8_t* buf, uint8_t* out, co
   }
   const uint32_t total = round_positions(nbits, pos);
   uint32_t bad = 0;
-  uint8_t* o = out + e;
+  typename F::T* o = out + e;
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    uint32_t at = bits + pos[g], word[2];
+    DecRaw<F> raw{};
+    if constexpr (!F::BYTE_CODED) raw = dec_raw<F, true>(buf, L, e + 256 * g, 8);
+    uint32_t at = bits + pos[g], ent[8];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint32_t sh = h ? sel[g] >> 16 : sel[g];
       const uint32_t wb = prmt(w_lo, w_hi, sh), hb = prmt(hb_lo, hb_hi, sh);
       const uint32_t i = at >> 5;
       uint32_t t = __funnelshift_l(stage[i + 1], stage[i], at);  // <= 32 bits from `at`
-      uint32_t ent[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint32_t w = wb >> (8 * k);  // low 5 bits: width k
-        ent[k] = s_sym2[__funnelshift_l(t, prmt(hb, 0u, 0x4440 + k), w)];
+        ent[4 * h + k] = s_sym2[__funnelshift_l(t, prmt(hb, 0u, 0x4440 + k), w)];
         if (k < 3) t = __funnelshift_l(0u, t, w);
       }
-      bad |= (ent[0] | ent[1]) | (ent[2] | ent[3]);
-      word[h] = pack4(ent);
+      bad |= (ent[4 * h] | ent[4 * h + 1]) | (ent[4 * h + 2] | ent[4 * h + 3]);
       at += (wb * 0x01010101u) >> 24;
     }
-    *reinterpret_cast<uint2*>(o + 256 * g) = make_uint2(word[0], word[1]);
-    sum.template group<uint8_t>(e + 256 * g, 8, word);
+    dec_put<F, true>(ent, raw, o + 256 * g, e + 256 * g, 8, sum);
   }
-  if (bad & 0x100u) err |= kErrRank;
+  err |= entry_errors<F>(bad);
   return total;
 }
 
@@ -508,23 +594,25 @@ __device__ inline void stage_payload_wide(uint32_t* stage, const uint8_t* src, u
 }
 
 // Each warp decodes whole blocks. The payload stream is `pay` (payload_cap bytes): the
-// container's own payload section, or a separate buffer. Whole rounds of an aligned block
-// (round_aligned) take dec_round_z or dec_round_byte_z, the rest the general code. The byte-coded
-// and BF16 fast-path decoders are held to 64 registers, with no spills: four CTAs per SM instead
-// of two or three, which the latency-bound decoders need (the generic kernels need more
-// registers). CK: the decoded values' checksum is summed on the way and checked against the
-// header's at buf + kChecksumAt (verify_sum; `acc` its zeroed accumulator).
+// container's own payload section, or a separate buffer. BF16 under a byte-escape table (Z) takes
+// dec_round_z for the whole rounds of an aligned block (round_aligned) and dec_round for the rest;
+// every other format the compact symbol table: dec_round_sym_z for those whole rounds,
+// dec_round_sym for the rest. The byte-coded and BF16 fast-path decoders are held to 64 registers
+// (four CTAs per SM instead of two or three, which the latency-bound decoders need), the exponent
+// formats' to 80 (three CTAs; they spill nothing there). CK: the decoded values' checksum is summed
+// on the way and checked against the header's at buf + kChecksumAt (verify_sum; `acc` its zeroed
+// accumulator).
 template <class F, bool Z, bool CK>
-__global__ void __launch_bounds__(32 * kMaxWarps, (F::BYTE_CODED || Z) ? 4 : 1)
+__global__ void __launch_bounds__(32 * kMaxWarps, (F::BYTE_CODED || Z) ? 4 : 3)
 decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
               typename F::T* __restrict__ out, const Layout L, const int32_t* __restrict__ tab,
               const Report report, SumAcc* __restrict__ acc) {
   __shared__ DecTab t;
-  __shared__ uint16_t s_sym2[F::BYTE_CODED ? kSym2 : 1];
-  constexpr bool kSpread = Z || F::BYTE_CODED;
-  __shared__ unsigned long long s_spread8[kSpread ? 256 : 1];  // bit k of a plane byte -> byte k
-  __shared__ uint32_t s_spread4[kSpread ? 256 : 1];  // bit k of a plane byte -> nibble k
-  __shared__ uint32_t s_off[F::BYTE_CODED ? 8 : 1];  // compact symbol table: region offsets
+  constexpr bool kSym = !Z;  // the compact symbol table (every format but BF16's fast path)
+  __shared__ uint16_t s_sym2[kSym ? kSym2 : 1];
+  __shared__ unsigned long long s_spread8[256];  // bit k of a plane byte -> byte k
+  __shared__ uint32_t s_spread4[256];  // bit k of a plane byte -> nibble k
+  __shared__ uint32_t s_off[kSym ? 8 : 1];  // compact symbol table: region offsets
   extern __shared__ uint4 s_stage[];
   constexpr long long head = kHeaderBytes;
   Summer<CK> sum;
@@ -535,30 +623,27 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * stage_words(L.block);
-  if constexpr (kSpread) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-      unsigned long long v = 0;
-      for (int k = 0; k < 8; ++k) v |= static_cast<unsigned long long>((i >> k) & 1) << (8 * k);
-      s_spread8[i] = v;
-      uint32_t u = 0;
-      for (int k = 0; k < 8; ++k) u |= static_cast<uint32_t>((i >> k) & 1) << (4 * k);
-      s_spread4[i] = u;
-    }
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    unsigned long long v = 0;
+    for (int k = 0; k < 8; ++k) v |= static_cast<unsigned long long>((i >> k) & 1) << (8 * k);
+    s_spread8[i] = v;
+    uint32_t u = 0;
+    for (int k = 0; k < 8; ++k) u |= static_cast<uint32_t>((i >> k) & 1) << (4 * k);
+    s_spread4[i] = u;
   }
   if constexpr (Z) {
     __syncthreads();
   } else {
-    if (threadIdx.x < 8) t.region[threadIdx.x] = tab[kRegionAt + threadIdx.x];
     for (int i = threadIdx.x; i < 256; i += blockDim.x) t.rank[i] = static_cast<uint8_t>(tab[kRankAt + i]);
-    if (F::BYTE_CODED && threadIdx.x < 8) s_off[threadIdx.x] = region_off(tab, threadIdx.x);
+    if (threadIdx.x < 8) s_off[threadIdx.x] = region_off(tab, threadIdx.x);
     __syncthreads();
   }
-  const uint32_t nranked = tab[kCountAt];
   const Fast f = Z ? load_fast(tab) : Fast{};
-  const uint32_t w_lo = F::BYTE_CODED ? width_bytes(tab, 0) : 0u;
-  const uint32_t w_hi = F::BYTE_CODED ? width_bytes(tab, 4) : 0u;
+  const uint32_t w_lo = kSym ? width_bytes(tab, 0) : 0u;
+  const uint32_t w_hi = kSym ? width_bytes(tab, 4) : 0u;
   uint32_t hb_lo = 0, hb_hi = 0;  // byte p: s_off[p] >> w_p
-  if constexpr (F::BYTE_CODED) {
+  if constexpr (kSym) {
+    const uint32_t nranked = tab[kCountAt];
     for (int p = 0; p < 8; ++p) {
       const uint32_t hb = s_off[p] >> (static_cast<uint32_t>(tab[kRegionAt + p]) & 15u);
       if (p < 4) hb_lo |= hb << (8 * p); else hb_hi |= hb << (8 * (p - 4));
@@ -606,7 +691,7 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
       continue;
     }
     const uint32_t len = static_cast<uint32_t>(hi - lo);
-    if constexpr (F::BYTE_CODED)
+    if constexpr (kSym)
       stage_payload_wide(stage, pay + lo, len, pay, pay + L.payload_cap);
     else
       stage_payload(stage, pay + lo, len, pay, pay + L.payload_cap);
@@ -616,26 +701,26 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
     const bool fast = round_aligned<F>(buf, out, L, start);  // uniform across the warp
     for (int r = 0; r < rounds(L); ++r) {
       const bool full = full_round(L, start, r);
-      if constexpr (F::BYTE_CODED) {
-        uint8_t* o = reinterpret_cast<uint8_t*>(out);
+      if constexpr (kSym) {
         if (full && fast)
-          bits += dec_round_byte_z(buf, o, L, start, r, w_lo, w_hi, hb_lo, hb_hi, s_sym2, s_spread4,
-                                   bits, stage, err,
-                                   r + 1 < rounds(L) && full_round(L, start, r + 1), sum);
+          bits += dec_round_sym_z<F>(buf, out, L, start, r, w_lo, w_hi, hb_lo, hb_hi, s_sym2,
+                                     s_spread4, bits, stage, err,
+                                     r + 1 < rounds(L) && full_round(L, start, r + 1), sum);
+        else if (full)
+          bits += dec_round_sym<F, true>(buf, out, L, start, r, w_lo, w_hi, hb_lo, hb_hi, s_sym2,
+                                         s_spread8, bits, stage, err, sum);
         else
-          bits += full ? dec_round_byte<true>(buf, o, L, start, r, w_lo, w_hi, hb_lo, hb_hi, s_sym2,
-                                              s_spread8, bits, stage, err, sum)
-                       : dec_round_byte<false>(buf, o, L, start, r, w_lo, w_hi, hb_lo, hb_hi,
-                                               s_sym2, s_spread8, bits, stage, err, sum);
-      } else if (Z && full && fast) {
+          bits += dec_round_sym<F, false>(buf, out, L, start, r, w_lo, w_hi, hb_lo, hb_hi, s_sym2,
+                                          s_spread8, bits, stage, err, sum);
+      } else if (full && fast) {
         bits += dec_round_z(buf, reinterpret_cast<uint16_t*>(out), L, start, r, f, s_spread4, bits,
                             stage, err, r + 1 < rounds(L) && full_round(L, start, r + 1), sum);
       } else if (full) {
-        bits += dec_round<F, Z, true>(buf, out, L, start, r, t, nranked, f, s_spread8, bits,
-                                      stage, err, sum);
+        bits += dec_round<true>(buf, reinterpret_cast<uint16_t*>(out), L, start, r, f, s_spread8,
+                                bits, stage, err, sum);
       } else {
-        bits += dec_round<F, Z, false>(buf, out, L, start, r, t, nranked, f, s_spread8, bits,
-                                       stage, err, sum);
+        bits += dec_round<false>(buf, reinterpret_cast<uint16_t*>(out), L, start, r, f, s_spread8,
+                                 bits, stage, err, sum);
       }
     }
     if (lane == 0) {

@@ -12,13 +12,17 @@ struct EncIn {
   uint32_t w[kGroups][2 * sizeof(typename F::T)];
 };
 
-template <class F, bool FULL>
+// VEC (FULL rounds of an input that is vec8_aligned): vector loads only, no byte-load fallback.
+template <class F, bool FULL, bool VEC>
 __device__ inline void enc_load(const typename F::T* in, const Layout& L, long long start, int r,
                                 EncIn<F>& x, int cnt[kGroups], long long e0[kGroups]) {
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     cnt[g] = group_count<FULL>(L, start, r, g, e0[g]);
-    load_packed(in + (cnt[g] ? e0[g] : 0), cnt[g], x.w[g]);
+    if constexpr (VEC)
+      load_vec8(in + e0[g], x.w[g]);
+    else
+      load_packed(in + (cnt[g] ? e0[g] : 0), cnt[g], x.w[g]);
   }
 }
 
@@ -74,78 +78,113 @@ __device__ inline uint32_t enc_round_fast(const EncIn<BF16>& x, const int cnt[kG
   return total;
 }
 
-// One round of the generic path: planes out, codewords ORed into the (zeroed) stage.
+// A group's raw planes (its 8 elements' raw bits, F::RAW) from its packed words, a plane at a
+// time: raw byte plane j is byte j of the elements (raw bits 8j..8j+7 are element bits where they
+// are below MANT), but for the byte that ends at the sign (MANT = 8j + 7: BF16, FP32's third),
+// whose bit 7 is the sign, bit 7 of the elements' top byte; raw bit plane j is element bit
+// 8 RAWB + j, or the sign where that is MANT (FP16's third). Elements past a partial group's
+// count are zero in the words (load_packed), so their raw bits are zero.
+template <class F>
+__device__ __forceinline__ void raw_planes(const uint32_t* w, unsigned long long rbytes[],
+                                           uint32_t tbits[]) {
+  using T = typename F::T;
+  constexpr int kMant = F::RAW - 1, kTop = F::BITS / 8 - 1;
+#pragma unroll
+  for (int j = 0; j < F::RAWB; ++j) {
+    static_assert(F::RAWB == 0 || kMant - 8 * (F::RAWB - 1) >= 7, "a raw byte holds whole bits");
+    rbytes[j] = byte_plane<T>(w, j);
+    if (kMant - 8 * j == 7) {
+      rbytes[j] = (rbytes[j] & 0x7f7f7f7f7f7f7f7full) |
+                  (byte_plane<T>(w, kTop) & 0x8080808080808080ull);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < F::RAWb; ++j) {
+    static_assert(F::RAWb == 0 || sizeof(T) == 2, "raw bit planes: 16-bit formats");
+    const int bit = 8 * F::RAWB + j;
+    if constexpr (sizeof(T) == 2) tbits[j] = bit_plane16(w, bit < kMant ? bit : F::BITS - 1);
+  }
+}
+
+// The generic path's per-symbol words (s_enc), from the encoder word `code`: x has prefix bits 0,
+// 1, 2 at bits 0, 8, 16 (element k's x shifted left by k lands them in the three plane bytes, as
+// spread_word's); y has the payload left-aligned (its top `width` bits) and the width in bits 0..4,
+// so that one funnel shift by y itself appends the codeword to an accumulator:
+// funnelshift_l(y, acc, y) = (acc << w) | (y >> (32 - w)), and acc for w = 0 (y = 0). golden's
+// tables have widths <= 8 (codebook.MAX_WIDTH), so the payload bits never reach bit 4.
+__device__ inline uint2 enc_words(int32_t code) {
+  const uint32_t c = static_cast<uint32_t>(code);
+  const uint32_t p = (c >> kEncPrefixShift) & 7u, w = (c >> kEncWidthShift) & 15u;
+  const uint32_t x = (p & 1u) | ((p >> 1) & 1u) << 8 | ((p >> 2) & 1u) << 16;
+  return make_uint2(x, w ? (c & 0xffu) << (32u - w) | w : 0u);
+}
+
+// One round of the generic path: planes out, codewords ORed into the (zeroed) stage. One lookup
+// per element gives its plane bits (added in at bit k) and its codeword (funnel-shifted onto the
+// half group's accumulator: 4 codewords of <= 8 bits fit 32 bits), so the codewords are held in
+// registers from the one pass to the emit after the warp's scan.
 template <class F, bool FULL>
 __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
                                      const long long e0[kGroups], uint8_t* out, const Layout& L,
-                                     const uint32_t* s_code, uint32_t bits, uint32_t* stage) {
+                                     const uint2* s_enc, uint32_t bits, uint32_t* stage) {
   using T = typename F::T;
   uint32_t nbits[kGroups], pos[kGroups];
+  unsigned long long acc[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    uint32_t pbits[3] = {0u, 0u, 0u}, tbits[F::RAWb > 0 ? F::RAWb : 1] = {0u};
-    unsigned long long rbytes[F::RAWB > 0 ? F::RAWB : 1] = {0ull};
-    nbits[g] = 0;
+    uint32_t planes = 0u, half[2] = {0u, 0u};
+    uint32_t ysum[2] = {0u, 0u};  // the half's y words summed: bits 0..5 are its widths' sum
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       if (FULL || k < cnt[g]) {
-        const uint32_t v = elem<T>(x.w[g], k);
-        const uint32_t r = F::raw(v);
-        const uint32_t code = s_code[F::sym(v)];
-        const uint32_t p = (code >> kEncPrefixShift) & 7u;
-#pragma unroll
-        for (int j = 0; j < 3; ++j) pbits[j] |= ((p >> j) & 1u) << k;
-#pragma unroll
-        for (int j = 0; j < F::RAWB; ++j)
-          rbytes[j] |= static_cast<unsigned long long>((r >> (8 * j)) & 0xffu) << (8 * k);
-#pragma unroll
-        for (int j = 0; j < F::RAWb; ++j) tbits[j] |= ((r >> (8 * F::RAWB + j)) & 1u) << k;
-        nbits[g] += code >> kEncWidthShift;
+        const uint2 c = s_enc[F::sym(elem<T>(x.w[g], k))];
+        planes += c.x << k;
+        half[k >> 2] = __funnelshift_l(c.y, half[k >> 2], c.y);
+        ysum[k >> 2] += c.y;
       }
     }
+    unsigned long long rbytes[F::RAWB > 0 ? F::RAWB : 1];
+    uint32_t tbits[F::RAWb > 0 ? F::RAWb : 1];
+    raw_planes<F>(x.w[g], rbytes, tbits);
+    // A y word's bits 5..23 are zero, so 4 widths (<= 32) sum in bits 0..5 with no carry out.
+    const uint32_t n0 = ysum[0] & 63u, n1 = ysum[1] & 63u;
+    acc[g] = static_cast<unsigned long long>(half[0]) << n1 | half[1];  // n1 <= 32
+    nbits[g] = n0 + n1;
     if (cnt[g]) {
-      const long long e = e0[g];
+      // A plane byte's index: e0[g] / 8, which in a whole round is group 0's plus 32 g (e0[g] =
+      // e0[0] + 256 g, all >= 0), so that the stores share one address per plane.
+      const long long e = e0[g], e8 = FULL ? (e0[0] >> 3) + 32 * g : e / 8;
 #pragma unroll
       for (int j = 0; j < F::RAWB; ++j) store_bytes(out + L.raw_byte_at[j] + e, cnt[g], rbytes[j]);
 #pragma unroll
-      for (int j = 0; j < F::RAWb; ++j) out[L.raw_bit_at[j] + e / 8] = tbits[j];
+      for (int j = 0; j < F::RAWb; ++j) out[L.raw_bit_at[j] + e8] = tbits[j];
 #pragma unroll
-      for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e / 8] = pbits[j];
+      for (int j = 0; j < 3; ++j)
+        out[L.prefix_at[j] + e8] = static_cast<uint8_t>(planes >> (8 * j));
     }
   }
   const uint32_t total = round_positions(nbits, pos);
 #pragma unroll
-  for (int g = 0; g < kGroups; ++g) {  // second pass: the codewords, MSB first
-    unsigned long long acc = 0;
-    uint32_t n = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      if (FULL || k < cnt[g]) {
-        const uint32_t code = s_code[F::sym(elem<T>(x.w[g], k))], w = code >> kEncWidthShift;
-        acc = (acc << w) | (code & 0xffu);
-        n += w;
-      }
-    }
-    emit_bits(stage, bits + pos[g], acc, n);
-  }
+  for (int g = 0; g < kGroups; ++g) emit_bits(stage, bits + pos[g], acc[g], nbits[g]);
   return total;
 }
 
-template <class F, bool Z, bool FULL, class S>
+template <class F, bool Z, bool FULL, bool VEC, class S>
 __device__ inline uint32_t enc_round_at(const typename F::T* in, uint8_t* out, const Layout& L,
                                         long long start, int r, const uint32_t* s_lut,
-                                        uint32_t bits, uint32_t* stage, S& sum) {
+                                        const uint2* s_enc, uint32_t bits, uint32_t* stage,
+                                        S& sum) {
   EncIn<F> x;
   int cnt[kGroups];
   long long e0[kGroups];
-  enc_load<F, FULL>(in, L, start, r, x, cnt, e0);
+  enc_load<F, FULL, VEC>(in, L, start, r, x, cnt, e0);
 #pragma unroll
   for (int g = 0; g < kGroups; ++g)
     if (cnt[g]) sum.template group<typename F::T>(e0[g], cnt[g], x.w[g]);
   if constexpr (Z)
     return enc_round_fast<FULL>(x, cnt, e0, out, L, s_lut, bits, reinterpret_cast<uint8_t*>(stage));
   else
-    return enc_round<F, FULL>(x, cnt, e0, out, L, s_lut, bits, stage);
+    return enc_round<F, FULL>(x, cnt, e0, out, L, s_enc, bits, stage);
 }
 
 // `work` (zipccl_work_bytes): [0, 8) the payload size, [8, 24) the values checksum's sums (a
@@ -188,6 +227,17 @@ __device__ inline void prefetch_block(const typename F::T* in, const Layout& L, 
   for (long long at = 128 * (threadIdx.x & 31); at < bytes; at += 32 * 128) prefetch_l1(p + at);
 }
 
+// A hint: the kRound elements from element e on (the round this warp codes next) into the SM's
+// L1, a 128-byte line a lane, so that the round's loads find them there instead of waiting on
+// memory after the round before. Lines past the tensor's end are left out.
+template <class F>
+__device__ inline void prefetch_round(const typename F::T* in, const Layout& L, long long e) {
+  constexpr int kPer = 128 / sizeof(typename F::T), kLines = kRound / kPer;  // 8 to 32 lines
+  const int lane = threadIdx.x & 31;
+  const long long at = e + static_cast<long long>(lane) * kPer;
+  if (lane < kLines && at < L.n) prefetch_l1(in + at);
+}
+
 // Two warps' halves of a block (block_split): the second warp's payload bytes, `bytes` of them at
 // the start of its own stage, moved to follow the first warp's `at` bytes in the first's stage
 // (both hold stream bytes in big-endian words: byte i at i ^ 3).
@@ -200,14 +250,17 @@ __device__ inline void append_stage(uint8_t* dst, uint32_t at, const uint8_t* sr
 // slot, its byte count into `counts` and the tile's sum. `head_to_hash`: a header stage whose table
 // hash is still to be written (a default table's, see theory_kernel and staircase_kernel); CTA 0
 // then computes it and the stage's CRC-32 (seal_stage) while the other CTAs encode. CK: the values
-// checksum is summed into `work.sum` on the way. The BF16 fast path is held to 64 registers (four
-// CTAs an SM, as before the hashing CTA's code joined it); the others keep the compiler's own
-// choice (asking for at least one CTA an SM is not the same: it made FP8's encoder 6 % slower).
+// checksum is summed into `work.sum` on the way. The BF16 fast path and the 16-bit formats are held
+// to 64 registers (four CTAs an SM), FP32 to 80 (three), where they spill nothing; FP8 keeps the
+// compiler's own choice, below 64 (asking for at least one CTA an SM is not the same: it made
+// FP8's encoder 6 % slower).
 template <class F, bool Z, bool CK>
-__global__ void __launch_bounds__(32 * kMaxWarps, Z ? 4 : 0)
+__global__ void __launch_bounds__(32 * kMaxWarps, Z ? 4 : sizeof(typename F::T) == 2 ? 4
+                                                  : sizeof(typename F::T) == 4 ? 3 : 0)
 encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
               const int32_t* __restrict__ tab, Work work, uint8_t* __restrict__ head_to_hash) {
-  __shared__ uint32_t s_lut[256];  // Z: spread words; else the encoder words
+  __shared__ uint32_t s_lut[256];  // Z: spread words; the hashing CTA's message
+  __shared__ uint2 s_enc[Z ? 1 : 256];  // else enc_words
   extern __shared__ uint4 s_stage[];
   static_assert(16 * kShaBlocks <= 256, "the hashing CTA's message fits in s_lut");
   const int hashing = head_to_hash != nullptr;  // a default table comes unhashed
@@ -226,9 +279,13 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
   __shared__ uint32_t s_half_bits[kMaxWarps];  // split: each half's payload bits
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;
   uint32_t* block_stage = stage - half * words;  // the block's payload: its first warp's stage
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) s_lut[i] = Z ? spread_word(tab[i]) : tab[i];
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+    if constexpr (Z) s_lut[i] = spread_word(tab[i]);
+    else s_enc[i] = enc_words(tab[i]);
+  }
   __syncthreads();
   Summer<CK> sum;
+  const bool vec = vec8_aligned(in);  // then so is every group (e0 is a multiple of 8)
   const long long units = static_cast<long long>(gridDim.x - hashing) * (blockDim.x >> 5) / split;
   for (long long b = first; b < L.nb; b += units) {
     if constexpr (!Z) {
@@ -237,11 +294,17 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
     }
     const long long start = b * L.block;
     uint32_t bits = 0;
+    const long long after = (b + units) * L.block + r0 * kRound;  // the warp's next block's
     for (int r = r0; r < r0 + per; ++r) {
-      if (full_round(L, start, r))
-        bits += enc_round_at<F, Z, true>(in, out, L, start, r, s_lut, bits, stage, sum);
+      if constexpr (!Z)  // the next round: this block's, else the first of the warp's next block
+        prefetch_round<F>(in, L, r + 1 < r0 + per ? start + (r + 1) * kRound : after);
+      // Whole rounds: by vector loads only where the input is aligned for them (an unaligned
+      // input's rounds take the general code; BF16's fast path keeps its loads' fallback).
+      if (full_round(L, start, r) && (Z || vec))
+        bits += enc_round_at<F, Z, true, !Z>(in, out, L, start, r, s_lut, s_enc, bits, stage, sum);
       else
-        bits += enc_round_at<F, Z, false>(in, out, L, start, r, s_lut, bits, stage, sum);
+        bits += enc_round_at<F, Z, false, false>(in, out, L, start, r, s_lut, s_enc, bits, stage,
+                                                 sum);
     }
     __syncwarp();
     if (split == 2) {  // the second half's bytes after the first's, in the first's stage

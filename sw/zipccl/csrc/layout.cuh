@@ -99,16 +99,13 @@ struct Fmt {
   static constexpr int BITS = BITS_;
   static constexpr bool BYTE_CODED = BYTE;  // the whole element is the symbol (FP8)
   using T = typename Uint<BITS>::T;
-  static constexpr int RAW = BYTE ? 0 : 1 + MANT;
+  static constexpr int RAW = BYTE ? 0 : 1 + MANT;  // raw bits: the mantissa, the sign at bit MANT
   static constexpr int RAWB = RAW / 8;  // raw byte planes
   static constexpr int RAWb = RAW % 8;  // raw bit planes
   static constexpr uint32_t MMASK = (1u << MANT) - 1;
   static constexpr int EXP_BITS = EXPB;
   __device__ static uint32_t sym(uint32_t x) {
     return BYTE ? x : (x >> MANT) & ((1u << EXP_BITS) - 1);
-  }
-  __device__ static uint32_t raw(uint32_t x) {
-    return BYTE ? 0u : ((x >> (BITS - 1)) << MANT) | (x & MMASK);
   }
   __device__ static uint32_t join(uint32_t s, uint32_t r) {
     return BYTE ? s : ((r >> MANT) << (BITS - 1)) | (s << MANT) | (r & MMASK);
@@ -151,21 +148,27 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
   asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
 }
 
+// 8 elements v[k] (each below 2^(8 sizeof(T))) to `p` (8- or 16-byte aligned) by vector stores.
+template <typename T>
+__device__ inline void store_vec8(T* p, const uint32_t v[8]) {
+  if constexpr (sizeof(T) == 1) {
+    uint2 w = {0, 0};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w.x |= v[k] << (8 * k), w.y |= v[k + 4] << (8 * k);
+    *reinterpret_cast<uint2*>(p) = w;
+  } else if constexpr (sizeof(T) == 2) {
+    uint4 w = {v[0] | v[1] << 16, v[2] | v[3] << 16, v[4] | v[5] << 16, v[6] | v[7] << 16};
+    *reinterpret_cast<uint4*>(p) = w;
+  } else {
+    reinterpret_cast<uint4*>(p)[0] = make_uint4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<uint4*>(p)[1] = make_uint4(v[4], v[5], v[6], v[7]);
+  }
+}
+
 template <typename T>
 __device__ inline void store8(T* p, int cnt, const uint32_t v[8]) {
   if (cnt == 8 && aligned(p, sizeof(T) == 1 ? 8 : 16)) {
-    if constexpr (sizeof(T) == 1) {
-      uint2 w = {0, 0};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) w.x |= v[k] << (8 * k), w.y |= v[k + 4] << (8 * k);
-      *reinterpret_cast<uint2*>(p) = w;
-    } else if constexpr (sizeof(T) == 2) {
-      uint4 w = {v[0] | v[1] << 16, v[2] | v[3] << 16, v[4] | v[5] << 16, v[6] | v[7] << 16};
-      *reinterpret_cast<uint4*>(p) = w;
-    } else {
-      reinterpret_cast<uint4*>(p)[0] = make_uint4(v[0], v[1], v[2], v[3]);
-      reinterpret_cast<uint4*>(p)[1] = make_uint4(v[4], v[5], v[6], v[7]);
-    }
+    store_vec8(p, v);
     return;
   }
 #pragma unroll
@@ -189,21 +192,33 @@ __device__ inline unsigned long long load_bytes(const uint8_t* p, int cnt) {
   return w;
 }
 
+// The alignment of 8 elements that load_vec8 needs.
+template <typename T>
+__device__ inline bool vec8_aligned(const T* p) {
+  return aligned(p, sizeof(T) == 1 ? 8 : 16);
+}
+
+// 8 elements at `p` (vec8_aligned) in 2*sizeof(T) little-endian words, by vector loads.
+template <typename T>
+__device__ inline void load_vec8(const T* p, uint32_t w[2 * sizeof(T)]) {
+  if constexpr (sizeof(T) == 1) {
+    const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
+    w[0] = v.x, w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < sizeof(T) / 2; ++i) {
+      const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + i);
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  }
+}
+
 // 8 elements packed in 2*sizeof(T) little-endian words (fewer registers for prefetching).
 template <typename T>
 __device__ inline void load_packed(const T* p, int cnt, uint32_t w[2 * sizeof(T)]) {
   constexpr int kWords = 2 * sizeof(T), kPer = 4 / sizeof(T);
-  if (cnt == 8 && aligned(p, sizeof(T) == 1 ? 8 : 16)) {
-    if constexpr (sizeof(T) == 1) {
-      const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p));
-      w[0] = v.x, w[1] = v.y;
-    } else {
-#pragma unroll
-      for (int i = 0; i < kWords / 4; ++i) {
-        const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p) + i);
-        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-      }
-    }
+  if (cnt == 8 && vec8_aligned(p)) {
+    load_vec8(p, w);
     return;
   }
 #pragma unroll
@@ -221,6 +236,35 @@ __device__ inline uint32_t elem(const uint32_t w[2 * sizeof(T)], int k) {
   } else {
     return (w[k / kPer] >> (8 * sizeof(T) * (k % kPer))) & ((1u << (8 * sizeof(T))) - 1u);
   }
+}
+
+// Byte j of each of a group's 8 elements (packed as load_packed leaves them), element k's at
+// byte k: byte permutes, 1 to 3 for 4 elements.
+template <typename T>
+__device__ __forceinline__ unsigned long long byte_plane(const uint32_t w[2 * sizeof(T)], int j) {
+  if constexpr (sizeof(T) == 1) {
+    return w[0] | static_cast<unsigned long long>(w[1]) << 32;  // (j is 0)
+  } else if constexpr (sizeof(T) == 2) {  // word i: elements 2i (bytes 0, 1), 2i + 1 (bytes 2, 3)
+    const uint32_t sel = j | (2 + j) << 4 | (4 + j) << 8 | (6 + j) << 12;
+    const uint32_t lo = __byte_perm(w[0], w[1], sel), hi = __byte_perm(w[2], w[3], sel);
+    return lo | static_cast<unsigned long long>(hi) << 32;
+  } else {  // word k: element k
+    const uint32_t sel = j | (4 + j) << 4;
+    const uint32_t lo =
+        __byte_perm(__byte_perm(w[0], w[1], sel), __byte_perm(w[2], w[3], sel), 0x5410);
+    const uint32_t hi =
+        __byte_perm(__byte_perm(w[4], w[5], sel), __byte_perm(w[6], w[7], sel), 0x5410);
+    return lo | static_cast<unsigned long long>(hi) << 32;
+  }
+}
+
+// Bit s of each of a group's 8 16-bit elements (packed two a word), element k's at bit k: word i's
+// two bits land at bits 2i and 16 + 2i, and the high ones shift down by 15 to 2i + 1.
+__device__ __forceinline__ uint32_t bit_plane16(const uint32_t w[4], int s) {
+  uint32_t x = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) x |= ((w[i] >> s) & 0x00010001u) << (2 * i);
+  return (x | x >> 15) & 0xffu;
 }
 
 }  // namespace
