@@ -139,6 +139,7 @@ def all_to_all_single(
         not even or _agree.verify_policy(verify) != "0",
         sample=input,
         check=lambda fields: _check_splits(fields, g.world),
+        sizes_differ=not even,
     )
     if agreed.strategy != switch.COMPRESSED:
         return dist.all_to_all_single(

@@ -42,8 +42,10 @@ ERRORS = {
     5: "tensors are on the wrong device for this process group's backend",
     6: "src is not a rank of the group",
     8: "table is neither a golden Codebook nor None",
+    9: "an entry of the output list differs from the input in shape or dtype",
 }
 BAD_TABLE = 8
+UNLIKE_LIST = 9
 
 
 SUMMARY_FAILED = 7  # the error code of a rank whose exchange ``fill`` raised (not a mismatch)

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from zipccl import switch
-from zipccl.collectives import _agree, _protocols, _slots, _transport
+from zipccl.collectives import _agree, _exchange, _protocols, _slots, _transport
 from zipccl.golden.codebook import Codebook
 
 
@@ -99,8 +99,23 @@ def all_gather_into_tensor(
         return _transport.native_all_gather(
             _slots.as_wire(output_tensor), _slots.as_wire(input_tensor), group, async_op
         )
+    return _gather_agreed(output_tensor, input_tensor, group, async_op, table, verify)
+
+
+def _gather_agreed(
+    output_tensor: torch.Tensor,
+    input_tensor: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    async_op: bool,
+    table: Codebook | None,
+    verify: bool | None,
+    err: int = 0,
+) -> dist.Work | None:
+    """:func:`all_gather_into_tensor` past the native fast path; ``err``: a local error the
+    caller found (reported in the descriptor, so that every rank raises)."""
+    nbytes = input_tensor.numel() * input_tensor.element_size()
     g = _transport.resolve(group, input_tensor)
-    err = _agree.check_pair(
+    err = err or _agree.check_pair(
         g, input_tensor, output_tensor, output_tensor.numel(), input_tensor.numel() * g.world
     )
     agreed = _agree.agree(
@@ -140,8 +155,10 @@ def all_gather(
     ``tensor_list[r]`` receives rank r's ``tensor``. Where every entry of ``tensor_list`` has
     ``tensor``'s shape and dtype, the call gathers into one flat buffer with
     :func:`all_gather_into_tensor` (``table`` and ``verify`` passed on; compressed where it
-    pays) and copies the pieces out; otherwise, or where the switch keeps it native and it is
-    not verified, it is torch.distributed.all_gather as is.
+    pays) and copies the pieces out; where the switch keeps it native and it is not verified, it
+    is torch.distributed.all_gather as is, and so is an uneven list on NCCL (which gathers
+    those); on gloo an entry of another shape or dtype is a CollectiveMismatchError on every
+    rank.
 
     Only ``bfloat16``, ``float16``, ``float32``, ``float8_e4m3fn`` and ``float8_e5m2`` tensors are
     ever compressed; other dtypes take torch's path (FP8 travels as bytes there, so gloo moves it
@@ -205,14 +222,15 @@ def all_gather(
         True
     """
     nbytes = tensor.numel() * tensor.element_size()
-    if _agree.direct(group, tensor, "all_gather", nbytes, -1, verify) or not all(
-        t.shape == tensor.shape and t.dtype == tensor.dtype for t in tensor_list
-    ):
+    alike = all(t.shape == tensor.shape and t.dtype == tensor.dtype for t in tensor_list)
+    uneven = not alike and _agree.device_exchange(group, tensor)  # NCCL gathers uneven lists
+    if uneven or _agree.direct(group, tensor, "all_gather", nbytes, -1, verify):
         return dist.all_gather(
             [_slots.as_wire(t) for t in tensor_list], _slots.as_wire(tensor), group, async_op
         )
     flat = torch.empty(len(tensor_list) * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-    all_gather_into_tensor(flat, tensor.contiguous(), group, table=table, verify=verify)
+    err = 0 if alike else _exchange.UNLIKE_LIST
+    _gather_agreed(flat, tensor.contiguous(), group, False, table, verify, err)
     for t, part in zip(tensor_list, flat.view(len(tensor_list), -1), strict=True):
         t.copy_(part.view(t.shape))
     return _transport.done(async_op)
