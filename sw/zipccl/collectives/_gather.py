@@ -99,46 +99,44 @@ def all_gather_into_tensor(
         return _transport.native_all_gather(
             _slots.as_wire(output_tensor), _slots.as_wire(input_tensor), group, async_op
         )
-    return _gather_agreed(output_tensor, input_tensor, group, async_op, table, verify)
-
-
-def _gather_agreed(
-    output_tensor: torch.Tensor,
-    input_tensor: torch.Tensor,
-    group: dist.ProcessGroup | None,
-    async_op: bool,
-    table: Codebook | None,
-    verify: bool | None,
-    err: int = 0,
-) -> dist.Work | None:
-    """:func:`all_gather_into_tensor` past the native fast path; ``err``: a local error the
-    caller found (reported in the descriptor, so that every rank raises)."""
-    nbytes = input_tensor.numel() * input_tensor.element_size()
-    g = _transport.resolve(group, input_tensor)
-    err = err or _agree.check_pair(
-        g, input_tensor, output_tensor, output_tensor.numel(), input_tensor.numel() * g.world
-    )
-    agreed = _agree.agree(
-        g,
-        "all_gather",
-        input_tensor.dtype,
-        nbytes,
-        err,
-        [input_tensor.numel()],
-        table,
-        _agree.verify_policy(verify) != "0",
-        sample=input_tensor,
-        check=_agree.same_fields("all_gather", (0, "the input numel")),
-    )
+    agreed = _agreed(output_tensor, input_tensor, group, table, verify)
     if agreed.strategy != switch.COMPRESSED:
         return _transport.native_all_gather(
             _slots.as_wire(output_tensor), _slots.as_wire(input_tensor), group, async_op
         )
-    sizes = _protocols.gather_compressed(
-        agreed, _slots.flat(input_tensor), _slots.flat(output_tensor)
-    )
-    _agree.keep(replace(agreed, sizes=sizes))
+    _gather(agreed, input_tensor, output_tensor)
     return _transport.done(async_op)
+
+
+def _agreed(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    table: Codebook | None,
+    verify: bool | None,
+    err: int = 0,
+) -> _slots.Agreed:
+    """The agreed all-gather of ``input`` into ``output``; ``err``: a local error the caller
+    found (reported in the descriptor, so that every rank raises)."""
+    g = _transport.resolve(group, input)
+    err = err or _agree.check_pair(g, input, output, output.numel(), input.numel() * g.world)
+    return _agree.agree(
+        g,
+        "all_gather",
+        input.dtype,
+        input.numel() * input.element_size(),
+        err,
+        [input.numel()],
+        table,
+        _agree.verify_policy(verify) != "0",
+        sample=input,
+        check=_agree.same_fields("all_gather", (0, "the input numel")),
+    )
+
+
+def _gather(agreed: _slots.Agreed, input: torch.Tensor, output: torch.Tensor) -> None:
+    sizes = _protocols.gather_compressed(agreed, _slots.flat(input), _slots.flat(output))
+    _agree.keep(replace(agreed, sizes=sizes))
 
 
 def all_gather(
@@ -229,8 +227,13 @@ def all_gather(
             [_slots.as_wire(t) for t in tensor_list], _slots.as_wire(tensor), group, async_op
         )
     flat = torch.empty(len(tensor_list) * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-    err = 0 if alike else _exchange.UNLIKE_LIST
-    _gather_agreed(flat, tensor.contiguous(), group, False, table, verify, err)
+    x = tensor.contiguous()
+    agreed = _agreed(flat, x, group, table, verify, 0 if alike else _exchange.UNLIKE_LIST)
+    if agreed.strategy != switch.COMPRESSED:
+        return dist.all_gather(
+            [_slots.as_wire(t) for t in tensor_list], _slots.as_wire(tensor), group, async_op
+        )
+    _gather(agreed, x, flat)
     for t, part in zip(tensor_list, flat.view(len(tensor_list), -1), strict=True):
         t.copy_(part.view(t.shape))
     return _transport.done(async_op)
