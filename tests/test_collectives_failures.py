@@ -12,6 +12,8 @@ The group must then still carry a normal call.
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -316,3 +318,33 @@ def test_a_mismatched_call_raises_on_every_rank_by_default(pair, trio, case, env
             assert r["raised"] == "CollectiveMismatchError", (rank, results)
             assert MISMATCHES[case] in str(r["message"]), (rank, results)
             assert r["after"], (rank, results)
+
+
+@pytest.fixture
+def doomed_pair(tmp_path_factory):
+    """Two workers of which a test may end one."""
+    yield from _cluster(2, "gloo", tmp_path_factory)
+
+
+def sc_first_call_after_a_peer_left(rank: int, world: int) -> dict[str, object]:
+    """Rank 1 ends its process just after a new group is made; rank 0 then makes the group's
+    first zipccl call: what it raised and after how long."""
+    group = dist.new_group(list(range(world)))
+    if rank == 1:
+        threading.Timer(1.0, os._exit, (0,)).start()  # once this result is on its way
+        return {}
+    time.sleep(3.0)
+    start = time.monotonic()
+    try:
+        zipccl.all_gather_into_tensor(torch.empty(world * N, dtype=torch.bfloat16), data(rank))
+        raised = None
+    except Exception as exc:
+        raised = type(exc).__name__
+    return {"raised": raised, "seconds": time.monotonic() - start}
+
+
+def test_a_peer_gone_before_a_groups_first_call_fails_it_at_once(doomed_pair):
+    """The group's settings agreement runs on the group (gloo notices the closed connection)
+    instead of waiting in its store for the group's timeout (issue 37 item 3)."""
+    result = doomed_pair.run(sc_first_call_after_a_peer_left, env=ALWAYS)[0]
+    assert result["raised"] is not None and result["seconds"] < FAST_S, result
