@@ -1,7 +1,7 @@
 """The one agreement exchange of a call, and the closing agreement on its outcome.
 
 A verified zipccl collective (see the package docstring for when: by default every call on
-zipccl's own protocols, none on the native fast path) starts with one tiny all-gather of a
+gloo, and on NCCL every call on zipccl's own protocols) starts with one tiny all-gather of a
 fixed-length int64 *descriptor* (op, dtype, sizes, table hash, a local error code, ..., and for
 a call that may compress the words of its sample summary, which the device appends; a planned
 call sends its plan's tag instead and zeros there: the package docstring, Plans). Its length
