@@ -336,7 +336,8 @@ def sc_first_call_after_a_peer_left(rank: int, world: int) -> dict[str, object]:
     time.sleep(3.0)
     start = time.monotonic()
     try:
-        zipccl.all_gather_into_tensor(torch.empty(world * N, dtype=torch.bfloat16), data(rank))
+        out = torch.empty(world * N, dtype=torch.bfloat16)
+        zipccl.all_gather_into_tensor(out, data(rank), group=group)
         raised = None
     except Exception as exc:
         raised = type(exc).__name__

@@ -104,13 +104,13 @@ def overhead(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
     return rows
 
 
-TORCH_NAME = {  # the torch.distributed function zipccl's native path calls
-    "all_gather": _transport.ALL_GATHER,
-    "all_to_all": "all_to_all_single",
-    "all_to_all_splits": "all_to_all_single",
-    "reduce_scatter": _transport.REDUCE_SCATTER,
-    "all_reduce": "all_reduce",
-    "broadcast": "broadcast",
+TORCH_NAMES = {  # the torch.distributed functions the two paths call (current, old names)
+    "all_gather": {_transport.ALL_GATHER, "all_gather_into_tensor"},
+    "all_to_all": {"all_to_all_single"},
+    "all_to_all_splits": {"all_to_all_single"},
+    "reduce_scatter": {_transport.REDUCE_SCATTER, "reduce_scatter_tensor"},
+    "all_reduce": {"all_reduce"},
+    "broadcast": {"broadcast"},
 }
 
 
@@ -120,16 +120,17 @@ def host_cost(
     """Microseconds zipccl adds to a call on its unverified native path, free of transport
     noise: both closures timed with the torch.distributed op replaced by a no-op (local, no
     communication)."""
-    name = TORCH_NAME[op]
-    real = getattr(dist, name)
-    setattr(dist, name, lambda *args, **kwargs: None)
+    real = {name: getattr(dist, name) for name in TORCH_NAMES[op]}
+    for name in real:
+        setattr(dist, name, lambda *args, **kwargs: None)
     try:
         t = [
             statistics.median(timeit.repeat(fn, number=calls // 5, repeat=5)) / (calls // 5)
             for fn in (zipped, native)
         ]
     finally:
-        setattr(dist, name, real)
+        for name, fn in real.items():
+            setattr(dist, name, fn)
     return 1e6 * (t[0] - t[1])
 
 

@@ -339,7 +339,7 @@ def reduce_op_number(op: object) -> int:
 
 
 def _reduce_op_name(number: int) -> str:
-    names = {int(v): k for k, v in ReduceOp.RedOpType.__members__.items()}
+    names = {v.value: k for k, v in ReduceOp.RedOpType.__members__.items()}
     return names.get(int(number), "none" if number == -1 else f"unnumbered ({number})")
 
 
