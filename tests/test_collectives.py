@@ -887,6 +887,31 @@ def test_unpack_checks_every_header_against_the_agreed_piece():
             unpack.settle(streams)
 
 
+def test_unpack_refuses_a_piece_whose_alignment_gaps_are_not_zero():
+    """Issue 37 item 9: the host decode took a received piece with junk in its alignment gaps
+    (every decoder of the format requires zeros there; the header's CRC does not cover them)."""
+    from zipccl.collectives._transport import Group
+    from zipccl.golden.container import Sections
+
+    x = data(5, 3000, torch.bfloat16, huge=False)
+    table = codec.default_table(x)
+    c = codec.compress(x, table)
+    fmt = _slots.Unpack(Group(None, 0, 2, torch.device("cpu"), "gloo"), x.dtype).fmt
+    (lo, _), *_ = Sections.of(fmt, x.numel(), codec.DEFAULT_BLOCK).gaps
+    seg = _slots.Seg(x.numel(), codec.fixed_part_bytes(x.dtype, x.numel()), c.nbytes)
+    bad = c.buffer.clone()
+    bad[lo] = 1
+    unpack = _slots.Unpack(Group(None, 0, 2, torch.device("cpu"), "gloo"), x.dtype)
+    with pytest.raises(ValueError, match="alignment gap"):
+        unpack("gap", bad, seg, table, torch.empty_like(x))
+
+
+def test_a_failure_report_in_an_unknown_phase_is_a_peer_error():
+    """Issue 37 item 9: a peer's report naming a phase that does not exist raised KeyError."""
+    with pytest.raises(zipccl.collectives.PeerError, match="rank 1 failed in an unknown phase 7"):
+        _exchange._raise_reported("all_gather", None, 0, {1: (7, "ValueError: lies")})
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from([torch.bfloat16, torch.float16, torch.float32]), st.integers(0, 2**32 - 1))
 def test_two_part_sum_is_the_reference_reduction(dtype, seed):
