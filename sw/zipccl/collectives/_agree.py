@@ -396,7 +396,7 @@ def all_reduce_strategy(
     cached per group and call shape. :func:`zipccl.ddp_hook` uses it to hand native buckets
     straight to torch. In ``auto`` mode the group's first decision measures (or loads) the
     switch's profile, a collective, so every rank must ask at the same point; a group's first
-    zipccl call also agrees on the settings (a store round trip).
+    zipccl call also agrees on the settings (one round trip).
 
     Args:
         tensor (Tensor): the tensor that would be all-reduced.

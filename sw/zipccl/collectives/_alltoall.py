@@ -32,8 +32,8 @@ def all_to_all_single(
     Even splits (both split arguments None or empty) follow the verification policy like every
     other op: torch then needs the same input size on every rank. With explicit splits the sizes
     differ per rank, so no rank can decide alone: the call goes straight to torch only where the
-    profile never compresses this dtype (``switch.can_compress``) and ``ZIPCCL_VERIFY`` is not 1;
-    otherwise it exchanges the descriptor -- which then also checks the splits -- whatever the
+    profile never compresses this dtype (``switch.can_compress``) and the policy does not verify
+    it (``ZIPCCL_VERIFY=0``; ``auto`` on NCCL); otherwise it exchanges the descriptor -- which then also checks the splits -- whatever the
     policy, because every rank must use the same strategy and chunk count. So in auto mode every
     rank must pass its splits the same way (all None or all lists).
 
