@@ -33,9 +33,10 @@ def all_to_all_single(
     other op: torch then needs the same input size on every rank. With explicit splits the sizes
     differ per rank, so no rank can decide alone: the call goes straight to torch only where the
     profile never compresses this dtype (``switch.can_compress``) and the policy does not verify
-    it (``ZIPCCL_VERIFY=0``; ``auto`` on NCCL); otherwise it exchanges the descriptor -- which then also checks the splits -- whatever the
-    policy, because every rank must use the same strategy and chunk count. So in auto mode every
-    rank must pass its splits the same way (all None or all lists).
+    it (``ZIPCCL_VERIFY=0``; ``auto`` on NCCL); otherwise it exchanges the descriptor -- which
+    then also checks the splits -- whatever the policy, because every rank must use the same
+    strategy and chunk count. So in auto mode every rank must pass its splits the same way (all
+    None or all lists).
 
     Rank i's rows ``input_split_sizes[j]`` (dimension 0) go to rank j, which receives them at
     ``output_split_sizes[i]``; bit-identical to torch's result. A compressed call moves every
