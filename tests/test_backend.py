@@ -313,7 +313,7 @@ def sc_passed_through(rank: int, world: int) -> dict[str, object]:
         "objects": objects == [{"rank": r} for r in range(world)],
         "coalesced": all(t.eq(world).all() for t in coalesced),
         "premul_sum_native": "PREMUL_SUM with Gloo" in premul,
-        "zipccl": STATS.strategy or STATS.sent,
+        "zipccl": STATS.strategy not in ("", "native") or STATS.sent,  # agreed, then native
     }
 
 

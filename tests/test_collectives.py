@@ -380,7 +380,7 @@ def sc_calls(
 ) -> dict:
     """One zipccl call under the job's env with every torch.distributed call logged.
 
-    Returns the logged call names, whether the only call got the caller's own tensors and
+    Returns the logged call names, whether the last call got the caller's own tensors and
     ``async_op`` and its result came back unchanged, and whether the result equals a direct
     torch.distributed call (bit for bit; reductions: up to NaN payloads) and the fp32 rank-order
     reference (reductions).
@@ -400,7 +400,7 @@ def sc_calls(
     else:
         ref = [zipccl.reference_reduce(inputs)] if case == "all_reduce" else want
     same = same_reduction if case in ("reduce_scatter", "all_reduce") else same_bits
-    _, args, kwargs, result = log[0]
+    _, args, kwargs, result = log[-1]
     passed = _tensors(args)
     return {
         "calls": [entry[0] for entry in log],
@@ -755,12 +755,9 @@ def test_explicit_table(pair):
     ],
 )
 def test_mismatch_raises_on_every_rank(pair, case, needle):
-    """Debug mode (ZIPCCL_VERIFY=1) catches every mismatch, on native and compressed paths; the
-    default policy still verifies every compressed call (the mode case aside: there one rank's
-    auto call is native and goes straight to torch)."""
-    envs = [{**ALWAYS, **DEBUG}, {"ZIPCCL_MODE": "auto", **DEBUG}]
-    if case != "mode":
-        envs.append(ALWAYS)
+    """Debug mode (ZIPCCL_VERIFY=1) and, on gloo, the default policy catch every mismatch, on
+    native and compressed paths."""
+    envs = [{**ALWAYS, **DEBUG}, {"ZIPCCL_MODE": "auto", **DEBUG}, ALWAYS, {"ZIPCCL_MODE": "auto"}]
     for env in envs:
         profile = "native" if env["ZIPCCL_MODE"] == "auto" else None
         msgs = pair.run(sc_mismatch, case, profile, env=env)
@@ -784,23 +781,25 @@ AUTO = {"ZIPCCL_MODE": "auto"}
 
 @pytest.mark.parametrize("async_op", [False, True])
 @pytest.mark.parametrize("case", list(CASES))
-def test_auto_native_is_one_torch_call(pair, case, async_op):
-    """Auto with a native profile: exactly one torch.distributed call with the caller's tensors
-    and async_op, torch's own result (Work or None) returned, no descriptor, same bits."""
-    for r in pair.run(sc_calls, case, async_op, "native", env=AUTO):
-        assert r["calls"] == [CASES[case]], r
-        assert r["caller_args"] and r["torch_result"] and r["same_as_torch"], r
+def test_auto_native_is_the_exchange_and_one_torch_call(pair, case, async_op):
+    """Auto with a native profile on gloo: the descriptor exchange, then exactly one
+    torch.distributed call with the caller's tensors and async_op, torch's own result (Work or
+    None) returned, same bits; with ZIPCCL_VERIFY=0, that call alone."""
+    for verify, before in ((None, [_transport.ALL_GATHER, "exchange"]), (False, [])):
+        for r in pair.run(sc_calls, case, async_op, "native", verify, env=AUTO):
+            assert r["calls"] == [*before, CASES[case]], r
+            assert r["caller_args"] and r["torch_result"] and r["same_as_torch"], r
 
 
 @pytest.mark.parametrize("case", ["reduce_scatter", "all_reduce"])
 def test_native_reduce_opt_in_three_ranks(trio, case):
     """W = 3: auto runs its own a2a_reduce (verified, the rank-order reference) unless
-    ZIPCCL_NATIVE_REDUCE=1, which hands the call straight to the backend's reduction."""
+    ZIPCCL_NATIVE_REDUCE=1, which hands the call (once agreed) to the backend's reduction."""
     for r in trio.run(sc_calls, case, False, "native", env=AUTO):
         assert r["calls"][:2] == [_transport.ALL_GATHER, "exchange"], r
         assert r["same_as_reference"], r
     for r in trio.run(sc_calls, case, True, "native", env={**AUTO, "ZIPCCL_NATIVE_REDUCE": "1"}):
-        assert r["calls"] == [CASES[case]], r
+        assert r["calls"] == [_transport.ALL_GATHER, "exchange", CASES[case]], r
         assert r["caller_args"] and r["torch_result"] and r["same_as_torch"], r
 
 
@@ -808,12 +807,13 @@ def test_native_reduce_opt_in_three_ranks(trio, case):
 def test_verification_policy(pair, case):
     """Compressed calls exchange the descriptor once whatever the policy (it carries the sample
     summaries that size their pieces; a compressed all-reduce's all-gather half exchanges its
-    shards' summaries too); verify=True and ZIPCCL_VERIFY=1 verify native calls, and
-    ZIPCCL_VERIFY=0 leaves them alone."""
+    shards' summaries too); on gloo the default verifies native calls too, as do verify=True and
+    ZIPCCL_VERIFY=1, and verify=False leaves them alone."""
     compressed = 2 if case == "all_reduce" else 1
     runs = [
         (ALWAYS, None, None, compressed),
         ({**ALWAYS, "ZIPCCL_VERIFY": "0"}, None, None, compressed),
+        (AUTO, "native", None, 1),
         (AUTO, "native", True, 1),
         ({**AUTO, **DEBUG}, "native", None, 1),
         ({**AUTO, **DEBUG}, "native", False, 0),
@@ -885,6 +885,31 @@ def test_unpack_checks_every_header_against_the_agreed_piece():
         unpack.note("wrong", c.buffer, wrong, book)
         with pytest.raises(ValueError, match="corrupt compressed header"):
             unpack.settle(streams)
+
+
+def test_unpack_refuses_a_piece_whose_alignment_gaps_are_not_zero():
+    """Issue 37 item 9: the host decode took a received piece with junk in its alignment gaps
+    (every decoder of the format requires zeros there; the header's CRC does not cover them)."""
+    from zipccl.collectives._transport import Group
+    from zipccl.golden.container import Sections
+
+    x = data(5, 3000, torch.bfloat16, huge=False)
+    table = codec.default_table(x)
+    c = codec.compress(x, table)
+    fmt = _slots.Unpack(Group(None, 0, 2, torch.device("cpu"), "gloo"), x.dtype).fmt
+    (lo, _), *_ = Sections.of(fmt, x.numel(), codec.DEFAULT_BLOCK).gaps
+    seg = _slots.Seg(x.numel(), codec.fixed_part_bytes(x.dtype, x.numel()), c.nbytes)
+    bad = c.buffer.clone()
+    bad[lo] = 1
+    unpack = _slots.Unpack(Group(None, 0, 2, torch.device("cpu"), "gloo"), x.dtype)
+    with pytest.raises(ValueError, match="alignment gap"):
+        unpack("gap", bad, seg, table, torch.empty_like(x))
+
+
+def test_a_failure_report_in_an_unknown_phase_is_a_peer_error():
+    """Issue 37 item 9: a peer's report naming a phase that does not exist raised KeyError."""
+    with pytest.raises(zipccl.collectives.PeerError, match="rank 1 failed in an unknown phase 7"):
+        _exchange._raise_reported("all_gather", None, 0, {1: (7, "ValueError: lies")})
 
 
 @settings(max_examples=60, deadline=None)

@@ -12,6 +12,8 @@ The group must then still carry a normal call.
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -25,7 +27,7 @@ from zipccl.golden.container import CRC_AT
 from zipccl.golden.theory import SAMPLE_SIZE
 
 from tests._collectives_cluster import Cluster, short_timeout_cluster
-from tests.test_collectives import lopsided
+from tests.test_collectives import installed, lopsided
 
 GROUP_TIMEOUT_S = 15
 FAST_S = GROUP_TIMEOUT_S / 3  # every rank raises well before a waiting rank would time out
@@ -233,3 +235,117 @@ def sc_one_pair_overflows(rank: int, world: int) -> bool:
 def test_a_resend_between_two_ranks_reaches_every_rank(trio):
     env = {**ALWAYS, "ZIPCCL_CHUNK_BYTES": str(1 << 20)}
     assert trio.run(sc_one_pair_overflows, env=env) == [True] * 3
+
+
+# --------------------------------------------------------------------------- mismatched calls
+
+
+def _mismatched(case: str, rank: int, world: int) -> None:
+    """Rank 1 calls differently from the others, in ways where one side's call may go native
+    while the other's compresses (issue 37 item 1)."""
+    odd = rank == 1
+    if case == "int32_vs_fp32":  # same bytes: int32 is never compressed, fp32 is
+        x = torch.ones(N, dtype=torch.float32 if odd else torch.int32)
+        zipccl.all_gather_into_tensor(torch.empty(world * N, dtype=x.dtype), x)
+    elif case == "empty_vs_full":
+        x = data(rank)[: N if odd else 0]
+        zipccl.all_gather_into_tensor(torch.empty(world * x.numel(), dtype=x.dtype), x)
+    elif case in ("premul_sum", "band"):  # native-only reduce ops against SUM
+        other = dist.ReduceOp.PREMUL_SUM if case == "premul_sum" else dist.ReduceOp.BAND
+        zipccl.all_reduce(data(rank).float(), op=dist.ReduceOp.SUM if odd else other)
+    elif case == "band_vs_bor":
+        ops = (dist.ReduceOp.BAND, dist.ReduceOp.BOR)
+        zipccl.all_reduce(torch.ones(N, dtype=torch.int32), op=ops[odd])
+    elif case == "list_entry_shape":
+        x = data(rank)
+        outs = [torch.empty_like(x) for _ in range(world)]
+        if odd:
+            outs[0] = torch.empty(N // 2, 2, dtype=x.dtype)
+        zipccl.all_gather(outs, x)
+    elif case == "all_reduce_numel":
+        zipccl.all_reduce(torch.ones(2000 if odd else 1000))
+    else:
+        raise ValueError(case)
+
+
+def sc_mismatched(rank: int, world: int, case: str, profile: str | None) -> dict[str, object]:
+    """What each rank raised for a mismatched call and after how long, and whether the group
+    then still carries a plain torch all-gather."""
+    _plans.forget()
+    start = time.monotonic()
+    try:
+        with installed(profile):
+            _mismatched(case, rank, world)
+        raised = message = None
+    except Exception as exc:
+        raised, message = type(exc).__name__, str(exc)
+    seconds = time.monotonic() - start
+    out = torch.empty(world * N, dtype=torch.bfloat16)
+    dist.all_gather_into_tensor(out, data(rank))
+    after = torch.equal(
+        out.view(torch.int16), torch.cat([data(r) for r in range(world)]).view(torch.int16)
+    )
+    return {"raised": raised, "message": message, "seconds": seconds, "after": after}
+
+
+MISMATCHES = {
+    "int32_vs_fp32": "disagree on the dtype (rank 0: int32, rank 1: float32",
+    "empty_vs_full": "disagree on the input numel (rank 0: 0, rank 1: 6000",
+    "premul_sum": "disagree on the reduce op (rank 0: PREMUL_SUM, rank 1: SUM",
+    "band": "disagree on the reduce op (rank 0: BAND, rank 1: SUM",
+    "band_vs_bor": "disagree on the reduce op (rank 0: BAND, rank 1: BOR",
+    "list_entry_shape": "rank 1: an entry of the output list differs from the input",
+    "all_reduce_numel": "disagree on the tensor numel (rank 0: 1000, rank 1: 2000",
+}
+
+
+@pytest.mark.parametrize(
+    ("env", "profile"),
+    [(ALWAYS, None), ({"ZIPCCL_MODE": "auto"}, "native"), ({"ZIPCCL_MODE": "auto"}, None)],
+    ids=["always", "auto_native", "auto_unprofiled"],
+)
+@pytest.mark.parametrize("case", list(MISMATCHES))
+def test_a_mismatched_call_raises_on_every_rank_by_default(pair, trio, case, env, profile):
+    """Under the default ZIPCCL_VERIFY, every rank raises the same CollectiveMismatchError at
+    once -- also where one rank's call would go native and another's compress (gloo crashed or
+    returned wrong data), or both native (gloo aborted on sizes that differ) -- and the group
+    still works. ``auto_unprofiled``: no profile yet, whose loading (a collective) must not
+    precede the agreement."""
+    for ranks in (pair, trio) if case == "int32_vs_fp32" else (pair,):
+        results = ranks.run(sc_mismatched, case, profile, env=env)
+        for rank, r in enumerate(results):
+            assert r["seconds"] < FAST_S, (rank, results)
+            assert r["raised"] == "CollectiveMismatchError", (rank, results)
+            assert MISMATCHES[case] in str(r["message"]), (rank, results)
+            assert r["after"], (rank, results)
+
+
+@pytest.fixture
+def doomed_pair(tmp_path_factory):
+    """Two workers of which a test may end one."""
+    yield from _cluster(2, "gloo", tmp_path_factory)
+
+
+def sc_first_call_after_a_peer_left(rank: int, world: int) -> dict[str, object]:
+    """Rank 1 ends its process just after a new group is made; rank 0 then makes the group's
+    first zipccl call: what it raised and after how long."""
+    group = dist.new_group(list(range(world)))
+    if rank == 1:
+        threading.Timer(1.0, os._exit, (0,)).start()  # once this result is on its way
+        return {}
+    time.sleep(3.0)
+    start = time.monotonic()
+    try:
+        out = torch.empty(world * N, dtype=torch.bfloat16)
+        zipccl.all_gather_into_tensor(out, data(rank), group=group)
+        raised = None
+    except Exception as exc:
+        raised = type(exc).__name__
+    return {"raised": raised, "seconds": time.monotonic() - start}
+
+
+def test_a_peer_gone_before_a_groups_first_call_fails_it_at_once(doomed_pair):
+    """The group's settings agreement runs on the group (gloo notices the closed connection)
+    instead of waiting in its store for the group's timeout (issue 37 item 3)."""
+    result = doomed_pair.run(sc_first_call_after_a_peer_left, env=ALWAYS)[0]
+    assert result["raised"] is not None and result["seconds"] < FAST_S, result

@@ -1,5 +1,6 @@
 """The collectives' exceptions, below every module that raises them (settings agree on values
-through the group's store and raise the same mismatch error as the collectives)."""
+through a group's own all-gather or its store and raise the same mismatch error as the
+collectives)."""
 
 from __future__ import annotations
 

@@ -3,13 +3,15 @@ agreed across a group's ranks.
 
 Ranks that disagree on one of them would run different protocols -- one compressing, one not;
 one exchanging a descriptor, one calling torch straight away; different chunk counts -- and abort
-or hang inside the transport. So every group agrees on them once, through its store, before its
-first zipccl call (the ``zipccl`` backend: when the group is created): each rank publishes its
-values, and every rank reads every rank's, so all raise the same
-:class:`~zipccl.CollectiveMismatchError` within one store round trip, naming each rank's
-value. The store, not a collective, carries it: it cannot collide with a collective another rank
-is already in. Values are still read at every call (tests and benchmarks change them between
-calls); a program that changes them must change them on every rank between the same two calls.
+or hang inside the transport. So every group agrees on them once, before its first zipccl call:
+each rank publishes its values, and every rank reads every rank's, so all raise the same
+:class:`~zipccl.CollectiveMismatchError` within one round trip, naming each rank's value. A gloo
+group agrees in one small all-gather of its own (:func:`agree_in`): a peer that is gone fails it
+at once, where a store would wait out the group's timeout. An NCCL group, where a collective
+would not notice a dead peer sooner, and the ``zipccl`` backend, when it creates a group, agree
+through the group's store (:func:`agree`). Values are still read at every call (tests and
+benchmarks change them between calls); a program that changes them must change them on every
+rank between the same two calls.
 
 Settings that leave the bytes on the wire unchanged are parsed here too but not agreed
 (:data:`LOCAL_KEYS`: which kernels this process runs, what it logs); ``ZIPCCL_CACHE_DIR``, a
@@ -24,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from zipccl._errors import CollectiveMismatchError
@@ -178,7 +181,36 @@ def agree(store: dist.Store, rank: int, world: int) -> Settings:
     keys = [f"zipccl/settings/{round_no}/{r}" for r in range(world)]
     store.set(keys[rank], _SEP.join(mine))
     store.wait(keys)
-    ranks = [value.decode().split(_SEP) for value in store.multi_get(keys)]
+    return _checked([value.decode().split(_SEP) for value in store.multi_get(keys)])
+
+
+_WIDTH = 64  # bytes of a setting's published text in agree_in (a longer one: its start)
+
+
+def agree_in(group: dist.ProcessGroup) -> Settings:
+    """:func:`agree` in one all-gather of ``group`` (host tensors: gloo), every rank's text of
+    each setting cut or padded to _WIDTH bytes. Every rank of the group must call it."""
+    mine = b"".join(
+        text.encode(errors="backslashreplace")[:_WIDTH].ljust(_WIDTH, b"\0")
+        for text in _published(raw())
+    )
+    row = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+    rows = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(rows, row, group=group)
+    return _checked(
+        [
+            [
+                r.numpy().tobytes()[i : i + _WIDTH].rstrip(b"\0").decode(errors="replace")
+                for i in range(0, len(mine), _WIDTH)
+            ]
+            for r in rows
+        ]
+    )
+
+
+def _checked(ranks: list[list[str]]) -> Settings:
+    """This rank's settings, if every rank published the same values (``ranks``: each rank's,
+    KEYS order); else the same CollectiveMismatchError on every rank."""
     differ = [i for i in range(len(KEYS)) if len({values[i] for values in ranks}) > 1]
     if differ:
         what = "; ".join(
@@ -199,8 +231,11 @@ def ensure_agreed(group: dist.ProcessGroup) -> None:
     ranks have already: before a group's first zipccl call."""
     if group in _AGREED:
         return
-    store = dist.distributed_c10d._get_process_group_store(group)
-    agree(store, dist.get_rank(group), dist.get_world_size(group))
+    if "nccl" in str(dist.get_backend(group)).lower():
+        store = dist.distributed_c10d._get_process_group_store(group)
+        agree(store, dist.get_rank(group), dist.get_world_size(group))
+    else:
+        agree_in(group)
     _AGREED.add(group)
 
 
@@ -216,6 +251,7 @@ __all__ = [
     "VERIFY_POLICIES",
     "Settings",
     "agree",
+    "agree_in",
     "current",
     "ensure_agreed",
     "mark_agreed",

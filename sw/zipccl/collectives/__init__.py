@@ -26,17 +26,19 @@ default: each rank's own theory table, carried inside its buffers) and ``verify`
 The native fast path: each call first takes a *local* decision from values every rank shares in a
 correct program -- op, dtype, the collective's size, reduce op, world size, ``ZIPCCL_MODE`` and
 the rank-agreed switch profile -- cached per group and call shape, so it is a few dict lookups.
-When that decision is native and no verification is asked for, zipccl calls the torch.distributed
-op with the caller's own tensors and ``async_op`` and returns torch's own Work: no descriptor, no
-allocation, no copy, no sync.
+When that decision is native, zipccl calls the torch.distributed op with the caller's own tensors
+and ``async_op`` and returns torch's own Work: no allocation, no copy; and where no verification
+is asked for (by default: on NCCL), no descriptor and no sync.
 
 Verification (``verify=`` overrides ``ZIPCCL_VERIFY``): the descriptor exchange -- one small
 all-gather and a host sync -- turns mismatched calls (dtype, sizes, splits, table, src, reduce op,
 mode, different ops) into a CollectiveMismatchError on every rank.
 
-* ``auto`` (default): verify every call that takes zipccl's own protocols (compressed,
-  a2a_reduce) -- there a mismatch would otherwise hang or corrupt -- and hand native calls
-  straight to torch, whose behaviour on mismatched arguments is then exactly torch's.
+* ``auto`` (default): verify every call on a host transport (gloo), native ones included -- a
+  rank going native while another compresses, or two native calls of different sizes, would
+  otherwise abort gloo or corrupt its output -- and on NCCL every call that takes zipccl's own
+  protocols (compressed, a2a_reduce), handing native NCCL calls straight to torch (an exchange
+  there is a host sync), whose behaviour on mismatched arguments is then exactly torch's.
 * ``1``: verify every call (debug mode); ``0``: only where the exchange happens anyway (below;
   the DDP hook, whose buckets DDP already keeps identical). ``ZIPCCL_MODE=never`` bypasses
   zipccl altogether, verification included.

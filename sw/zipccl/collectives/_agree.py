@@ -50,9 +50,10 @@ VERIFY_POLICIES = settings.VERIFY_POLICIES
 def verify_policy(verify: bool | None = None) -> str:
     """The verification policy of one call: ``verify`` if given, else ``ZIPCCL_VERIFY``.
 
-    ``auto`` (default): exchange the descriptor for calls that take zipccl's own protocols
-    (compressed, a2a_reduce) and hand native calls straight to torch; ``1``: every call (debug);
-    ``0``: none.
+    ``auto`` (default): exchange the descriptor for every call on a host transport (gloo: a
+    host round trip, no device sync) and, on NCCL, for calls that take zipccl's own protocols
+    (compressed, a2a_reduce) -- native NCCL calls go straight to torch, since the exchange would
+    make the host wait for the device; ``1``: every call (debug); ``0``: none.
     """
     if verify is not None:
         return "1" if verify else "0"
@@ -69,19 +70,28 @@ def direct(
 ) -> bool:
     """Whether this call goes straight to torch.distributed with the caller's own arguments.
 
-    True when the local decision is native and the policy does not ask for verification
-    (``ZIPCCL_MODE=never`` always bypasses zipccl), and for a group of the ``zipccl`` backend,
-    which compresses inside. The decision depends only on values every rank shares in a correct
-    program -- the group's first call checks that they do (:func:`entered`) -- so no rank can
-    take the other branch.
+    True under ``ZIPCCL_MODE=never`` (zipccl bypassed), for a group of the ``zipccl`` backend
+    (which compresses inside), and where the local decision is native and the policy does not
+    ask for verification (:func:`verify_policy`). The decision depends only on values every rank
+    shares in a correct program -- the group's first call checks that they do (:func:`entered`);
+    where they differ (a mismatched call), the ranks that verify meet in the descriptor
+    exchange, so on a host transport ``auto`` verifies every call: a rank going native there
+    while its peers compress would crash or corrupt gloo.
     """
     if entered(group):
         return True
     env = settings.raw()
     policy = verify_policy(verify)
-    if policy == "1":  # first: the local decision may load the profile, itself a collective
-        return switch.mode() == "never"  # that ranks in different modes would not match
+    if policy == "1" or (policy == "auto" and not device_exchange(group, t)):
+        # before the local decision: it may load the profile, a collective of its own that
+        # mismatched calls would not match
+        return switch.mode() == "never"
     return _local_strategy(group, t, name, nbytes, red_code, env) == switch.NATIVE
+
+
+def device_exchange(group: dist.ProcessGroup | None, t: torch.Tensor) -> bool:
+    """Whether this call's descriptor exchange would run on the device (NCCL): a host sync."""
+    return t.is_cuda and "nccl" in str(dist.get_backend(group)).lower()
 
 
 def entered(group: dist.ProcessGroup | None) -> bool:
@@ -158,6 +168,7 @@ def agree(
     red: ReduceOpArg | None = None,
     sample: torch.Tensor | None = None,
     check: Callable[[np.ndarray], None] | None = None,
+    sizes_differ: bool = False,
 ) -> _slots.Agreed:
     """Exchange the descriptor (if asked, or if the call compresses: the exchange also carries
     every rank's sample summary of ``sample``, which the compressed protocols size their pieces
@@ -166,7 +177,9 @@ def agree(
 
     Without ``exchange_desc`` (an even call, whose size every rank shares in a correct program)
     the local plan tells whether the call compresses; with it, nothing collective may precede the
-    exchange (loading the profile is one), so every call that could compress sends a summary.
+    exchange (loading the profile is one), so the local plan is made first only where it needs
+    no collective -- else, and where the ranks' sizes differ (``sizes_differ``: an all-to-all
+    with explicit splits), every call that could compress sends a summary.
 
     A key's later calls (zipccl._plans) send their plan's tag instead of a summary, in the same
     exchange: where every rank sent the same tag they take the plan -- no summary, table or
@@ -182,7 +195,7 @@ def agree(
         _exchange.dtype_code(dtype),
         _exchange.to_i64(table_hash(table)),
         MODE_CODES[mode],
-        red_code,
+        -1 if red is None else reduce_op_number(red),
         nbytes,
     ]
     group = switch.group_key(g.pg)
@@ -194,7 +207,8 @@ def agree(
             _slots.STATS.strategy = plan.agreed.strategy
             return _settled(replace(plan.agreed, ticket=replace(ticket, previous=plan)))
         exchange_desc = True  # the ranks' plans differ: every rank exchanges afresh, below
-    local = None if exchange_desc else strategy_and_chunks(g, name, dtype, nbytes, red_code)
+    plan_first = not exchange_desc or not (sizes_differ or _needs_profile(g, dtype, mode))
+    local = strategy_and_chunks(g, name, dtype, nbytes, red_code) if plan_first else None
     if local is None:  # no collective before the exchange (the profile is one): a guess
         may_compress = dtype in _exchange.CODEC_DTYPES and red_code != 99 and mode != "never"
     else:
@@ -253,7 +267,7 @@ def _exchanged(
         lambda h: f"{h % (1 << 64):#018x}",
     )
     _exchange.require_same(rows, 4, "ZIPCCL_MODE", name, lambda m: switch.MODES[m])
-    _exchange.require_same(rows, 5, "the reduce op", name)
+    _exchange.require_same(rows, 5, "the reduce op", name, _reduce_op_name)
     if check is not None:
         check(rows[:, _FIELDS:])
     _check_sizes(rows, name, g.world, itemsize)
@@ -309,6 +323,26 @@ def _extra_fields(world: int) -> int:
     return 2 * world + 1
 
 
+def _needs_profile(g: _transport.Group, dtype: torch.dtype, mode: str) -> bool:
+    """Whether the local plan of a call could load the group's profile (a collective)."""
+    loaded = switch.profile_key(g.pg, g.staged) in switch.PROFILES
+    return mode == "auto" and dtype in _exchange.CODEC_DTYPES and not loaded
+
+
+def reduce_op_number(op: object) -> int:
+    """The descriptor's reduce op: torch's own number for it (ReduceOp.RedOpType; PREMUL_SUM and
+    the bitwise ops too, so BAND against SUM is a mismatch), -2 for one torch does not number."""
+    try:
+        return int(getattr(op, "op", op))  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return -2
+
+
+def _reduce_op_name(number: int) -> str:
+    names = {v.value: k for k, v in ReduceOp.RedOpType.__members__.items()}
+    return names.get(int(number), "none" if number == -1 else f"unnumbered ({number})")
+
+
 def reduce_code(op: object) -> int:
     """0..4 for the ops zipccl reduces locally, 99 for the rest (PREMUL_SUM, bitwise): native."""
     try:
@@ -362,7 +396,7 @@ def all_reduce_strategy(
     cached per group and call shape. :func:`zipccl.ddp_hook` uses it to hand native buckets
     straight to torch. In ``auto`` mode the group's first decision measures (or loads) the
     switch's profile, a collective, so every rank must ask at the same point; a group's first
-    zipccl call also agrees on the settings (a store round trip).
+    zipccl call also agrees on the settings (one round trip).
 
     Args:
         tensor (Tensor): the tensor that would be all-reduced.

@@ -32,10 +32,11 @@ def all_to_all_single(
     Even splits (both split arguments None or empty) follow the verification policy like every
     other op: torch then needs the same input size on every rank. With explicit splits the sizes
     differ per rank, so no rank can decide alone: the call goes straight to torch only where the
-    profile never compresses this dtype (``switch.can_compress``) and ``ZIPCCL_VERIFY`` is not 1;
-    otherwise it exchanges the descriptor -- which then also checks the splits -- whatever the
-    policy, because every rank must use the same strategy and chunk count. So in auto mode every
-    rank must pass its splits the same way (all None or all lists).
+    profile never compresses this dtype (``switch.can_compress``) and the policy does not verify
+    it (``ZIPCCL_VERIFY=0``; ``auto`` on NCCL); otherwise it exchanges the descriptor -- which
+    then also checks the splits -- whatever the policy, because every rank must use the same
+    strategy and chunk count. So in auto mode every rank must pass its splits the same way (all
+    None or all lists).
 
     Rank i's rows ``input_split_sizes[j]`` (dimension 0) go to rank j, which receives them at
     ``output_split_sizes[i]``; bit-identical to torch's result. A compressed call moves every
@@ -79,8 +80,8 @@ def all_to_all_single(
             exchanged sample summaries. Ignored where the call goes straight to torch.
         verify (bool, optional): True: exchange the descriptor for every call, native ones too
             (``ZIPCCL_VERIFY=1``); False: only where the protocol exchanges it anyway
-            (``ZIPCCL_VERIFY=0``); None (default): ``ZIPCCL_VERIFY`` (``auto``: calls that take
-            zipccl's own protocols).
+            (``ZIPCCL_VERIFY=0``); None (default): ``ZIPCCL_VERIFY`` (``auto``: every call on
+            gloo; on NCCL the calls that take zipccl's own protocols).
 
     Returns:
         A Work if ``async_op``, else None: torch's own where the call went to torch.distributed,
@@ -139,6 +140,7 @@ def all_to_all_single(
         not even or _agree.verify_policy(verify) != "0",
         sample=input,
         check=lambda fields: _check_splits(fields, g.world),
+        sizes_differ=not even,
     )
     if agreed.strategy != switch.COMPRESSED:
         return dist.all_to_all_single(

@@ -65,8 +65,8 @@ def broadcast(
             exchanged sample summaries. Ignored where the call goes straight to torch.
         verify (bool, optional): True: exchange the descriptor for every call, native ones too
             (``ZIPCCL_VERIFY=1``); False: only where the protocol exchanges it anyway
-            (``ZIPCCL_VERIFY=0``); None (default): ``ZIPCCL_VERIFY`` (``auto``: calls that take
-            zipccl's own protocols).
+            (``ZIPCCL_VERIFY=0``); None (default): ``ZIPCCL_VERIFY`` (``auto``: every call on
+            gloo; on NCCL the calls that take zipccl's own protocols).
 
     Returns:
         A Work if ``async_op``, else None: torch's own where the call went to torch.distributed,

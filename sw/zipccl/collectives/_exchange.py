@@ -1,7 +1,7 @@
 """The one agreement exchange of a call, and the closing agreement on its outcome.
 
 A verified zipccl collective (see the package docstring for when: by default every call on
-zipccl's own protocols, none on the native fast path) starts with one tiny all-gather of a
+gloo, and on NCCL every call on zipccl's own protocols) starts with one tiny all-gather of a
 fixed-length int64 *descriptor* (op, dtype, sizes, table hash, a local error code, ..., and for
 a call that may compress the words of its sample summary, which the device appends; a planned
 call sends its plan's tag instead and zeros there: the package docstring, Plans). Its length
@@ -42,8 +42,10 @@ ERRORS = {
     5: "tensors are on the wrong device for this process group's backend",
     6: "src is not a rank of the group",
     8: "table is neither a golden Codebook nor None",
+    9: "an entry of the output list differs from the input in shape or dtype",
 }
 BAD_TABLE = 8
+UNLIKE_LIST = 9
 
 
 SUMMARY_FAILED = 7  # the error code of a rank whose exchange ``fill`` raised (not a mismatch)

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from zipccl import switch
-from zipccl.collectives import _agree, _protocols, _slots, _transport
+from zipccl.collectives import _agree, _exchange, _protocols, _slots, _transport
 from zipccl.golden.codebook import Codebook
 
 
@@ -63,8 +63,8 @@ def all_gather_into_tensor(
             exchanged sample summaries. Ignored where the call goes straight to torch.
         verify (bool, optional): True: exchange the descriptor for every call, native ones too
             (``ZIPCCL_VERIFY=1``); False: only where the protocol exchanges it anyway
-            (``ZIPCCL_VERIFY=0``); None (default): ``ZIPCCL_VERIFY`` (``auto``: calls that take
-            zipccl's own protocols).
+            (``ZIPCCL_VERIFY=0``); None (default): ``ZIPCCL_VERIFY`` (``auto``: every call on
+            gloo; on NCCL the calls that take zipccl's own protocols).
 
     Returns:
         A Work if ``async_op``, else None: torch's own where the call went to torch.distributed,
@@ -99,31 +99,44 @@ def all_gather_into_tensor(
         return _transport.native_all_gather(
             _slots.as_wire(output_tensor), _slots.as_wire(input_tensor), group, async_op
         )
-    g = _transport.resolve(group, input_tensor)
-    err = _agree.check_pair(
-        g, input_tensor, output_tensor, output_tensor.numel(), input_tensor.numel() * g.world
-    )
-    agreed = _agree.agree(
-        g,
-        "all_gather",
-        input_tensor.dtype,
-        nbytes,
-        err,
-        [input_tensor.numel()],
-        table,
-        _agree.verify_policy(verify) != "0",
-        sample=input_tensor,
-        check=_agree.same_fields("all_gather", (0, "the input numel")),
-    )
+    agreed = _agreed(output_tensor, input_tensor, group, table, verify)
     if agreed.strategy != switch.COMPRESSED:
         return _transport.native_all_gather(
             _slots.as_wire(output_tensor), _slots.as_wire(input_tensor), group, async_op
         )
-    sizes = _protocols.gather_compressed(
-        agreed, _slots.flat(input_tensor), _slots.flat(output_tensor)
-    )
-    _agree.keep(replace(agreed, sizes=sizes))
+    _gather(agreed, input_tensor, output_tensor)
     return _transport.done(async_op)
+
+
+def _agreed(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    table: Codebook | None,
+    verify: bool | None,
+    err: int = 0,
+) -> _slots.Agreed:
+    """The agreed all-gather of ``input`` into ``output``; ``err``: a local error the caller
+    found (reported in the descriptor, so that every rank raises)."""
+    g = _transport.resolve(group, input)
+    err = err or _agree.check_pair(g, input, output, output.numel(), input.numel() * g.world)
+    return _agree.agree(
+        g,
+        "all_gather",
+        input.dtype,
+        input.numel() * input.element_size(),
+        err,
+        [input.numel()],
+        table,
+        _agree.verify_policy(verify) != "0",
+        sample=input,
+        check=_agree.same_fields("all_gather", (0, "the input numel")),
+    )
+
+
+def _gather(agreed: _slots.Agreed, input: torch.Tensor, output: torch.Tensor) -> None:
+    sizes = _protocols.gather_compressed(agreed, _slots.flat(input), _slots.flat(output))
+    _agree.keep(replace(agreed, sizes=sizes))
 
 
 def all_gather(
@@ -140,8 +153,10 @@ def all_gather(
     ``tensor_list[r]`` receives rank r's ``tensor``. Where every entry of ``tensor_list`` has
     ``tensor``'s shape and dtype, the call gathers into one flat buffer with
     :func:`all_gather_into_tensor` (``table`` and ``verify`` passed on; compressed where it
-    pays) and copies the pieces out; otherwise, or where the switch keeps it native and it is
-    not verified, it is torch.distributed.all_gather as is.
+    pays) and copies the pieces out; where the switch keeps it native and it is not verified, it
+    is torch.distributed.all_gather as is, and so is an uneven list on NCCL (which gathers
+    those); on gloo an entry of another shape or dtype is a CollectiveMismatchError on every
+    rank.
 
     Only ``bfloat16``, ``float16``, ``float32``, ``float8_e4m3fn`` and ``float8_e5m2`` tensors are
     ever compressed; other dtypes take torch's path (FP8 travels as bytes there, so gloo moves it
@@ -175,8 +190,8 @@ def all_gather(
             exchanged sample summaries. Ignored where the call goes straight to torch.
         verify (bool, optional): True: exchange the descriptor for every call, native ones too
             (``ZIPCCL_VERIFY=1``); False: only where the protocol exchanges it anyway
-            (``ZIPCCL_VERIFY=0``); None (default): ``ZIPCCL_VERIFY`` (``auto``: calls that take
-            zipccl's own protocols).
+            (``ZIPCCL_VERIFY=0``); None (default): ``ZIPCCL_VERIFY`` (``auto``: every call on
+            gloo; on NCCL the calls that take zipccl's own protocols).
 
     Returns:
         A Work if ``async_op``, else None: torch's own where the call went to
@@ -205,14 +220,20 @@ def all_gather(
         True
     """
     nbytes = tensor.numel() * tensor.element_size()
-    if _agree.direct(group, tensor, "all_gather", nbytes, -1, verify) or not all(
-        t.shape == tensor.shape and t.dtype == tensor.dtype for t in tensor_list
-    ):
+    alike = all(t.shape == tensor.shape and t.dtype == tensor.dtype for t in tensor_list)
+    uneven = not alike and _agree.device_exchange(group, tensor)  # NCCL gathers uneven lists
+    if uneven or _agree.direct(group, tensor, "all_gather", nbytes, -1, verify):
         return dist.all_gather(
             [_slots.as_wire(t) for t in tensor_list], _slots.as_wire(tensor), group, async_op
         )
     flat = torch.empty(len(tensor_list) * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-    all_gather_into_tensor(flat, tensor.contiguous(), group, table=table, verify=verify)
+    x = tensor.contiguous()
+    agreed = _agreed(flat, x, group, table, verify, 0 if alike else _exchange.UNLIKE_LIST)
+    if agreed.strategy != switch.COMPRESSED:
+        return dist.all_gather(
+            [_slots.as_wire(t) for t in tensor_list], _slots.as_wire(tensor), group, async_op
+        )
+    _gather(agreed, x, flat)
     for t, part in zip(tensor_list, flat.view(len(tensor_list), -1), strict=True):
         t.copy_(part.view(t.shape))
     return _transport.done(async_op)

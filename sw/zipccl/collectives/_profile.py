@@ -140,7 +140,9 @@ def _sizes(g: _transport.Group) -> list[int]:
 def measure(g: _transport.Group) -> Profile:
 
     sizes = _sizes(g)
-    closures = {(op, s): native_op(g, op, s) for op in switch.OPS for s in sizes}
+    closures: dict[object, Callable[[], object]] = {
+        (op, s): native_op(g, op, s) for op in switch.OPS for s in sizes
+    }
     closures |= {("wire", op, s): wire_op(g, op, s) for op in switch.WIRE_OPS for s in sizes}
     timed = timed_together(closures, g.cuda)
 
