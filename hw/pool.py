@@ -32,8 +32,10 @@ and puts their symbols back in packet order:
   every counted packet is decoded (known a clock later: a registered check of every engine),
   so each packet is decoded with the table in force when its count arrived.
 
-Throughput: E symbols per clock while E packets are in flight, so on a stream of many packets;
-one packet alone decodes at one symbol per clock.
+Throughput: up to E symbols per clock while E packets are in flight, so on a stream of many
+packets; the output spends ceil(P / E) beats and one clock (the look at the engine's error) on a
+P-symbol packet, so P / (ceil(P / E) + 1) per clock at most (11.770 for P = 1024 at E = 12). One
+packet alone decodes at one symbol per clock.
 """
 
 from __future__ import annotations
