@@ -98,9 +98,9 @@ def test_table_write_waits_for_counted_packets() -> None:
 
 
 def test_twelve_engines_in_order_around_a_table_write() -> None:
-    """The 12-engine pool (hw.synth places it: a billion symbols per second on the ECP5):
-    packets round the engines and past them, a table write between two of them, random
-    valid/ready everywhere: every symbol in order, each packet under its own table."""
+    """The 12-engine pool (sized for a billion symbols per second on the ECP5): packets round
+    the engines and past them, a table write between two of them, random valid/ready
+    everywhere: every symbol in order, each packet under its own table."""
     seed, engines = 12, 12
     rng = np.random.default_rng(seed)
     shape = Shape.pool(engines)
