@@ -71,7 +71,7 @@ class QLCEncoder(wiring.Component):
         s2_length = Signal(range(MAX_CODE_LENGTH + 1))
 
         # table writes, only between packets; they win over a new packet's first symbol
-        tw_take = table_write_port(m, self.tw, ~in_packet, wr, Mem.ENC)
+        tw_take = table_write_port(m, self.tw, ~in_packet, [wr], Mem.ENC)
 
         # handshakes: each stage advances when the one after it can take its contents
         pack = add_packer(

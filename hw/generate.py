@@ -3,7 +3,7 @@
     python -m zipccl.hw.generate [--out out/verilog] [--table TABLE.json] [--tops TOP ...]
 
 writes ``qlc_encoder.v``, ``qlc_decoder.v``, ``qlc_loopback.v``, the multi-lane blocks
-``qlc_encoder_x{N}.v`` (N = 2, 4, 8, 32), ``qlc_decoder_x{N}.v`` and ``qlc_loopback_x{N}.v``
+``qlc_encoder_x{N}.v`` (N = 2, 4, 8, 16, 32), ``qlc_decoder_x{N}.v`` and ``qlc_loopback_x{N}.v``
 (N = 2, 4, 8), the AXI4-Stream tops ``qlc_{encoder,decoder}_axis.v`` and
 ``qlc_{encoder,decoder}_axis_x{N}.v`` (hw/axis.py), the decoder pools (hw/pool.py)
 ``qlc_decoder_pool_x{E}.v`` and ``qlc_decoder_pool_axis_x{E}.v`` (E = 2, 4, 8) -- their memories
@@ -38,7 +38,7 @@ TOPS: dict[str, Callable[[Codebook | None], wiring.Component]] = {
     "qlc_encoder": QLCEncoder,
     "qlc_decoder": QLCDecoder,
     "qlc_loopback": QLCLoopback,
-    **{f"qlc_encoder_x{n}": partial(QLCEncoderN, n) for n in (*MULTI_LANES, ENCODER_ONLY_LANES)},
+    **{f"qlc_encoder_x{n}": partial(QLCEncoderN, n) for n in (*MULTI_LANES, *ENCODER_ONLY_LANES)},
     **{f"qlc_decoder_x{n}": partial(QLCDecoderN, n) for n in MULTI_LANES},
     **{f"qlc_loopback_x{n}": partial(QLCLoopback, lanes=n) for n in MULTI_LANES},
     **{f"qlc_decoder_pool_x{n}": partial(QLCDecoderPool, n) for n in POOL_ENGINES},

@@ -47,7 +47,7 @@ from zipccl.hw.tables import (
 )
 
 MULTI_LANES = (2, 4, 8)  # both blocks (the single-lane blocks are N = 1)
-ENCODER_ONLY_LANES = 32  # the encoder's batch width in the QLC paper
+ENCODER_ONLY_LANES = (16, 32)  # 16: a billion symbols/s on an ECP5; 32: the QLC paper's batch
 
 
 def beat_layout(words: int) -> data.StructLayout:
@@ -107,7 +107,10 @@ class QLCEncoderN(wiring.Component):
     def __init__(self, lanes: int, book: Codebook | None = None) -> None:
         self.lanes, self.words = lanes, words_per_beat(lanes)
         self.book = book or default_book()
-        self.lut = encoder_lut(self.book)
+        # a copy of the table per lane, each with one read port: as a flow with 2-port block
+        # RAMs maps it, and within yosys' memory_libmap, whose search over one memory's many
+        # read ports exhausted the dev machine's memory at 16 ports
+        self.luts = [encoder_lut(self.book) for _ in range(lanes)]
         super().__init__(
             {
                 "i": In(stream.Signature(lane_layout(lanes))),
@@ -119,9 +122,11 @@ class QLCEncoderN(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         n_lanes, beat = self.lanes, WORD_BITS * self.words
-        m.submodules.lut = lut = self.lut
-        rds = [lut.read_port() for _ in range(n_lanes)]
-        wr = lut.write_port()
+        rds, wrs = [], []
+        for j, lut in enumerate(self.luts):
+            m.submodules[f"lut{j}"] = lut
+            rds.append(lut.read_port())
+            wrs.append(lut.write_port())
 
         in_packet = Signal()
         s1_valid, s1_last, s1_count = Signal(), Signal(), Signal(range(n_lanes + 1))
@@ -129,7 +134,7 @@ class QLCEncoderN(wiring.Component):
         s2_codes = [Signal(MAX_CODE_LENGTH, name=f"s2_code{j}") for j in range(n_lanes)]
         s2_lens = [Signal(range(MAX_CODE_LENGTH + 1), name=f"s2_len{j}") for j in range(n_lanes)]
 
-        tw_take = table_write_port(m, self.tw, ~in_packet, wr, Mem.ENC)
+        tw_take = table_write_port(m, self.tw, ~in_packet, wrs, Mem.ENC)
 
         # stage 3: the merge tree, one register per level
         tree = MergeTree(

@@ -21,22 +21,26 @@ and puts their symbols back in packet order:
 - **Engines**: hw.decoder's single lane, on one-word beats as when it stands alone (a window of
   the single lane's width, so its clock rate), each with its own tables.
 - **Collect**: each engine's symbols are packed E to a beat into its output FIFO (``depth`` beats,
-  a 4096-symbol packet at E = 4); the output takes packet p's beats from engine p mod E, so the
-  symbol beats are hw.multilane's counted layout in packet order.
+  a 4096-symbol packet's at E = 4; ``default_depth``), then through two 3-beat FIFOs (one takes
+  the block RAM's output where it lies, one feeds the output); the output takes packet p's beats
+  from engine p mod E, so the symbol beats are hw.multilane's counted layout in packet order.
 - **Errors**: an engine that meets an illegal codeword or bad padding stops. The pool raises
   ``error`` when the output has sent every symbol of the packets before that one and every
   symbol the engine emitted before its error, and then takes and sends nothing, as the single
   lane does.
 - **Tables**: a pending table write stops new counts; it goes to every engine at once when
-  every counted packet is decoded, so each packet is decoded with the table in force when its
-  count arrived.
+  every counted packet is decoded (known a clock later: a registered check of every engine),
+  so each packet is decoded with the table in force when its count arrived.
 
-Throughput: E symbols per clock while E packets are in flight, so on a stream of many packets;
-one packet alone decodes at one symbol per clock.
+Throughput: up to E symbols per clock while E packets are in flight, so on a stream of many
+packets; the output spends ceil(P / E) beats and one clock (the look at the engine's error) on a
+P-symbol packet, so P / (ceil(P / E) + 1) per clock at most (11.770 for P = 1024 at E = 12). One
+packet alone decodes at one symbol per clock.
 """
 
 from __future__ import annotations
 
+import itertools
 import operator
 from functools import reduce
 
@@ -56,7 +60,7 @@ from zipccl.hw.tables import (
     words_per_beat,
 )
 
-POOL_ENGINES = (2, 4, 8)
+POOL_ENGINES = (2, 4, 8, 12)
 COUNT_DEPTH = 8  # counts queued per engine
 DISPATCH_MARGIN = 3  # FIFO entries kept free: the room a ready reads is a clock old, a write late
 TAIL_DEPTH = 3  # the smallest SyncFIFOBuffered that moves a beat every clock
@@ -73,6 +77,13 @@ def _pick(flags: list[Value], index: Value) -> Value:
     return Cat(*flags).bit_select(index, 1)
 
 
+def default_depth(engines: int) -> int:
+    """FIFO depth in beats: 1024 holds a 4096-symbol packet's symbols at E = 4; past 8 engines,
+    512 still holds them (342 beats at E = 12) and keeps the FIFOs within the LFE5U-85F's 208
+    block RAMs (a DP16KD is 512 x 36 or 1024 x 18)."""
+    return 1024 if engines <= 8 else 512
+
+
 def pool_beat_layout(size: int) -> data.StructLayout:
     """A beat ``size`` words wide (``data``, its first word on top) that holds its first
     ``words`` words, and ``last`` on a packet's final beat."""
@@ -83,7 +94,10 @@ class QLCDecoderPool(wiring.Component):
     """Counts (``n``) and word beats with ``last`` (``i``) -> E-symbol beats (``o``) in packet
     order; ``tw`` loads every engine's tables."""
 
-    def __init__(self, engines: int, book: Codebook | None = None, *, depth: int = 1024) -> None:
+    def __init__(
+        self, engines: int, book: Codebook | None = None, *, depth: int | None = None
+    ) -> None:
+        depth = default_depth(engines) if depth is None else depth
         if engines < 2:
             raise ValueError(f"a pool needs at least 2 engines, got {engines}")
         if depth <= HOLD_MARGIN:
@@ -111,29 +125,35 @@ class QLCDecoderPool(wiring.Component):
         beats = [SyncFIFOBuffered(width=beat.size, depth=self.depth) for _ in engines]
         width = lane_layout(e_count).size
         outs = [SyncFIFOBuffered(width=width, depth=self.depth) for _ in engines]
-        # a small FIFO behind each block-RAM FIFO (its output registered): the output's choices
-        # (the beat's ``last``, the next engine) start from a register, not a block RAM's output
+        # two small FIFOs behind each block-RAM FIFO: the first takes the block RAM's slow output
+        # where it lies, the second brings the beats to the output, whose choices (the beat's
+        # ``last``, the next engine) so start from a register near them
+        nears = [SyncFIFOBuffered(width=width, depth=TAIL_DEPTH) for _ in engines]
         tails = [SyncFIFOBuffered(width=width, depth=TAIL_DEPTH) for _ in engines]
-        parts_of = zip(engines, counts, beats, outs, tails, strict=True)
+        parts_of = zip(engines, counts, beats, outs, nears, tails, strict=True)
         for k, parts in enumerate(parts_of):
-            names = ("engine", "counts", "beats", "out", "tail")
+            names = ("engine", "counts", "beats", "out", "near", "tail")
             for name, part in zip(names, parts, strict=True):
                 m.submodules[f"{name}{k}"] = part
             self._feed_engine(m, k, *parts[:3])
-            out, tail = parts[3:]
-            m.d.comb += [
-                tail.w_data.eq(out.r_data),
-                tail.w_en.eq(out.r_rdy),
-                out.r_en.eq(tail.w_rdy),
-            ]
+            for src, dst in itertools.pairwise(parts[3:]):
+                m.d.comb += [
+                    dst.w_data.eq(src.r_data),
+                    dst.w_en.eq(src.r_rdy),
+                    src.r_en.eq(dst.w_rdy),
+                ]
 
         # micro-step 1, tables: a pending write holds new counts back, and goes to all engines
-        # once every counted packet is decoded (an engine's tw.ready: no packet in its pipeline)
-        settled = Signal()
-        m.d.comb += self.tw.ready.eq(settled & ~err)
+        # once every counted packet is decoded (an engine's tw.ready: no packet in its pipeline).
+        # Whether they are is registered (a path through every engine), so it is a clock old:
+        # then every engine was idle, with no count on its way; since then only a count taken
+        # in that clock, on its way now, can have made one busy.
+        settled, was_settled, ready = Signal(), Signal(), Signal()
+        m.d.sync += was_settled.eq(settled)
+        m.d.comb += self.tw.ready.eq(ready)
         for e in engines:
             m.d.comb += [
-                e.tw.valid.eq(self.tw.valid & settled & ~err),
+                e.tw.valid.eq(self.tw.valid & ready),
                 e.tw.payload.eq(self.tw.payload),
             ]
 
@@ -148,7 +168,10 @@ class QLCDecoderPool(wiring.Component):
             e.tw.ready & (c.level == 0) & ~sent
             for e, c, sent in zip(engines, counts, counts_sent, strict=True)
         ]
-        m.d.comb += settled.eq(reduce(operator.and_, idle))
+        m.d.comb += [
+            settled.eq(reduce(operator.and_, idle)),
+            ready.eq(was_settled & ~reduce(operator.or_, counts_sent) & ~err),
+        ]
 
         # micro-step 3, pack: each engine's symbols, E to a beat, into its output FIFO
         pairs = enumerate(zip(engines, outs, strict=True))
@@ -166,7 +189,8 @@ class QLCDecoderPool(wiring.Component):
         sent = self.o.valid & self.o.ready
         engine_err = _pick([e.error for e in engines], serve)
         empty = [
-            (o.level == 0) & (t.level == 0) & p for o, t, p in zip(outs, tails, packed, strict=True)
+            (o.level == 0) & (n.level == 0) & (t.level == 0) & p
+            for o, n, t, p in zip(outs, nears, tails, packed, strict=True)
         ]
         emptied = _pick(empty, serve)
         # after a packet's last beat, one clock's look at its engine's error (bad padding rises

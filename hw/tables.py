@@ -9,6 +9,7 @@ write stream can feed both blocks: each block keeps the memories it uses and dro
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 from amaranth import Module, Signal, Value, unsigned
 from amaranth.lib import data, memory
@@ -93,16 +94,18 @@ def encoder_lut(book: Codebook) -> memory.Memory:
     return memory.Memory(shape=ENC_WORD_BITS, depth=ALPHABET, init=book.encoder_words())
 
 
-def table_write_port(m: Module, tw, ready: Value, wr, mem: Mem) -> Value:
+def table_write_port(m: Module, tw, ready: Value, wrs: Sequence, mem: Mem) -> Value:
     """Accept ``tw`` beats while ``ready`` and write those addressed to ``mem`` through the memory
-    write port ``wr``; returns the beat-taken signal (for the tables a block keeps in registers)."""
+    write ports ``wrs`` (one per copy of the table); returns the beat-taken signal (for the
+    tables a block keeps in registers)."""
     take = tw.valid & ready
-    m.d.comb += [
-        tw.ready.eq(ready),
-        wr.addr.eq(tw.payload.addr),
-        wr.data.eq(tw.payload.data),
-        wr.en.eq(take & (tw.payload.mem == mem)),
-    ]
+    m.d.comb += tw.ready.eq(ready)
+    for port in wrs:
+        m.d.comb += [
+            port.addr.eq(tw.payload.addr),
+            port.data.eq(tw.payload.data),
+            port.en.eq(take & (tw.payload.mem == mem)),
+        ]
     return take
 
 
@@ -123,7 +126,7 @@ class DecoderTables:
     def write_port(self, m: Module, tw, ready: Value, wr) -> None:
         """Take ``tw`` beats while ``ready``: ranks through the memory write port ``wr``, region
         words and the count into their registers."""
-        take = table_write_port(m, tw, ready, wr, Mem.RANK)
+        take = table_write_port(m, tw, ready, [wr], Mem.RANK)
         with m.If(take & (tw.payload.mem == Mem.REGION)), m.Switch(tw.payload.addr):
             for p, reg in enumerate(self.regions):
                 with m.Case(p):

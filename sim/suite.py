@@ -80,10 +80,10 @@ def _tops() -> dict[str, Top]:
         "qlc_decoder": Top(decode_packets, DEC_IN, SINGLE),
         "qlc_loopback": Top(loopback_packets, DEC_IN, SINGLE),
     }
-    for n in (*MULTI_LANES, ENCODER_ONLY_LANES):
+    for n in (*MULTI_LANES, *ENCODER_ONLY_LANES):
         shape = Shape(n, words_per_beat(n), counted=True)
         tops[f"qlc_encoder_x{n}"] = Top(encode_packets, ENC_IN, shape)
-        if n != ENCODER_ONLY_LANES:  # the per-offset logic of N lanes is slow under Icarus
+        if n not in ENCODER_ONLY_LANES:  # the per-offset logic of N lanes is slow under Icarus
             slow = "smoke" if n >= 8 else "quick"
             tops[f"qlc_decoder_x{n}"] = Top(decode_packets, DEC_IN, shape, slow)
             # covered by its two blocks

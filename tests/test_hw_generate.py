@@ -97,8 +97,9 @@ def test_table_write_beats_follow_the_layouts() -> None:
 def test_synth_reports_figures(tmp_path) -> None:
     from zipccl.hw.synth import synth_block
 
-    fig = synth_block("qlc_encoder", tmp_path)
-    assert fig.rams == 1 and 0 < fig.luts < 5280 and fig.fmax_mhz > 0
+    fig = synth_block("qlc_encoder", tmp_path, seeds=(1, 2, 3))
+    assert fig.rams == 1 and 0 < fig.luts < 5280
+    assert set(fig.seeds_mhz) == {1, 2, 3} and fig.fmax_mhz == sorted(fig.seeds_mhz.values())[1]
 
 
 @pytest.mark.slow

@@ -97,6 +97,29 @@ def test_table_write_waits_for_counted_packets() -> None:
     _run(4, seed, 0.7, 0.7, body, depth=64)
 
 
+def test_twelve_engines_in_order_around_a_table_write() -> None:
+    """The 12-engine pool (sized for a billion symbols per second on the ECP5): packets round
+    the engines and past them, a table write between two of them, random valid/ready
+    everywhere: every symbol in order, each packet under its own table."""
+    seed, engines = 12, 12
+    rng = np.random.default_rng(seed)
+    shape = Shape.pool(engines)
+    old, new = SETS[0], SETS[3]
+    first = [symbol_mix(rng, old.symbols, int(rng.integers(1, 40))) for _ in range(engines + 3)]
+    second = [symbol_mix(rng, new.symbols, int(rng.integers(1, 40))) for _ in range(5)]
+
+    async def body(bench):
+        await bench.feed({"tw": table_beats(old.book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
+        await bench.feed({"n": [len(p) for p in first], "i": _beats(shape, old.book, first)})
+        await bench.feed({"tw": table_beats(new.book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
+        await bench.feed({"n": [len(p) for p in second], "i": _beats(shape, new.book, second)})
+        want = [b for p in first + second for b in shape.symbol_beats(p)]
+        await bench.drain(len(want))
+        assert shape.symbols_of(bench.sink.got) == shape.symbols_of(want)
+
+    _run(engines, seed, 0.7, 0.7, body, depth=16)
+
+
 @pytest.mark.parametrize("engines", [2, 4])
 @pytest.mark.parametrize("kind", ["illegal", "padding"])
 def test_error_in_one_packet_stops_the_packets_after_it(engines: int, kind: str) -> None:
