@@ -21,7 +21,7 @@ from zipccl.sim.bench import (
     illegal_stream,
     table_beats,
 )
-from zipccl.sim.cases import builder_sets, illegal_book, length_set, load_data, symbol_mix
+from zipccl.sim.cases import DataSet, builder_sets, illegal_book, length_set, load_data, symbol_mix
 from zipccl.sim.suite import DEC_IN, packets_of, with_padding
 
 DATA = load_data()
@@ -75,15 +75,18 @@ def test_e_packets_decode_at_once() -> None:
     assert stats.symbols / stats.cycles > 3.0, stats
 
 
-def test_table_write_waits_for_counted_packets() -> None:
-    """A table write queued while the engines still decode the packets counted before it:
-    those keep the old table, the packets after it get the new one."""
-    seed = 5
-    rng = np.random.default_rng(seed)
-    shape = Shape.pool(4)
-    old, new = SETS[1], SETS[4]
-    first = [symbol_mix(rng, old.symbols, 200) for _ in range(6)]
-    second = [symbol_mix(rng, new.symbols, 150) for _ in range(5)]
+def _around_a_table_write(
+    engines: int,
+    seed: int,
+    old: DataSet,
+    new: DataSet,
+    first: list[np.ndarray],
+    second: list[np.ndarray],
+    depth: int,
+) -> None:
+    """Packets ``first`` under table ``old``, a table write, packets ``second`` under ``new``,
+    through a pool of ``engines`` with random valid/ready: every symbol back in order."""
+    shape = Shape.pool(engines)
 
     async def body(bench):
         await bench.feed({"tw": table_beats(old.book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
@@ -94,7 +97,18 @@ def test_table_write_waits_for_counted_packets() -> None:
         await bench.drain(len(want))
         assert shape.symbols_of(bench.sink.got) == shape.symbols_of(want)
 
-    _run(4, seed, 0.7, 0.7, body, depth=64)
+    _run(engines, seed, 0.7, 0.7, body, depth=depth)
+
+
+def test_table_write_waits_for_counted_packets() -> None:
+    """A table write queued while the engines still decode the packets counted before it:
+    those keep the old table, the packets after it get the new one."""
+    seed = 5
+    rng = np.random.default_rng(seed)
+    old, new = SETS[1], SETS[4]
+    first = [symbol_mix(rng, old.symbols, 200) for _ in range(6)]
+    second = [symbol_mix(rng, new.symbols, 150) for _ in range(5)]
+    _around_a_table_write(4, seed, old, new, first, second, depth=64)
 
 
 def test_twelve_engines_in_order_around_a_table_write() -> None:
@@ -103,21 +117,10 @@ def test_twelve_engines_in_order_around_a_table_write() -> None:
     everywhere: every symbol in order, each packet under its own table."""
     seed, engines = 12, 12
     rng = np.random.default_rng(seed)
-    shape = Shape.pool(engines)
     old, new = SETS[0], SETS[3]
     first = [symbol_mix(rng, old.symbols, int(rng.integers(1, 40))) for _ in range(engines + 3)]
     second = [symbol_mix(rng, new.symbols, int(rng.integers(1, 40))) for _ in range(5)]
-
-    async def body(bench):
-        await bench.feed({"tw": table_beats(old.book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
-        await bench.feed({"n": [len(p) for p in first], "i": _beats(shape, old.book, first)})
-        await bench.feed({"tw": table_beats(new.book, (Mem.REGION, Mem.RANK, Mem.COUNT))})
-        await bench.feed({"n": [len(p) for p in second], "i": _beats(shape, new.book, second)})
-        want = [b for p in first + second for b in shape.symbol_beats(p)]
-        await bench.drain(len(want))
-        assert shape.symbols_of(bench.sink.got) == shape.symbols_of(want)
-
-    _run(engines, seed, 0.7, 0.7, body, depth=16)
+    _around_a_table_write(engines, seed, old, new, first, second, depth=16)
 
 
 @pytest.mark.parametrize("engines", [2, 4])
