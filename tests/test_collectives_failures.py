@@ -159,16 +159,28 @@ def sc_fault(
     _plans.forget()
     if cached:
         _call(lib, op, rank, world, src)
-    start = time.monotonic()
-    try:
+
+    def faulty() -> None:
         with injected(fault, rank == culprit):
             _call(lib, op, rank, world, src)
+
+    return _outcome(faulty, rank, world, lib.all_gather_into_tensor)
+
+
+def _outcome(
+    call: Callable[[], object], rank: int, world: int, gather: Callable[..., object]
+) -> dict[str, object]:
+    """What ``call`` raised on this rank and after how long, then whether a plain all-gather
+    (``gather``) on the same group still gives every rank's data."""
+    start = time.monotonic()
+    try:
+        call()
         raised = message = None
     except Exception as exc:
         raised, message = type(exc).__name__, str(exc)
     seconds = time.monotonic() - start
     out = torch.empty(world * N, dtype=torch.bfloat16)
-    lib.all_gather_into_tensor(out, data(rank))
+    gather(out, data(rank))
     after = torch.equal(
         out.view(torch.int16), torch.cat([data(r) for r in range(world)]).view(torch.int16)
     )
@@ -272,20 +284,12 @@ def sc_mismatched(rank: int, world: int, case: str, profile: str | None) -> dict
     """What each rank raised for a mismatched call and after how long, and whether the group
     then still carries a plain torch all-gather."""
     _plans.forget()
-    start = time.monotonic()
-    try:
+
+    def mismatched() -> None:
         with installed(profile):
             _mismatched(case, rank, world)
-        raised = message = None
-    except Exception as exc:
-        raised, message = type(exc).__name__, str(exc)
-    seconds = time.monotonic() - start
-    out = torch.empty(world * N, dtype=torch.bfloat16)
-    dist.all_gather_into_tensor(out, data(rank))
-    after = torch.equal(
-        out.view(torch.int16), torch.cat([data(r) for r in range(world)]).view(torch.int16)
-    )
-    return {"raised": raised, "message": message, "seconds": seconds, "after": after}
+
+    return _outcome(mismatched, rank, world, dist.all_gather_into_tensor)
 
 
 MISMATCHES = {
