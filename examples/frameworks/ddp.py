@@ -27,6 +27,7 @@ def main(out: str) -> None:
         optimizer.zero_grad()
     if rank == 0:
         torch.save(model.module.state_dict(), out)
+    dist.barrier()  # leave together: gloo can abort a rank whose peer tears down mid-save
     dist.destroy_process_group()
 
 

@@ -33,6 +33,7 @@ def main(out: str) -> None:
     state = {k: v.full_tensor() for k, v in model.state_dict().items()}
     if dist.get_rank() == 0:
         torch.save(state, out)
+    dist.barrier()  # leave together: gloo can abort a rank whose peer tears down mid-save
     dist.destroy_process_group()
 
 

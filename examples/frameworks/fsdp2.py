@@ -31,6 +31,7 @@ def main(out: str) -> None:
     state = {k: v.full_tensor() for k, v in model.state_dict().items()}
     if rank == 0:
         torch.save(state, out)
+    dist.barrier()  # leave together: gloo can abort a rank whose peer tears down mid-save
     dist.destroy_process_group()
 
 

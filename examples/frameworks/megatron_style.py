@@ -187,6 +187,7 @@ def main() -> None:
     state = gathered(model)
     if dist.get_rank() == 0:
         torch.save({**state, "losses": torch.stack(losses).cpu()}, args.out)
+    dist.barrier()  # leave together: gloo can abort a rank whose peer tears down mid-save
     dist.destroy_process_group()
 
 
