@@ -19,7 +19,16 @@ import zipccl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from zipccl import _torch, codec, switch
-from zipccl.collectives import STATS, _exchange, _profile, _protocols, _reduce, _slots, _transport
+from zipccl.collectives import (
+    STATS,
+    _agree,
+    _exchange,
+    _profile,
+    _protocols,
+    _reduce,
+    _slots,
+    _transport,
+)
 from zipccl.golden.container import DEFAULT_BLOCK, HEADER_BYTES
 from zipccl.golden.theory import SAMPLE_SIZE, zipccl_layout
 
@@ -306,10 +315,10 @@ CASES = {
 @contextlib.contextmanager
 def counted() -> Iterator[list[tuple]]:
     """torch.distributed's collectives and zipccl's descriptor exchange, wrapped to log every call
-    as (name, args, kwargs, result); the exchange's own all-gather is logged too."""
+    as (name, args, kwargs, result); the exchange's own round of rows is logged too ("rows")."""
     log: list[tuple] = []
     saved = {name: getattr(dist, name) for name in TORCH_OPS}
-    saved_exchange = _exchange.exchange
+    saved_exchange, saved_rows = _exchange.exchange, _exchange._swap_rows
 
     def wrap(name: str, fn: Callable) -> Callable:
         def call(*args: object, **kwargs: object) -> object:
@@ -322,21 +331,30 @@ def counted() -> Iterator[list[tuple]]:
     for name, fn in saved.items():
         setattr(dist, name, wrap(name, fn))
     _exchange.exchange = wrap("exchange", saved_exchange)
+    _exchange._swap_rows = wrap("rows", saved_rows)
     try:
         yield log
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
-        _exchange.exchange = saved_exchange
+        _exchange.exchange, _exchange._swap_rows = saved_exchange, saved_rows
 
 
 def op_case(
-    case: str, rank: int, world: int, lib: object, async_op: bool, verify: bool | None = None
+    case: str,
+    rank: int,
+    world: int,
+    lib: object,
+    async_op: bool,
+    verify: bool | None = None,
+    per: int = 600,
 ) -> tuple[Callable[[], object], list[torch.Tensor], list[torch.Tensor]]:
     """One call through ``lib`` (zipccl, with ``verify``, or torch.distributed) on fresh seeded
-    BF16 tensors: (run, the caller's tensors in torch's argument order, the results)."""
+    BF16 tensors of ``world * per`` values (600: small enough to ride in the descriptor exchange,
+    _exchange.INLINE_BYTES): (run, the caller's tensors in torch's argument order, the
+    results)."""
     kw = {"verify": verify} if lib is zipccl else {}
-    x = data(1100 + rank, world * 600, torch.bfloat16)
+    x = data(1100 + rank, world * per, torch.bfloat16)
     if case == "all_gather_into_tensor":
         out = torch.empty(world * x.numel(), dtype=x.dtype)
         return lambda: lib.all_gather_into_tensor(out, x, async_op=async_op, **kw), [out, x], [out]
@@ -349,15 +367,16 @@ def op_case(
     if case == "all_to_all_uneven":
         ins = [(rank + j) % 3 + 1 for j in range(world)]
         outs = [(i + rank) % 3 + 1 for i in range(world)]
-        x = x[: sum(ins) * 100].view(sum(ins), 100)  # over SMALL_BYTES: compressed in always
-        out = torch.empty(sum(outs), 100, dtype=x.dtype)
+        row = per // 3  # over SMALL_BYTES: compressed in always
+        x = x[: sum(ins) * row].view(sum(ins), row)
+        out = torch.empty(sum(outs), row, dtype=x.dtype)
         return (
             lambda: lib.all_to_all_single(out, x, outs, ins, async_op=async_op, **kw),
             [out, x],
             [out],
         )
     if case == "reduce_scatter":
-        out = torch.empty(600, dtype=x.dtype)
+        out = torch.empty(per, dtype=x.dtype)
         return (lambda: lib.reduce_scatter_tensor(out, x, async_op=async_op, **kw), [out, x], [out])
     t = x.clone()
     if case == "all_reduce":
@@ -377,24 +396,27 @@ def sc_calls(
     async_op: bool,
     profile: str | None = None,
     verify: bool | None = None,
+    per: int = 600,
 ) -> dict:
-    """One zipccl call under the job's env with every torch.distributed call logged.
+    """One zipccl call (op_case's, ``per``) under the job's env with every torch.distributed call
+    logged.
 
     Returns the logged call names, whether the last call got the caller's own tensors and
     ``async_op`` and its result came back unchanged, and whether the result equals a direct
     torch.distributed call (bit for bit; reductions: up to NaN payloads) and the fp32 rank-order
     reference (reductions).
     """
+    _agree.entered(None)  # the group's settings agreement, its first call's round: not logged
     with installed(profile), counted() as log:
-        run, mine, results = op_case(case, rank, world, zipccl, async_op, verify)
+        run, mine, results = op_case(case, rank, world, zipccl, async_op, verify, per)
         returned = run()
         if async_op:
             returned.wait()
-    run, _, want = op_case(case, rank, world, dist, async_op)
+    run, _, want = op_case(case, rank, world, dist, async_op, per=per)
     work = run()
     if async_op:
         work.wait()
-    inputs = [data(1100 + r, world * 600, torch.bfloat16) for r in range(world)]
+    inputs = [data(1100 + r, world * per, torch.bfloat16) for r in range(world)]
     if case == "reduce_scatter":
         ref = [zipccl.reference_reduce([x.view(world, -1)[rank] for x in inputs])]
     else:
@@ -782,24 +804,37 @@ AUTO = {"ZIPCCL_MODE": "auto"}
 @pytest.mark.parametrize("async_op", [False, True])
 @pytest.mark.parametrize("case", list(CASES))
 def test_auto_native_is_the_exchange_and_one_torch_call(pair, case, async_op):
-    """Auto with a native profile on gloo: the descriptor exchange, then exactly one
-    torch.distributed call with the caller's tensors and async_op, torch's own result (Work or
-    None) returned, same bits; with ZIPCCL_VERIFY=0, that call alone."""
-    for verify, before in ((None, [_transport.ALL_GATHER, "exchange"]), (False, [])):
-        for r in pair.run(sc_calls, case, async_op, "native", verify, env=AUTO):
+    """Auto with a native profile on gloo, a call larger than _exchange.INLINE_BYTES: the
+    descriptor exchange, then exactly one torch.distributed call with the caller's tensors and
+    async_op, torch's own result (Work or None) returned, same bits; with ZIPCCL_VERIFY=0, that
+    call alone."""
+    for verify, before in ((None, ["rows", "exchange"]), (False, [])):
+        for r in pair.run(sc_calls, case, async_op, "native", verify, 2100, env=AUTO):
             assert r["calls"] == [*before, CASES[case]], r
             assert r["caller_args"] and r["torch_result"] and r["same_as_torch"], r
+
+
+@pytest.mark.parametrize("async_op", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_small_native_call_completes_in_its_exchange(pair, case, async_op):
+    """The same call of at most _exchange.INLINE_BYTES: its input rides in the descriptor
+    exchange, which is then the call's only round -- torch's bits; with ZIPCCL_VERIFY=0 torch's
+    call alone, as above."""
+    for verify, calls in ((None, ["rows", "exchange"]), (False, [CASES[case]])):
+        for r in pair.run(sc_calls, case, async_op, "native", verify, env=AUTO):
+            assert r["calls"] == calls and r["same_as_torch"], r
 
 
 @pytest.mark.parametrize("case", ["reduce_scatter", "all_reduce"])
 def test_native_reduce_opt_in_three_ranks(trio, case):
     """W = 3: auto runs its own a2a_reduce (verified, the rank-order reference) unless
     ZIPCCL_NATIVE_REDUCE=1, which hands the call (once agreed) to the backend's reduction."""
-    for r in trio.run(sc_calls, case, False, "native", env=AUTO):
-        assert r["calls"][:2] == [_transport.ALL_GATHER, "exchange"], r
-        assert r["same_as_reference"], r
+    for per, calls in ((600, ["rows", "exchange"]), (2100, None)):  # in the exchange, or not
+        for r in trio.run(sc_calls, case, False, "native", None, per, env=AUTO):
+            assert r["calls"][:2] == ["rows", "exchange"] and r["same_as_reference"], r
+            assert calls is None or r["calls"] == calls, r
     for r in trio.run(sc_calls, case, True, "native", env={**AUTO, "ZIPCCL_NATIVE_REDUCE": "1"}):
-        assert r["calls"] == [_transport.ALL_GATHER, "exchange", CASES[case]], r
+        assert r["calls"] == ["rows", "exchange", CASES[case]], r  # fp32, 3 ranks: any order
         assert r["caller_args"] and r["torch_result"] and r["same_as_torch"], r
 
 
@@ -829,15 +864,15 @@ def test_uneven_all_to_all_agrees_where_compression_may_pay(pair, trio):
     even with ZIPCCL_VERIFY=0 (explicit splits: the ranks' sizes differ; even ones: the sample
     summaries), then moves the exact bits in one all-to-all per chunk (on gloo also between two
     ranks: _protocols.swap takes NCCL's all-gather only); the ranks' agreement on the call's
-    outcome (an all-gather) closes it."""
+    outcome (a round of rows) closes it."""
     env = {**AUTO, "ZIPCCL_VERIFY": "0"}
-    exchange = [_transport.ALL_GATHER, "exchange"]  # the exchange's own all-gather first
+    exchange = ["rows", "exchange"]  # the exchange's own round first
     runs = [(pair, "all_to_all_uneven"), (pair, "all_to_all"), (trio, "all_to_all")]
     for cluster, case in runs:
         for r in cluster.run(sc_calls, case, False, "slow_link", env=env):
             assert r["calls"][:2] == exchange and r["same_as_torch"], r
             assert set(r["calls"][2:-1]) == {"all_to_all_single"}, r
-            assert r["calls"][-1] == _transport.ALL_GATHER, r
+            assert r["calls"][-1] == "rows", r
 
 
 def test_fsdp2_comm_objects(pair):

@@ -325,7 +325,7 @@ def can_compress(p: Profile, op: str, dtype: torch.dtype, world: int) -> bool:
 # --------------------------------------------------------------------------- profiling
 
 PROFILES: dict[object, Profile] = {}
-ROUTES: dict[tuple, str] = {}  # collectives' per-call decision cache; depends on the profiles
+ROUTES: dict[tuple, tuple[str, int]] = {}  # per-call (strategy, chunks); depends on the profiles
 
 
 def set_profile(

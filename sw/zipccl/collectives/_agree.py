@@ -80,13 +80,12 @@ def direct(
     """
     if entered(group):
         return True
-    env = settings.raw()
     policy = verify_policy(verify)
     if policy == "1" or (policy == "auto" and not device_exchange(group, t)):
         # before the local decision: it may load the profile, a collective of its own that
         # mismatched calls would not match
         return switch.mode() == "never"
-    return _local_strategy(group, t, name, nbytes, red_code, env) == switch.NATIVE
+    return _local_strategy(group, t, name, nbytes, red_code) == switch.NATIVE
 
 
 def device_exchange(group: dist.ProcessGroup | None, t: torch.Tensor) -> bool:
@@ -113,23 +112,34 @@ def _local_strategy(
     red_code: int,
     env: tuple[object, ...] | None = None,
 ) -> str:
-    """:func:`strategy_of` from this rank's own (op, dtype, size, reduce op), cached per group
-    (switch.group_key: a re-created default group is a new key) and environment (``env``:
-    :func:`settings.raw`, read again when None).
+    """:func:`routed`'s strategy for this rank's own (op, dtype, size, reduce op)."""
+    return routed(_transport.resolve(group, t), name, t.dtype, nbytes, red_code, env)[0]
+
+
+def routed(
+    g: _transport.Group,
+    name: str,
+    dtype: torch.dtype,
+    nbytes: int | None,
+    red_code: int,
+    env: tuple[object, ...] | None = None,
+) -> tuple[str, int]:
+    """:func:`strategy_and_chunks`, cached per group (switch.group_key: a re-created default
+    group is a new key), where its tensors live and environment (``env``: :func:`settings.raw`,
+    read again when None): training repeats its calls, and the cost model is pure Python.
 
     ``nbytes`` None: an all-to-all with explicit splits, whose sizes differ per rank; it is native
     only where the profile never compresses that op and dtype, else AGREE (needs the exchange).
     """
     env = env or settings.raw()
-    where = t.device.type  # a gloo group's host and (staged) CUDA tensors differ
-    key = (switch.group_key(group), where, name, t.dtype, nbytes, red_code, env[0], env[2], env[3])
+    where = g.device.type  # a gloo group's host and (staged) CUDA tensors differ
+    key = (switch.group_key(g.pg), where, name, dtype, nbytes, red_code, env[0], env[2], env[3])
     found = switch.ROUTES.get(key)
     if found is None:
-        g = _transport.resolve(group, t)
         found = (
-            strategy_of(g, name, t.dtype, nbytes, red_code)
+            strategy_and_chunks(g, name, dtype, nbytes, red_code)
             if nbytes is not None
-            else _uneven_strategy(g, name, t.dtype)
+            else (_uneven_strategy(g, name, dtype), 1)
         )
         if len(switch.ROUTES) >= 1 << 16:
             switch.ROUTES.clear()
@@ -169,6 +179,7 @@ def agree(
     sample: torch.Tensor | None = None,
     check: Callable[[np.ndarray], None] | None = None,
     sizes_differ: bool = False,
+    payload: torch.Tensor | None = None,
 ) -> _slots.Agreed:
     """Exchange the descriptor (if asked, or if the call compresses: the exchange also carries
     every rank's sample summary of ``sample``, which the compressed protocols size their pieces
@@ -184,6 +195,11 @@ def agree(
     A key's later calls (zipccl._plans) send their plan's tag instead of a summary, in the same
     exchange: where every rank sent the same tag they take the plan -- no summary, table or
     strategy to compute -- else every rank sees the difference and they exchange afresh.
+
+    On a host transport the exchange also carries ``payload`` (the call's input bytes, at most
+    _exchange.INLINE_BYTES; see :func:`carried_payload`): where every rank's fits and the call
+    does not compress, the result's ``carried`` holds every rank's, and the op completes
+    from it without a second round.
     """
     mode = switch.mode()
     red_code = -1 if red is None else reduce_code(red)
@@ -198,17 +214,21 @@ def agree(
         -1 if red is None else reduce_op_number(red),
         nbytes,
     ]
-    group = switch.group_key(g.pg)
-    ticket = _plans.Ticket(group, (*head, *fields, g.device, exchange_desc, settings.raw()))
-    plan = _plans.find(group, ticket.key)
-    if plan is not None:
-        rows, _ = _exchanged(g, name, head, plan.tag, fields, None, check, dtype.itemsize)
-        if (rows[:, _TAG] == plan.tag).all():
-            _slots.STATS.strategy = plan.agreed.strategy
-            return _settled(replace(plan.agreed, ticket=replace(ticket, previous=plan)))
-        exchange_desc = True  # the ranks' plans differ: every rank exchanges afresh, below
     plan_first = not exchange_desc or not (sizes_differ or _needs_profile(g, dtype, mode))
-    local = strategy_and_chunks(g, name, dtype, nbytes, red_code) if plan_first else None
+    local = routed(g, name, dtype, nbytes, red_code) if plan_first else None
+    ticket = None
+    if local is None or local[0] == switch.COMPRESSED:  # only compressed calls keep plans
+        ticket = _ticket(g, head, fields, exchange_desc)
+        plan = _plans.find(ticket.group, ticket.key)
+        if plan is not None:
+            rows, _, _, _ = _exchanged(
+                g, name, head, plan.tag, fields, None, check, dtype.itemsize, None
+            )
+            if (rows[:, _TAG] == plan.tag).all():
+                _slots.STATS.strategy = plan.agreed.strategy
+                previous = replace(ticket, previous=plan)
+                return replace(plan.agreed, ticket=previous)
+            exchange_desc = True  # the ranks' plans differ: every rank exchanges afresh, below
     if local is None:  # no collective before the exchange (the profile is one): a guess
         may_compress = dtype in _exchange.CODEC_DTYPES and red_code != 99 and mode != "never"
     else:
@@ -218,26 +238,35 @@ def agree(
         _slots.STATS.strategy = local[0]
         return _slots.Agreed(g, name, local[0], table, local[1])  # no exchange, nothing to keep
     summarized = sample if may_compress and not err else None
-    rows, count = _exchanged(g, name, head, 0, fields, summarized, check, dtype.itemsize)
-    if rows[:, _TAG].any():  # some ranks repeat a plan the others lack: all exchange afresh
-        rows, count = _exchanged(g, name, head, 0, fields, summarized, check, dtype.itemsize)
-    agreed = int(rows[:, 6].max())
+    exchanged = (g, name, head, 0, fields, summarized, check, dtype.itemsize, payload)
+    rows, count, data, alike = _exchanged(*exchanged)
+    if not alike and rows[:, _TAG].any():  # some ranks repeat a plan the others lack: all
+        rows, count, data, alike = _exchanged(*exchanged)  # exchange afresh
+    agreed = nbytes if alike else int(rows[:, 6].max())
     if agreed != nbytes:  # the local plan was for another size
         nbytes, local = agreed, None
-    strategy, chunks = local or strategy_and_chunks(g, name, dtype, nbytes, red_code)
+    strategy, chunks = local or routed(g, name, dtype, nbytes, red_code)
     if strategy == switch.COMPRESSED and nbytes <= SMALL_BYTES:  # rank order kept: W > 2 too
         rank_order = red_code >= 0 and not native_reduce_ok(g, dtype)
         strategy = switch.A2A_REDUCE if rank_order else switch.NATIVE
     _slots.STATS.strategy = strategy
-    sources: tuple[_slots.Source, ...] = ()
-    if strategy == switch.COMPRESSED:
-        sources = _slots.sources(dtype, rows[:, _FIELDS + _extra_fields(g.world) :], table)
-    digest = _plans.digest(count, rows.tobytes())
-    return _settled(
-        _slots.Agreed(
-            g, name, strategy, table, chunks, sources, ticket=replace(ticket, digest=digest)
-        )
+    if strategy != switch.COMPRESSED:  # nothing to measure, so no plan to keep
+        carried = _carried(rows, data, nbytes if alike else None)
+        return _slots.Agreed(g, name, strategy, table, chunks, carried=carried)
+    sources = _slots.sources(dtype, rows[:, _FIELDS + _extra_fields(g.world) :], table)
+    ticket = replace(
+        ticket or _ticket(g, head, fields, exchange_desc),
+        digest=_plans.digest(count, rows.tobytes()),
     )
+    return _slots.Agreed(g, name, strategy, table, chunks, sources, ticket=ticket)
+
+
+def _ticket(
+    g: _transport.Group, head: list[int], fields: Sequence[int], exchange_desc: bool
+) -> _plans.Ticket:
+    """A compressed call's key (zipccl._plans): its descriptor, device, policy and settings."""
+    group = switch.group_key(g.pg)
+    return _plans.Ticket(group, (*head, *fields, g.device, exchange_desc, settings.raw()))
 
 
 def _exchanged(
@@ -249,15 +278,35 @@ def _exchanged(
     sample: torch.Tensor | None,
     check: Callable[[np.ndarray], None] | None,
     itemsize: int,
-) -> tuple[np.ndarray, int]:
+    payload: torch.Tensor | None,
+) -> tuple[np.ndarray, int, np.ndarray | None, bool]:
     """One descriptor exchange -- every rank's row of ``head``, plan ``tag``, ``fields`` and
-    sample summary (zeros without ``sample``) -- and the checks of it that raise the same
-    CollectiveMismatchError on every rank. Returns the rows and the exchange's number in its
-    group (zipccl._plans.digest). Every op's row has the same length: no op can mismatch."""
+    sample summary (zeros without ``sample``), and on a host transport the room for ``payload``
+    -- and the checks of it that raise the same CollectiveMismatchError on every rank. Returns
+    the rows, the exchange's number in its group (zipccl._plans.digest), on a host transport
+    every rank's carried bytes, and whether every rank sent this rank's row. Every op's row has
+    the same length: no op can mismatch."""
     pad = [0] * (_extra_fields(g.world) - len(fields))
     row = [*head, tag, *fields, *pad]
     count = _plans.exchanged(switch.group_key(g.pg))
-    rows = _exchange.exchange(g, row, name, codec.SUMMARY_WORDS, _slots.summary_fill(sample))
+    carry = None if g.nccl else _exchange.Carry(payload)
+    fill = _slots.summary_fill(sample)
+    table = _exchange.exchange(g, row, name, codec.SUMMARY_WORDS, fill, carry)
+    width = len(row) + codec.SUMMARY_WORDS
+    rows, data = table[:, :width], None if carry is None else table[:, width:].view(np.uint8)
+    alike = not head[1] and _exchange.alike(rows)  # then each check holds if it holds for one
+    if not alike:
+        if not (rows[:, 2:6] == rows[0, 2:6]).all():
+            _name_the_difference(rows, name)
+        if check is not None:
+            check(rows[:, _FIELDS:])
+    _check_sizes(rows[:1] if alike else rows, name, g.world, itemsize)
+    return rows, count, data, alike
+
+
+def _name_the_difference(rows: np.ndarray, name: str) -> None:
+    """Raise the CollectiveMismatchError naming the first of the common columns (dtype, table,
+    mode, reduce op) on which the ranks' rows differ."""
     _exchange.require_same(rows, 2, "the dtype", name, _exchange.dtype_name)
     _exchange.require_same(
         rows,
@@ -268,10 +317,28 @@ def _exchanged(
     )
     _exchange.require_same(rows, 4, "ZIPCCL_MODE", name, lambda m: switch.MODES[m])
     _exchange.require_same(rows, 5, "the reduce op", name, _reduce_op_name)
-    if check is not None:
-        check(rows[:, _FIELDS:])
-    _check_sizes(rows, name, g.world, itemsize)
-    return rows, count
+
+
+def carried_payload(g: _transport.Group, t: torch.Tensor) -> torch.Tensor | None:
+    """``t``'s bytes, to ride in the call's descriptor (:func:`agree`), where they may: a host
+    transport, at most INLINE_BYTES, contiguous, a dtype the descriptor names."""
+    if g.nccl or t.numel() * t.element_size() > _exchange.INLINE_BYTES:
+        return None
+    if not t.is_contiguous() or t.dtype not in _exchange.DTYPE_CODES:
+        return None
+    return t.view(-1).view(torch.uint8)
+
+
+def _carried(
+    rows: np.ndarray, data: np.ndarray | None, nbytes: int | None
+) -> _slots.Carried | None:
+    """Every rank's input, where the exchange carried all of it: a named dtype, every rank's at
+    most INLINE_BYTES (``nbytes``: every rank's, where alike). A call that does not compress."""
+    if data is None or rows[0, 2] == _exchange.UNNAMED_DTYPE:
+        return None
+    if (int(rows[:, 6].max()) if nbytes is None else nbytes) > _exchange.INLINE_BYTES:
+        return None
+    return _slots.Carried(data, rows[:, _FIELDS:])
 
 
 def _check_sizes(rows: np.ndarray, name: str, world: int, itemsize: int) -> None:
@@ -289,14 +356,6 @@ def _check_sizes(rows: np.ndarray, name: str, world: int, itemsize: int) -> None
             )
 
 
-def _settled(a: _slots.Agreed) -> _slots.Agreed:
-    """``a`` as the call runs it: a call with nothing to measure keeps its plan at once."""
-    if a.strategy != switch.COMPRESSED:
-        keep(a)
-        return replace(a, ticket=None)
-    return a
-
-
 def keep(a: _slots.Agreed) -> None:
     """Keep ``a`` (with what the call measured) as its key's plan, once the call has completed
     its agreement on every rank."""
@@ -307,7 +366,11 @@ def keep(a: _slots.Agreed) -> None:
 def same_fields(name: str, *named: tuple[int, str]) -> Callable[[np.ndarray], None]:
     """A ``check`` for :func:`agree`: the op's fields at these columns agree across ranks."""
 
+    columns = [column for column, _ in named]
+
     def check(fields: np.ndarray) -> None:
+        if (fields[:, columns] == fields[0, columns]).all():
+            return
         for column, what in named:
             _exchange.require_same(fields, column, what, name)
 
@@ -444,6 +507,6 @@ def check_pair(
         return 2
     if not (inp.is_contiguous() and out.is_contiguous()):
         return 4
-    if any(t.device.type != g.device.type for t in (inp, out)):
+    if inp.device.type != g.device.type or out.device.type != g.device.type:
         return 5
     return 0

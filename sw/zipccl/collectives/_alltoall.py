@@ -141,7 +141,11 @@ def all_to_all_single(
         sample=input,
         check=lambda fields: _check_splits(fields, g.world),
         sizes_differ=not even,
+        payload=_agree.carried_payload(g, input),
     )
+    if agreed.carried is not None:
+        _from_carried(agreed.carried, g.rank, _slots.flat(output), input.dtype, _inner(input))
+        return _transport.done(async_op)
     if agreed.strategy != switch.COMPRESSED:
         return dist.all_to_all_single(
             _slots.as_wire(output),
@@ -156,6 +160,19 @@ def all_to_all_single(
     recv = _slots.segments(_slots.flat(output), [s * inner for s in outs])
     _agree.keep(replace(agreed, sizes=_protocols.a2a_compressed(agreed, send, recv)))
     return _transport.done(async_op)
+
+
+def _from_carried(
+    c: _slots.Carried, rank: int, out: torch.Tensor, dtype: torch.dtype, inner: int
+) -> None:
+    """``rank``'s output from every rank's input as the descriptor exchange carried it: from
+    rank s, the rows s sends to ``rank`` (its input splits are its descriptor's first fields)."""
+    world, at = len(c.data), 0
+    for s in range(world):
+        sends = c.fields[s, :world].tolist()
+        n = sends[rank] * inner
+        out[at : at + n].copy_(c.piece(s, dtype, sum(sends[:rank]) * inner, n))
+        at += n
 
 
 def _inner(t: torch.Tensor) -> int:

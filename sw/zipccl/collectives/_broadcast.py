@@ -112,7 +112,13 @@ def broadcast(
         _agree.verify_policy(verify) != "0",
         sample=tensor if g.rank == group_src else None,
         check=_agree.same_fields("broadcast", (1, "src"), (0, "the tensor numel")),
+        payload=_agree.carried_payload(g, tensor) if g.rank == group_src else None,
     )
+    if agreed.carried is not None:
+        if g.rank != group_src:
+            c = agreed.carried
+            _slots.flat(tensor).copy_(c.piece(group_src, tensor.dtype, 0, tensor.numel()))
+        return _transport.done(async_op)
     if agreed.strategy != switch.COMPRESSED:
         return dist.broadcast(_slots.as_wire(tensor), src, group, async_op)
     _agree.keep(

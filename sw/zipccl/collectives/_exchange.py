@@ -85,8 +85,11 @@ assert len(set(DTYPE_CODES.values())) == len(DTYPE_CODES), "dtype codes must be 
 _CODE_NAMES = {c: str(d).removeprefix("torch.") for d, c in DTYPE_CODES.items()}
 
 
+UNNAMED_DTYPE = 255  # the code of a dtype zipccl does not name (moved natively only)
+
+
 def dtype_code(dtype: torch.dtype) -> int:
-    return DTYPE_CODES.get(dtype, 255)
+    return DTYPE_CODES.get(dtype, UNNAMED_DTYPE)
 
 
 def dtype_name(code: int) -> str:
@@ -104,6 +107,7 @@ def exchange(
     op_name: str,
     extra_words: int = 0,
     fill: Callable[[torch.Tensor], object] | None = None,
+    carry: Carry | None = None,
 ) -> np.ndarray:
     """All-gather one descriptor row per rank; raise on every rank if any rank reported an error.
 
@@ -111,12 +115,15 @@ def exchange(
     follow are a few small reads, cheaper there than as torch ops); field 0 must be the op code
     and field 1 the local error code. ``fill(words)``: writes ``extra_words`` int64 words into
     the row's tail on the group's device (computed there, never seen by this host): one copy,
-    one sync for both. A ``fill`` that raises still sends the row, with SUMMARY_FAILED as its
-    error code: then this rank raises what ``fill`` raised, every other rank a PeerError.
+    one sync for both; None: zeros. A ``fill`` that raises still sends the row, with
+    SUMMARY_FAILED as its error code: then this rank raises what ``fill`` raised, every other
+    rank a PeerError.
+    ``carry``: the call's own input travels in the same round (:class:`Carry`; host transports),
+    and the returned rows end with every rank's INLINE_WORDS words of it.
     """
-    if extra_words and fill is None:
-        raise ValueError("extra_words needs a fill function")
-    table, failed = _gather(g, fields, extra_words, fill)
+    table, failed = _gather(g, fields, extra_words, fill, carry)
+    if failed is None and not fields[1] and alike(table[:, : len(fields) + extra_words]):
+        return table  # every rank sent this rank's row: one op, no error (the common case)
     ops = table[:, 0].tolist()
     if len(set(ops)) != 1:
         raise CollectiveMismatchError(
@@ -140,31 +147,45 @@ def exchange(
     return table
 
 
+def alike(rows: np.ndarray) -> bool:
+    """Whether every rank sent the same row: then whatever must agree does (one comparison
+    of bytes per rank, cheaper than the checks that name a difference)."""
+    first = rows[0].tobytes()
+    return all(row.tobytes() == first for row in rows[1:])
+
+
 def _gather(
     g: _transport.Group,
     fields: Sequence[int],
     extra_words: int = 0,
     fill: Callable[[torch.Tensor], object] | None = None,
+    carry: Carry | None = None,
 ) -> tuple[np.ndarray, BaseException | None]:
-    """Every rank's row (``fields``, then ``fill``'s words) and what ``fill`` raised here.
+    """Every rank's row (``fields``, then ``fill``'s words, then ``carry``'s) and what ``fill``
+    raised here.
 
     The row and the gathered table live in buffers kept per thread, device and width (every
     call allocating and pinning its own cost more host time than the rest of the exchange).
     """
-    bufs = _rows(g, len(fields) + extra_words)
     head = len(fields)
+    bufs = _rows(g, head + extra_words, 0 if carry is None else INLINE_WORDS)
     if bufs.uploaded is not None:
         bufs.uploaded.synchronize()  # the last call's upload of the host row is done (normally)
     failed = None
-    if extra_words:
-        assert fill is not None  # exchange() checked
+    if extra_words and fill is not None:
         try:
-            fill(bufs.row[head:])
+            fill(bufs.row[head : head + extra_words])
         except BaseException as exc:  # reported in the row: the peers wait in the all-gather
             failed = exc
-    bufs.host_row.numpy()[:head] = fields
+    elif extra_words and g.nccl:
+        bufs.row[head : head + extra_words].zero_()
+    elif extra_words:
+        bufs.words[head : head + extra_words] = 0
+    bufs.words[:head] = fields
     if failed is not None:
-        bufs.host_row.numpy()[1] = SUMMARY_FAILED
+        bufs.words[1] = SUMMARY_FAILED
+    if carry is not None:
+        bufs.carry(carry.data)
     if g.nccl:
         assert bufs.uploaded is not None  # made with an event on CUDA
         bufs.row[:head].copy_(bufs.host_row[:head], non_blocking=True)
@@ -172,10 +193,34 @@ def _gather(
         _transport.native_all_gather(bufs.table, bufs.row, g.pg)
         bufs.host_table.copy_(bufs.table)  # into pinned memory: one copy, then the host waits
     else:
-        if extra_words and g.staged:  # the words ``fill`` wrote on the device, down to the row
-            bufs.host_row[head:].copy_(bufs.row[head:])
-        _transport.native_all_gather(bufs.host_table, bufs.host_row, g.pg)
-    return bufs.host_table.numpy().reshape(g.world, -1).copy(), failed
+        if fill is not None and extra_words and g.staged:  # the words ``fill`` wrote, down
+            bufs.host_row[head : head + extra_words].copy_(bufs.row[head:])
+        _swap_rows(g, bufs)
+    return bufs.gathered.copy(), failed
+
+
+INLINE_BYTES = 4096  # a host-transport call this small completes inside its descriptor exchange
+
+
+INLINE_WORDS = INLINE_BYTES // 8
+
+
+@dataclass(frozen=True)
+class Carry:
+    """A call's input riding in its descriptor row on a host transport: ``data``, this rank's
+    bytes (at most INLINE_BYTES), or None where it sends none (too large, or not needed). Every
+    rank's row has the room, so the exchange's size never depends on a rank's own call."""
+
+    data: torch.Tensor | None
+
+
+def _swap_rows(g: _transport.Group, bufs: _Rows) -> None:
+    """Every rank's host row into the table (rank order) over a host transport: an all-to-all
+    of the row's copies, gloo's fastest round (its all-gather costs ~1.6x, and its point-to-point
+    sends stalled 4 ms a call in two of five runs: BENCHMARKS.md section 4b)."""
+    assert bufs.outbox is not None  # made with one on a host transport
+    bufs.outbox_words[1:] = bufs.outbox_words[0]
+    g.handle.alltoall_base(bufs.host_table, bufs.outbox, [], []).wait()  # torch's, unwrapped
 
 
 #  Where a rank's step failed, as it reports it: a failure while preparing what it sends leaves
@@ -269,27 +314,52 @@ class _Rows:
     table: torch.Tensor
     host_table: torch.Tensor
     uploaded: torch.cuda.Event | None  # after the host row's upload (CUDA)
+    carried: int = 0  # int64 words of a call's input at the host row's end (host transports)
+    dirty: int = 0  # bytes of that room an earlier call wrote
+    outbox: torch.Tensor | None = None  # host transports: the row, once for every rank
+
+    def __post_init__(self) -> None:
+        """numpy and byte views, made once: each costs more than the small copies it serves."""
+        self.words = self.host_row.numpy()
+        self.gathered = self.host_table.numpy().reshape(len(self.host_table) // len(self.words), -1)
+        self.room = self.host_row[len(self.words) - self.carried :].view(torch.uint8)
+        if self.outbox is not None:
+            self.outbox_words = self.outbox.numpy().reshape(self.gathered.shape)
+
+    def carry(self, data: torch.Tensor | None) -> None:
+        """Put ``data`` (bytes) in the row's room; zero what an earlier call left after it:
+        nothing of an earlier call's input goes to the peers."""
+        n = 0 if data is None else data.numel()
+        if data is not None and n:
+            self.room[:n].copy_(data)
+        if self.dirty > n:
+            self.room[n : self.dirty].zero_()
+        self.dirty = n
 
 
-def _rows(g: _transport.Group, width: int) -> _Rows:
-    key = ("rows", g.device, g.staged, width, g.world)
-    return _transport.per_thread(key, lambda: _new_rows(g, width))
+def _rows(g: _transport.Group, width: int, carried: int = 0) -> _Rows:
+    key = ("rows", g.device, g.staged, width, carried, g.world)
+    return _transport.per_thread(key, lambda: _new_rows(g, width, carried))
 
 
-def _new_rows(g: _transport.Group, width: int) -> _Rows:
+def _new_rows(g: _transport.Group, width: int, carried: int) -> _Rows:
     """NCCL gathers device rows (uploaded from a pinned host row); gloo host rows, which for a
-    staged group's device sample summary means one copy down."""
+    staged group's device sample summary means one copy down. ``carried``: words of a call's
+    input after the row (host transports only), which only the host row holds."""
     if not g.nccl:
-        host_row = torch.zeros(width, dtype=torch.int64)
+        outbox = torch.zeros(g.world * (width + carried), dtype=torch.int64)
+        host_row = outbox[: width + carried]  # copied into the others' places before each send
         row = torch.zeros(width, dtype=torch.int64, device=g.device) if g.staged else host_row
-        table = torch.empty(g.world * width, dtype=torch.int64)
-        return _Rows(host_row, row, table, table, None)
+        table = torch.zeros_like(outbox)
+        return _Rows(host_row, row, table, table, None, carried, outbox=outbox)
+    if carried:
+        raise ValueError("a call's input rides in its descriptor on host transports only")
     table = torch.empty(g.world * width, dtype=torch.int64, device=g.device)
     return _Rows(
         torch.zeros(width, dtype=torch.int64).pin_memory(),
         torch.zeros(width, dtype=torch.int64, device=g.device),
         table,
-        torch.empty_like(table, device="cpu").pin_memory(),
+        torch.zeros_like(table, device="cpu").pin_memory(),
         torch.cuda.Event(),
     )
 

@@ -100,6 +100,11 @@ def all_gather_into_tensor(
             _slots.as_wire(output_tensor), _slots.as_wire(input_tensor), group, async_op
         )
     agreed = _agreed(output_tensor, input_tensor, group, table, verify)
+    if agreed.carried is not None:
+        rows = _slots.flat(output_tensor).view(agreed.g.world, -1)
+        for r, row in enumerate(rows):
+            row.copy_(agreed.carried.piece(r, input_tensor.dtype, 0, input_tensor.numel()))
+        return _transport.done(async_op)
     if agreed.strategy != switch.COMPRESSED:
         return _transport.native_all_gather(
             _slots.as_wire(output_tensor), _slots.as_wire(input_tensor), group, async_op
@@ -131,6 +136,7 @@ def _agreed(
         _agree.verify_policy(verify) != "0",
         sample=input,
         check=_agree.same_fields("all_gather", (0, "the input numel")),
+        payload=_agree.carried_payload(g, input),
     )
 
 
@@ -229,6 +235,10 @@ def all_gather(
     flat = torch.empty(len(tensor_list) * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
     x = tensor.contiguous()
     agreed = _agreed(flat, x, group, table, verify, 0 if alike else _exchange.UNLIKE_LIST)
+    if agreed.carried is not None:
+        for r, t in enumerate(tensor_list):
+            t.copy_(agreed.carried.piece(r, x.dtype, 0, x.numel()).view(t.shape))
+        return _transport.done(async_op)
     if agreed.strategy != switch.COMPRESSED:
         return dist.all_gather(
             [_slots.as_wire(t) for t in tensor_list], _slots.as_wire(tensor), group, async_op

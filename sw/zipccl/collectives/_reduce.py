@@ -4,7 +4,7 @@ all-to-all (the backend's own reduction where the switch may take it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -168,7 +168,10 @@ def reduce_scatter_tensor(
         red=op,
         sample=input,
         check=_agree.same_fields("reduce_scatter", (0, "the input numel")),
+        payload=_agree.carried_payload(g, input),
     )
+    if _reduced_from_carried(agreed, _slots.flat(output), g.rank * output.numel(), op):
+        return _transport.done(async_op)
     if agreed.strategy == switch.NATIVE:
         return _transport.native_reduce_scatter(output, input, op, group, async_op)
     _agree.keep(_reduce_scatter(agreed, _slots.flat(input), _slots.flat(output), op))
@@ -198,6 +201,48 @@ def _reduce_scatter(
 
 
 _ONE_ADD = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _reduced_from_carried(
+    a: _slots.Agreed, out: torch.Tensor, start: int, op: _agree.ReduceOpArg
+) -> bool:
+    """Reduce values ``start ..`` of every rank's input, as the call's descriptor exchange
+    carried them, into ``out`` -- as the a2a_reduce strategy does, or for a native call as the
+    backend would where every order gives its bits (:func:`_like_backend`) -- and say whether
+    it could (else the call's own round follows)."""
+    if a.carried is None or a.strategy == switch.COMPRESSED:
+        return False
+    parts = a.carried.pieces(out.dtype, start, out.numel())
+    if a.strategy == switch.A2A_REDUCE:
+        _reduce_into(out, parts, op)
+        return True
+    return _like_backend(out, parts, _agree.reduce_code(op))
+
+
+_Binary = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+_ANY_ORDER: dict[int, _Binary] = {0: torch.add, 2: torch.mul}  # SUM, PRODUCT (reduce_code)
+
+
+_INTEGERS_ANY_ORDER: dict[int, _Binary] = {**_ANY_ORDER, 3: torch.minimum, 4: torch.maximum}
+
+
+def _like_backend(out: torch.Tensor, parts: list[torch.Tensor], code: int) -> bool:
+    """The backend's own reduction of ``parts`` into ``out`` where every order of it gives the
+    same bits: integers (exact, wrapping) under SUM, PRODUCT, MIN and MAX; floating point under
+    SUM or PRODUCT of at most two ranks (one rounded operation, commutative). False elsewhere
+    (AVG, float MIN and MAX, whose NaN handling depends on the operands' order, and more ranks)."""
+    dtype = out.dtype
+    integral = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    fn = (_INTEGERS_ANY_ORDER if integral else _ANY_ORDER).get(code)
+    if fn is None or not (integral or len(parts) <= 2):
+        return False
+    acc = parts[0]
+    for part in parts[1:]:
+        acc = fn(acc, part)
+    out.copy_(acc)
+    return True
 
 
 def _reduce_into(out: torch.Tensor, parts: list[torch.Tensor], op: _agree.ReduceOpArg) -> None:
@@ -310,7 +355,10 @@ def all_reduce(
         red=op,
         sample=tensor,
         check=_agree.same_fields("all_reduce", (0, "the tensor numel")),
+        payload=_agree.carried_payload(g, tensor),
     )
+    if _reduced_from_carried(agreed, _slots.flat(tensor), 0, op):
+        return _transport.done(async_op)
     if agreed.strategy == switch.NATIVE:
         return dist.all_reduce(tensor, op, group, async_op)
     _all_reduce(agreed, tensor, op)

@@ -63,6 +63,24 @@ SLACK = 256  # bytes of payload room on top of the margin
 
 
 @dataclass(frozen=True)
+class Carried:
+    """Every rank's input as a small call's descriptor exchange carried it (host transports):
+    row r of ``data`` starts with rank r's input bytes; ``fields``: every rank's op fields (an
+    all-to-all's splits). The op completes from it: no second round."""
+
+    data: np.ndarray  # (world, _exchange.INLINE_BYTES) uint8
+    fields: np.ndarray  # (world, op fields) int64
+
+    def piece(self, rank: int, dtype: torch.dtype, start: int, numel: int) -> torch.Tensor:
+        """Values ``start .. start + numel`` of ``rank``'s input, as ``dtype`` (a view)."""
+        return torch.from_numpy(self.data[rank]).view(dtype)[start : start + numel]
+
+    def pieces(self, dtype: torch.dtype, start: int, numel: int) -> list[torch.Tensor]:
+        """The same values of every rank's input, in rank order."""
+        return [self.piece(r, dtype, start, numel) for r in range(len(self.data))]
+
+
+@dataclass(frozen=True)
 class Agreed:
     """What every rank knows after the descriptor exchange, or on a key's later calls from the
     plan its previous call left (zipccl._plans)."""
@@ -78,6 +96,7 @@ class Agreed:
     sizes: Mapping[object, int] | None = None
     halves: tuple[Agreed, ...] = ()  # a compressed all-reduce's reduce-scatter and all-gather
     ticket: _plans.Ticket | None = None  # where a compressed call keeps what it measured
+    carried: Carried | None = None  # every rank's input, where the exchange carried it
 
     def seg(self, key: object, dtype: torch.dtype, numel: int, rank: int) -> Seg:
         """How the piece ``key`` of ``numel`` values from group rank ``rank`` travels: with room
@@ -170,11 +189,11 @@ def _check_summary(rank: int, row: np.ndarray) -> None:
         )
 
 
-def summary_fill(sample: torch.Tensor | None) -> Callable[[torch.Tensor], object]:
-    """What writes a descriptor row's tail: codec.sample_summary of ``sample``, zeros where None
-    (a broadcast's receivers, calls that cannot compress)."""
+def summary_fill(sample: torch.Tensor | None) -> Callable[[torch.Tensor], object] | None:
+    """What writes a descriptor row's tail: codec.sample_summary of ``sample``; None (zeros)
+    where ``sample`` is None (a broadcast's receivers, calls that cannot compress)."""
     if sample is None:
-        return torch.Tensor.zero_
+        return None
     return lambda out: codec.sample_summary(sample, out)
 
 

@@ -10,6 +10,7 @@ that pipeline a call and the Work a compressed call returns.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,15 +37,24 @@ class Group:
     backend: str
     staged: bool = False  # CUDA tensors on a host transport (gloo): buffers cross pinned memory
 
-    @property
+    @functools.cached_property
     def cuda(self) -> bool:
         """The codec runs on the GPU, its work pipelined on side streams."""
         return self.device.type == "cuda"
 
-    @property
+    @functools.cached_property
     def nccl(self) -> bool:
         """Device buffers go on the wire as they are (else the wire reads host memory)."""
         return self.cuda and not self.staged
+
+    @functools.cached_property
+    def handle(self) -> dist.ProcessGroup:
+        """The process group object itself (the default one for ``pg`` None): its own
+        collectives skip torch.distributed's Python wrappers, which cost a small call more."""
+        pg = self.pg if self.pg is not None else dist.group.WORLD
+        if pg is None:
+            raise RuntimeError("torch.distributed is not initialised")
+        return pg
 
     @property
     def wire(self) -> torch.device:
@@ -55,12 +65,27 @@ class Group:
 def resolve(group: dist.ProcessGroup | None, like: torch.Tensor | None = None) -> Group:
     """The group's rank, size and backend, and where the call's buffers live: NCCL's device
     (``like``'s own if it is a CUDA tensor), else the host -- or, for CUDA tensors on a host
-    backend (gloo), the tensors' device, with the transport staged through pinned memory."""
+    backend (gloo), the tensors' device, with the transport staged through pinned memory.
+    Cached per group and device (every call resolves its group; torch's lookups cost more than
+    a small call's own work)."""
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
+    on = like.device if like is not None and (like.is_cuda or STAGE_HOST_TENSORS) else None
+    key = (dist.group.WORLD if group is None else group, on)  # a new default group: a new key
+    found = _RESOLVED.get(key)
+    if found is None:
+        found = _resolve(group, on)
+        if on is not None or not found.nccl:  # else: the current CUDA device, which may change
+            _RESOLVED[key] = found
+    return found
+
+
+_RESOLVED: dict[tuple, Group] = {}  # keeps its groups alive: an identity is never reused
+
+
+def _resolve(group: dist.ProcessGroup | None, on: torch.device | None) -> Group:
     backend = str(dist.get_backend(group)).lower()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    on = like.device if like is not None and (like.is_cuda or STAGE_HOST_TENSORS) else None
     if "nccl" in backend:
         device = on if on is not None else torch.device("cuda", torch.cuda.current_device())
         return Group(group, rank, world, device, backend)

@@ -1,0 +1,254 @@
+"""A small call on a host transport completes inside its descriptor exchange: its input rides in
+the row (up to _exchange.INLINE_BYTES), so the exchange is the call's only round.
+
+On 2 and 3 gloo ranks, ``ZIPCCL_MODE=auto`` with a profile that keeps every call uncompressed:
+every op, for every dtype the descriptor names, gives torch.distributed's own bits -- a
+reduction torch's where every order of it gives one result (integers; floating point SUM and
+PRODUCT of two ranks), else zipccl's rank-order reference, which its a2a_reduce strategy computes
+anyway -- with no torch.distributed call; a byte more takes the exchange and torch's call; and
+nothing of an earlier call's input reaches the peers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import zipccl
+from zipccl.collectives import _agree, _exchange, _transport
+
+from tests._collectives_cluster import Cluster
+from tests.test_collectives import counted, installed, same_bits, same_reduction
+
+AUTO = {"ZIPCCL_MODE": "auto"}
+
+DTYPES = ["bfloat16", "float16", "float32", "float64", "int32", "int8", "uint8", "bool"]
+
+FP8 = ["float8_e4m3fn", "float8_e5m2"]  # moved as bytes; gloo reduces none: the reference
+
+
+@pytest.fixture(scope="module")
+def pair():
+    c = Cluster(2)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def trio():
+    c = Cluster(3)
+    yield c
+    c.close()
+
+
+def values(seed: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Seeded values of ``dtype``: floats with zeros of both signs, infinities, NaN and
+    subnormals among them; integers over their whole range."""
+    gen = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (numel,), generator=gen).bool()
+    if not dtype.is_floating_point:
+        info = torch.iinfo(dtype)
+        return torch.randint(info.min, info.max, (numel,), generator=gen, dtype=torch.int64).to(
+            dtype
+        )
+    x = torch.randn(numel, generator=gen) * 4
+    x[:6] = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40])
+    return x.to(dtype)
+
+
+def _calls(run: Callable[[], object]) -> list[str]:
+    """The torch.distributed calls ``run`` makes (zipccl's exchange and its round not counted;
+    the group's settings agreement, its first zipccl call's own round, made before)."""
+    _agree.entered(None)
+    with counted() as log:
+        run()
+    return [name for name, *_ in log if name not in ("exchange", "rows")]
+
+
+def _moves(rank: int, world: int, x: torch.Tensor) -> Iterator[tuple[str, Callable, list]]:
+    """(name, call(lib), its outputs) of every data-moving op on ``x``."""
+    n = x.numel()
+    gathered, listed = torch.empty(world * n, dtype=x.dtype), []
+    swapped, cast = torch.empty_like(x), x.clone()
+    ins = [(rank + j) % 3 for j in range(world)]  # uneven rows, 2 values each
+    outs = [(i + rank) % 3 for i in range(world)]
+    uneven_in, uneven_out = x[: 2 * sum(ins)].view(-1, 2), torch.empty(sum(outs), 2, dtype=x.dtype)
+    yield "all_gather_into_tensor", lambda lib: lib.all_gather_into_tensor(gathered, x), [gathered]
+    yield "all_gather", lambda lib: lib.all_gather(listed, x), listed
+    yield "all_to_all_single", lambda lib: lib.all_to_all_single(swapped, x), [swapped]
+    yield (
+        "all_to_all_single uneven",
+        lambda lib: lib.all_to_all_single(uneven_out, uneven_in, outs, ins),
+        [uneven_out],
+    )
+    yield "broadcast", lambda lib: lib.broadcast(cast, src=world - 1), [cast]
+
+
+def sc_moves(rank: int, world: int, dtype_name: str, numel: int) -> list[str]:
+    """Every data-moving op through zipccl, then through torch.distributed on the same inputs;
+    the ops whose bits differ or that called torch.distributed from zipccl (a call larger than
+    INLINE_BYTES: its one torch call is expected and not reported)."""
+    dtype, bad = getattr(torch, dtype_name), []
+    x = values(100 + rank, numel, dtype)
+    inline = numel * x.element_size() <= _exchange.INLINE_BYTES
+    with installed("native"):
+        for (name, call, got), (_, call_torch, want) in zip(
+            _moves(rank, world, x), _moves(rank, world, x), strict=True
+        ):
+            if name == "all_gather":
+                got.extend(torch.empty_like(x) for _ in range(world))
+                want.extend(torch.empty_like(x) for _ in range(world))
+            calls = _calls(lambda call=call: call(zipccl))
+            wire = [t.view(torch.uint8) if dtype_name in FP8 else t for t in want]
+            _moves_torch(call_torch, dtype_name)
+            if inline and calls:
+                bad.append(f"{name}: called {calls}")
+            if not all(same_bits(a.view(b.dtype), b) for a, b in zip(got, wire, strict=True)):
+                bad.append(f"{name}: other bits")
+    return bad
+
+
+def _moves_torch(call: Callable, dtype_name: str) -> None:
+    """torch.distributed's call; gloo moves FP8 as its bytes only (zipccl's own wire form)."""
+    if dtype_name not in FP8:
+        call(dist)
+        return
+
+    class Bytes:  # the lib the call sees: every tensor argument as its bytes
+        def __getattr__(self, name: str) -> Callable:
+            def run(*args: object, **kwargs: object) -> object:
+                def raw(a: object) -> object:
+                    if isinstance(a, list):
+                        return [raw(t) for t in a]
+                    return a.view(torch.uint8) if isinstance(a, torch.Tensor) else a
+
+                return getattr(dist, name)(*map(raw, args), **kwargs)
+
+            return run
+
+    call(Bytes())
+
+
+REDUCE_OPS = ["SUM", "PRODUCT", "MIN", "MAX"]
+
+
+def sc_reductions(rank: int, world: int, dtype_name: str, numel: int) -> list[str]:
+    """all_reduce and reduce_scatter_tensor under every reduce op through zipccl: where the
+    result is torch's bits (integers; float SUM and PRODUCT of two ranks) it must equal torch's;
+    where zipccl reduces a codec dtype itself (three ranks; FP8, which gloo cannot reduce) the
+    rank-order reference -- either made without a torch.distributed call. Returns what
+    differs."""
+    dtype, bad = getattr(torch, dtype_name), []
+    inputs = [values(200 + r, numel, dtype) for r in range(world)]
+    integral, fp8 = not dtype.is_floating_point, dtype_name in FP8
+    with installed("native"):
+        for op in REDUCE_OPS:
+            red = getattr(dist.ReduceOp, op)
+            alike = integral or (world == 2 and op in ("SUM", "PRODUCT") and not fp8)
+            reference = dtype in _exchange.CODEC_DTYPES and (world > 2 or fp8)
+            if not (alike or reference):
+                continue  # torch's own call (float MIN/MAX, float64 of three ranks)
+            for name, run in _reductions(inputs[rank], world, red).items():
+                got, calls = run(zipccl)
+                if reference:
+                    want = _reference(name, inputs, rank, world, red)
+                else:
+                    want, _ = run(dist)
+                if calls:
+                    bad.append(f"{name} {op}: called {calls}")
+                if not same_reduction(got, want):
+                    bad.append(f"{name} {op}: other bits")
+    return bad
+
+
+def _reductions(
+    x: torch.Tensor, world: int, red: object
+) -> dict[str, Callable[[Any], tuple[torch.Tensor, list[str]]]]:
+    """(the result, the torch.distributed calls made) of each reduction through a lib."""
+
+    def all_reduce(lib: Any) -> tuple[torch.Tensor, list[str]]:
+        t = x.clone()
+        return t, _calls(lambda: lib.all_reduce(t, red))
+
+    def reduce_scatter(lib: Any) -> tuple[torch.Tensor, list[str]]:
+        out = torch.empty(x.numel() // world, dtype=x.dtype)
+        return out, _calls(lambda: lib.reduce_scatter_tensor(out, x, red))
+
+    return {"all_reduce": all_reduce, "reduce_scatter": reduce_scatter}
+
+
+def _reference(
+    name: str, inputs: list[torch.Tensor], rank: int, world: int, red: object
+) -> torch.Tensor:
+    if name == "all_reduce":
+        return zipccl.reference_reduce(inputs, red)
+    return zipccl.reference_reduce([x.view(world, -1)[rank] for x in inputs], red)
+
+
+def _fitting(dtype_name: str) -> int:
+    """The most values of ``dtype_name`` that ride in a row and split evenly over 2 or 3."""
+    return 6 * (_exchange.INLINE_BYTES // getattr(torch, dtype_name).itemsize // 6)
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES + FP8)
+def test_small_moves_are_torchs_bits_in_one_round(pair, trio, dtype_name):
+    for ranks in (pair, trio):
+        for bad in ranks.run(sc_moves, dtype_name, _fitting(dtype_name), env=AUTO):
+            assert not bad, (ranks.world, bad)
+
+
+@pytest.mark.parametrize("dtype_name", [d for d in DTYPES if d != "bool"] + FP8)
+def test_small_reductions_in_one_round(pair, trio, dtype_name):
+    for ranks in (pair, trio):
+        for bad in ranks.run(sc_reductions, dtype_name, _fitting(dtype_name), env=AUTO):
+            assert not bad, (ranks.world, bad)
+
+
+def sc_boundary(rank: int, world: int) -> list[list[str]]:
+    """The torch calls of an all-reduce and an all-gather of exactly INLINE_BYTES, then of a
+    value more."""
+    out = []
+    with installed("native"):
+        for numel in (_exchange.INLINE_BYTES // 2, _exchange.INLINE_BYTES // 2 + 1):
+            x = values(rank, numel, torch.bfloat16)
+            gathered = torch.empty(world * numel, dtype=x.dtype)
+            out.append(_calls(lambda x=x: zipccl.all_reduce(x)))
+            out.append(_calls(lambda x=x, g=gathered: zipccl.all_gather_into_tensor(g, x)))
+    return out
+
+
+def test_one_value_more_takes_torchs_call(pair):
+    for calls in pair.run(sc_boundary, env=AUTO):
+        assert calls == [[], [], ["all_reduce"], [_transport.ALL_GATHER]], calls
+
+
+def sc_no_stale_bytes(rank: int, world: int) -> bytes:
+    """A full row of 0xFF, then a call of 8 bytes: what this rank received from rank 0 after
+    those 8 bytes in the second call's round."""
+    seen: list[torch.Tensor] = []
+    real = _exchange._swap_rows
+
+    def swap(g: object, bufs: object) -> None:
+        real(g, bufs)  # type: ignore[arg-type]
+        seen.append(bufs.host_table.clone())  # type: ignore[attr-defined]
+
+    _exchange._swap_rows = swap
+    try:
+        with installed("native"):
+            full = torch.full((_exchange.INLINE_BYTES,), 255, dtype=torch.uint8)
+            zipccl.all_gather_into_tensor(torch.empty(world * full.numel(), dtype=full.dtype), full)
+            small = torch.ones(8, dtype=torch.uint8)
+            zipccl.all_gather_into_tensor(torch.empty(world * 8, dtype=small.dtype), small)
+    finally:
+        _exchange._swap_rows = real
+    row = seen[-1].view(world, -1)[0].view(torch.uint8)
+    return row[-_exchange.INLINE_BYTES + 8 :].numpy().tobytes()
+
+
+def test_no_earlier_input_reaches_the_peers(pair):
+    for tail in pair.run(sc_no_stale_bytes, env=AUTO):
+        assert tail == bytes(_exchange.INLINE_BYTES - 8)
