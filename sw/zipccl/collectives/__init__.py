@@ -5,7 +5,7 @@ The package's modules, each calling only those above it in this list:
 * ``_transport``: the process group as the protocols see it (:class:`Group`) and how a buffer
   crosses it -- NCCL on the device, gloo on host memory, or *staged*: CUDA tensors on a gloo
   group, moved through pinned host memory -- plus the side streams that pipeline a call;
-* ``_exchange``: the one agreement exchange (a fixed-length descriptor all-gather) and the
+* ``_exchange``: the one agreement exchange (a fixed-length descriptor row per rank) and the
   closing agreement on a call's outcome;
 * ``_slots``: how a piece travels (golden's split layout in a slot both ends size alike), what
   every rank knows after the exchange (:class:`~zipccl.collectives._slots.Agreed`), packing and
@@ -31,8 +31,13 @@ and ``async_op`` and returns torch's own Work: no allocation, no copy; and where
 is asked for (by default: on NCCL), no descriptor and no sync.
 
 Verification (``verify=`` overrides ``ZIPCCL_VERIFY``): the descriptor exchange -- one small
-all-gather and a host sync -- turns mismatched calls (dtype, sizes, splits, table, src, reduce op,
-mode, different ops) into a CollectiveMismatchError on every rank.
+round and a host sync -- turns mismatched calls (dtype, sizes, splits, table, src, reduce op,
+mode, different ops) into a CollectiveMismatchError on every rank. On a host transport a call of
+at most 4 KiB per rank (``_exchange.INLINE_BYTES``) that does not compress carries its input in
+that round and completes from it: moves copy, and reductions give what the call's strategy gives
+-- the rank-order reference of a2a_reduce, or the backend's own bits where every order of its
+reduction gives them (integers; floating point SUM and PRODUCT of two ranks; else torch's call
+follows the exchange).
 
 * ``auto`` (default): verify every call on a host transport (gloo), native ones included -- a
   rank going native while another compresses, or two native calls of different sizes, would
@@ -94,7 +99,7 @@ the headers of the final read (an all-gather's and a broadcast's ranks read ever
 ends of an all-to-all piece read its header), so both ends of every piece hold the same number
 without another collective. The key's later calls
 
-* exchange the same descriptor row in the same all-gather, with the plan's tag where the
+* exchange the same descriptor row in the same round, with the plan's tag where the
   summary goes: no sample summary is taken, no table built, no strategy or chunk count decided;
 * encode with the plan's tables (each rank its first call's theory table), which the receivers
   hold before the data arrives, so the CUDA decoder still decodes every piece as it lands (a
@@ -109,12 +114,12 @@ Why an exchange stays before the wire: a rank whose call differs from its peers'
 issue a different first collective (another size or kind: gloo aborts, NCCL hangs or corrupts), and
 no rank can learn a peer's call without a collective of a shape fixed in advance. The descriptor
 row is that collective: one length for every op, with or without a plan, so a rank repeating a plan
-and one on a first call issue the same all-gather. The tag hashes the exchange that made the plan
+and one on a first call issue the same round. The tag hashes the exchange that made the plan
 (its rows and its number in the group) and the calls the plan served, so equal tags on every rank
 mean one plan in one state. The descriptor checks raise CollectiveMismatchError on every rank where
 the calls differ, planned or not; where they pass but the tags differ (a rank lost its plans) every
 rank exchanges once more, with summaries, and they agree on a new plan. So a planned call keeps one
-small all-gather and its host sync before the wire and drops the work around it.
+small exchange and its host sync before the wire and drops the work around it.
 ``ZIPCCL_PLAN_CALLS`` (default 64; agreed like the other settings): the calls a plan serves before
 its key is agreed afresh, with tables fitted to a fresh sample; 0 turns plans off.
 
@@ -141,7 +146,7 @@ no rank is left waiting for the group's timeout:
   rank whose own step fails -- encode, decode, the checks of the headers and decoder flag it
   reads -- keeps the exception and still issues each of the call's collectives (sending what its
   buffers hold: its peers may fail decoding that too). The call then ends with the ranks'
-  agreement (:class:`~zipccl.collectives._exchange.Outcome`): one all-gather of every rank's
+  agreement (:class:`~zipccl.collectives._exchange.Outcome`): one exchange of every rank's
   report -- whether it failed, where (preparing what it sends, or on what it received), "Type:
   message", and whether it has overflowed pieces, which tells every rank of an all-to-all that
   the raw resend follows. The rank that failed raises its own exception (ValueError for a

@@ -1,13 +1,16 @@
 """The one agreement exchange of a call, and the closing agreement on its outcome.
 
 A verified zipccl collective (see the package docstring for when: by default every call on
-gloo, and on NCCL every call on zipccl's own protocols) starts with one tiny all-gather of a
-fixed-length int64 *descriptor* (op, dtype, sizes, table hash, a local error code, ..., and for
-a call that may compress the words of its sample summary, which the device appends; a planned
-call sends its plan's tag instead and zeros there: the package docstring, Plans). Its length
-depends only on the world size, so it can never mismatch; after it every rank knows every other
-rank's call, checks the same things in the same order and either proceeds with the same decision
-or raises the same :class:`CollectiveMismatchError`. A rank whose own arguments are bad does not
+gloo, and on NCCL every call on zipccl's own protocols) starts with one exchange of a
+fixed-length int64 *descriptor* row per rank (op, dtype, sizes, table hash, a local error code,
+..., and for a call that may compress the words of its sample summary, which the device appends;
+a planned call sends its plan's tag instead and zeros there: the package docstring, Plans): an
+all-gather on NCCL, and on a host transport an all-to-all of the row's copies (gloo's fastest
+small round), whose row also has room for the call's own input (:class:`Carry`): a call of at
+most INLINE_BYTES completes from the exchanged rows, in one round. The row's length depends only
+on the world size and the transport, so it can never mismatch; after it every rank knows every
+other rank's call, checks the same things in the same order and either proceeds with the same
+decision or raises the same :class:`CollectiveMismatchError`. A rank whose own arguments are bad does not
 raise early (the others would hang in the exchange): it reports an error code in its descriptor
 instead; so does a rank whose sample summary raises, which then raises that exception while the
 others raise a :class:`PeerError` naming it.
@@ -15,7 +18,7 @@ others raise a :class:`PeerError` naming it.
 A compressed protocol ends the same way (:class:`Outcome`): a rank whose own step fails (encode,
 decode, the checks of what it received) keeps the exception, still issues every collective of
 the call -- their sizes were agreed before any data moved, so its peers never wait for it -- and
-reports it in one small all-gather after the last of them, before the call returns. Then every
+reports it in one small exchange after the last of them, before the call returns. Then every
 rank raises: the one that failed its own exception, the others a PeerError naming it and what it
 reported.
 """
@@ -239,8 +242,8 @@ class Outcome:
 
     The call's local steps run inside :meth:`local`, which keeps the first exception instead of
     raising it, so the rank still issues every collective its peers are waiting in; after the
-    last one, :meth:`agree` all-gathers every rank's report and raises on every rank if any
-    failed. Cost: one all-gather of W x (TEXT_WORDS + 2) int64 -- on CUDA one more host sync,
+    last one, :meth:`agree` exchanges every rank's report and raises on every rank if any
+    failed. Cost: one exchange of W x (TEXT_WORDS + 2) int64 -- on CUDA one more host sync,
     after the call's read of its headers and decoder flag.
     """
 
