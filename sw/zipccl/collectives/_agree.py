@@ -229,7 +229,9 @@ def agree(
                 previous = replace(ticket, previous=plan)
                 return replace(plan.agreed, ticket=previous)
             exchange_desc = True  # the ranks' plans differ: every rank exchanges afresh, below
-    if local is None:  # no collective before the exchange (the profile is one): a guess
+    if local is None and sizes_differ and not _needs_profile(g, dtype, mode):
+        may_compress = routed(g, name, dtype, None, red_code)[0] != switch.NATIVE  # any size
+    elif local is None:  # no collective before the exchange (the profile is one): a guess
         may_compress = dtype in _exchange.CODEC_DTYPES and red_code != 99 and mode != "never"
     else:
         may_compress = local[0] == switch.COMPRESSED

@@ -10,10 +10,10 @@ small round), whose row also has room for the call's own input (:class:`Carry`):
 most INLINE_BYTES completes from the exchanged rows, in one round. The row's length depends only
 on the world size and the transport, so it can never mismatch; after it every rank knows every
 other rank's call, checks the same things in the same order and either proceeds with the same
-decision or raises the same :class:`CollectiveMismatchError`. A rank whose own arguments are bad does not
-raise early (the others would hang in the exchange): it reports an error code in its descriptor
-instead; so does a rank whose sample summary raises, which then raises that exception while the
-others raise a :class:`PeerError` naming it.
+decision or raises the same :class:`CollectiveMismatchError`. A rank whose own arguments are
+bad does not raise early (the others would hang in the exchange): it reports an error code in
+its descriptor instead; so does a rank whose sample summary raises, which then raises that
+exception while the others raise a :class:`PeerError` naming it.
 
 A compressed protocol ends the same way (:class:`Outcome`): a rank whose own step fails (encode,
 decode, the checks of what it received) keeps the exception, still issues every collective of
