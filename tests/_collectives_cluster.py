@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Iterator
 from datetime import timedelta
 
+import pytest
 import torch.multiprocessing as mp
 
 GLOO_TIMEOUT_S = 30
@@ -145,3 +146,15 @@ def short_timeout_cluster(
     assert ranks.run(sc_short_timeout_world, backend, store, timeout_s) == [backend] * world
     yield ranks
     ranks.close()
+
+
+def module_cluster(world: int) -> object:
+    """A module-scoped fixture of ``world`` workers (a test module's ``pair``, ``trio``)."""
+
+    @pytest.fixture(scope="module")
+    def cluster() -> Iterator[Cluster]:
+        c = Cluster(world)
+        yield c
+        c.close()
+
+    return cluster

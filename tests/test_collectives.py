@@ -32,7 +32,7 @@ from zipccl.collectives import (
 from zipccl.golden.container import DEFAULT_BLOCK, HEADER_BYTES
 from zipccl.golden.theory import SAMPLE_SIZE, zipccl_layout
 
-from tests._collectives_cluster import Cluster
+from tests._collectives_cluster import Cluster, module_cluster
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
 ALWAYS = {"ZIPCCL_MODE": "always"}
@@ -40,18 +40,10 @@ DEBUG = {"ZIPCCL_VERIFY": "1"}
 SMALL_CHUNKS = {"ZIPCCL_MODE": "always", "ZIPCCL_CHUNK_BYTES": "3000"}
 
 
-@pytest.fixture(scope="module")
-def pair():
-    c = Cluster(2)
-    yield c
-    c.close()
+pair = module_cluster(2)
 
 
-@pytest.fixture(scope="module")
-def trio():
-    c = Cluster(3)
-    yield c
-    c.close()
+trio = module_cluster(3)
 
 
 # --------------------------------------------------------------------------- data

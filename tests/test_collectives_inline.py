@@ -20,7 +20,7 @@ import torch.distributed as dist
 import zipccl
 from zipccl.collectives import _agree, _exchange, _transport
 
-from tests._collectives_cluster import Cluster
+from tests._collectives_cluster import module_cluster
 from tests.test_collectives import counted, installed, same_bits, same_reduction
 
 AUTO = {"ZIPCCL_MODE": "auto"}
@@ -30,18 +30,10 @@ DTYPES = ["bfloat16", "float16", "float32", "float64", "int32", "int8", "uint8",
 FP8 = ["float8_e4m3fn", "float8_e5m2"]  # moved as bytes; gloo reduces none: the reference
 
 
-@pytest.fixture(scope="module")
-def pair():
-    c = Cluster(2)
-    yield c
-    c.close()
+pair = module_cluster(2)
 
 
-@pytest.fixture(scope="module")
-def trio():
-    c = Cluster(3)
-    yield c
-    c.close()
+trio = module_cluster(3)
 
 
 def values(seed: int, numel: int, dtype: torch.dtype) -> torch.Tensor:

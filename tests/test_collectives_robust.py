@@ -12,16 +12,12 @@ from zipccl import codec
 from zipccl.collectives import _slots
 from zipccl.golden.theory import SAMPLE_SIZE
 
-from tests._collectives_cluster import Cluster
+from tests._collectives_cluster import module_cluster
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    cluster = Cluster(2)
-    yield cluster
-    cluster.close()
+pair = module_cluster(2)
 
 
 def _summary(seed: int = 0) -> np.ndarray:

@@ -12,7 +12,7 @@ import zipccl
 from zipccl import switch
 from zipccl.collectives import STATS
 
-from tests._collectives_cluster import Cluster
+from tests._collectives_cluster import module_cluster
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 ALWAYS = {"ZIPCCL_MODE": "always"}
@@ -21,11 +21,7 @@ HIDDEN = 512
 ROWS = [[30, 100], [96, 170]]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    c = Cluster(2)
-    yield c
-    c.close()
+pair = module_cluster(2)
 
 
 def absmax_scaled(
