@@ -14,6 +14,7 @@ import torch.distributed as dist
 import zipccl
 
 from tests import test_collectives as base
+from tests import test_collectives_inline as inline
 
 pytestmark = [
     pytest.mark.gpu,
@@ -117,3 +118,14 @@ def test_auto_on_a_shared_gpu(pair):
     results = pair.run(sc_auto_profiles_the_staged_transport, env={"ZIPCCL_MODE": "auto"})
     assert all(exact for _, exact in results), results  # type: ignore[misc]
     assert len({strategy for strategy, _ in results}) == 1, results  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float8_e4m3fn", "int32"])
+def test_small_calls_ride_in_the_exchange_on_a_shared_gpu(pair, trio, dtype_name):
+    """CUDA tensors of at most 4 KiB per rank: their bytes cross in the descriptor exchange
+    (copied down and up), torch's bits, no torch.distributed call."""
+    numel = inline.fitting(dtype_name)
+    for ranks in (pair, trio):
+        for sc in (inline.sc_moves, inline.sc_reductions):
+            for bad in ranks.run(sc, dtype_name, numel, "cuda", env=inline.AUTO):
+                assert not bad, (ranks.world, sc.__name__, bad)

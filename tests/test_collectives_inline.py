@@ -11,6 +11,7 @@ nothing of an earlier call's input reaches the peers.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,10 +19,17 @@ import pytest
 import torch
 import torch.distributed as dist
 import zipccl
+from zipccl import switch
 from zipccl.collectives import _agree, _exchange, _transport
 
 from tests._collectives_cluster import module_cluster
-from tests.test_collectives import counted, installed, same_bits, same_reduction
+from tests.test_collectives import (
+    counted,
+    installed,
+    native_profile,
+    same_bits,
+    same_reduction,
+)
 
 AUTO = {"ZIPCCL_MODE": "auto"}
 
@@ -64,11 +72,12 @@ def _calls(run: Callable[[], object]) -> list[str]:
 def _moves(rank: int, world: int, x: torch.Tensor) -> Iterator[tuple[str, Callable, list]]:
     """(name, call(lib), its outputs) of every data-moving op on ``x``."""
     n = x.numel()
-    gathered, listed = torch.empty(world * n, dtype=x.dtype), []
+    gathered, listed = torch.empty(world * n, dtype=x.dtype, device=x.device), []
     swapped, cast = torch.empty_like(x), x.clone()
     ins = [(rank + j) % 3 for j in range(world)]  # uneven rows, 2 values each
     outs = [(i + rank) % 3 for i in range(world)]
-    uneven_in, uneven_out = x[: 2 * sum(ins)].view(-1, 2), torch.empty(sum(outs), 2, dtype=x.dtype)
+    uneven_in = x[: 2 * sum(ins)].view(-1, 2)
+    uneven_out = torch.empty(sum(outs), 2, dtype=x.dtype, device=x.device)
     yield "all_gather_into_tensor", lambda lib: lib.all_gather_into_tensor(gathered, x), [gathered]
     yield "all_gather", lambda lib: lib.all_gather(listed, x), listed
     yield "all_to_all_single", lambda lib: lib.all_to_all_single(swapped, x), [swapped]
@@ -80,26 +89,27 @@ def _moves(rank: int, world: int, x: torch.Tensor) -> Iterator[tuple[str, Callab
     yield "broadcast", lambda lib: lib.broadcast(cast, src=world - 1), [cast]
 
 
-def sc_moves(rank: int, world: int, dtype_name: str, numel: int) -> list[str]:
-    """Every data-moving op through zipccl, then through torch.distributed on the same inputs;
-    the ops whose bits differ or that called torch.distributed from zipccl (a call larger than
-    INLINE_BYTES: its one torch call is expected and not reported)."""
+def sc_moves(rank: int, world: int, dtype_name: str, numel: int, device: str = "cpu") -> list[str]:
+    """Every data-moving op through zipccl (on ``device``: CUDA tensors take the staged
+    transport), then through torch.distributed on the same host inputs; the ops whose bits
+    differ or that called torch.distributed from zipccl (a call larger than INLINE_BYTES: its
+    one torch call is expected and not reported)."""
     dtype, bad = getattr(torch, dtype_name), []
     x = values(100 + rank, numel, dtype)
     inline = numel * x.element_size() <= _exchange.INLINE_BYTES
-    with installed("native"):
+    with native_profiles():
         for (name, call, got), (_, call_torch, want) in zip(
-            _moves(rank, world, x), _moves(rank, world, x), strict=True
+            _moves(rank, world, _on(x, device)), _moves(rank, world, x), strict=True
         ):
             if name == "all_gather":
-                got.extend(torch.empty_like(x) for _ in range(world))
+                got.extend(_on(torch.empty_like(x), device) for _ in range(world))
                 want.extend(torch.empty_like(x) for _ in range(world))
             calls = _calls(lambda call=call: call(zipccl))
             wire = [t.view(torch.uint8) if dtype_name in FP8 else t for t in want]
             _moves_torch(call_torch, dtype_name)
             if inline and calls:
                 bad.append(f"{name}: called {calls}")
-            if not all(same_bits(a.view(b.dtype), b) for a, b in zip(got, wire, strict=True)):
+            if not all(same_bits(a.cpu().view(b.dtype), b) for a, b in zip(got, wire, strict=True)):
                 bad.append(f"{name}: other bits")
     return bad
 
@@ -128,7 +138,28 @@ def _moves_torch(call: Callable, dtype_name: str) -> None:
 REDUCE_OPS = ["SUM", "PRODUCT", "MIN", "MAX"]
 
 
-def sc_reductions(rank: int, world: int, dtype_name: str, numel: int) -> list[str]:
+@contextlib.contextmanager
+def native_profiles() -> Iterator[None]:
+    """Auto keeps every call uncompressed, on host tensors and on the staged transport alike
+    (each has its own profile)."""
+    switch.set_profile(None, native_profile(), staged=True)
+    try:
+        with installed("native"):
+            yield
+    finally:
+        switch.set_profile(None, None, staged=True)
+
+
+def _on(t: torch.Tensor, device: str) -> torch.Tensor:
+    """``t`` on ``device`` (CUDA: the workers share GPU 0)."""
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    return t.to(device)
+
+
+def sc_reductions(
+    rank: int, world: int, dtype_name: str, numel: int, device: str = "cpu"
+) -> list[str]:
     """all_reduce and reduce_scatter_tensor under every reduce op through zipccl: where the
     result is torch's bits (integers; float SUM and PRODUCT of two ranks) it must equal torch's;
     where zipccl reduces a codec dtype itself (three ranks; FP8, which gloo cannot reduce) the
@@ -137,19 +168,24 @@ def sc_reductions(rank: int, world: int, dtype_name: str, numel: int) -> list[st
     dtype, bad = getattr(torch, dtype_name), []
     inputs = [values(200 + r, numel, dtype) for r in range(world)]
     integral, fp8 = not dtype.is_floating_point, dtype_name in FP8
-    with installed("native"):
+    with native_profiles():
         for op in REDUCE_OPS:
             red = getattr(dist.ReduceOp, op)
             alike = integral or (world == 2 and op in ("SUM", "PRODUCT") and not fp8)
             reference = dtype in _exchange.CODEC_DTYPES and (world > 2 or fp8)
             if not (alike or reference):
                 continue  # torch's own call (float MIN/MAX, float64 of three ranks)
-            for name, run in _reductions(inputs[rank], world, red).items():
+            here, there = (
+                _reductions(inputs[rank], world, red),
+                _reductions(_on(inputs[rank], device), world, red),
+            )
+            for name, run in there.items():
                 got, calls = run(zipccl)
+                got = got.cpu()
                 if reference:
                     want = _reference(name, inputs, rank, world, red)
                 else:
-                    want, _ = run(dist)
+                    want, _ = here[name](dist)
                 if calls:
                     bad.append(f"{name} {op}: called {calls}")
                 if not same_reduction(got, want):
@@ -167,7 +203,7 @@ def _reductions(
         return t, _calls(lambda: lib.all_reduce(t, red))
 
     def reduce_scatter(lib: Any) -> tuple[torch.Tensor, list[str]]:
-        out = torch.empty(x.numel() // world, dtype=x.dtype)
+        out = torch.empty(x.numel() // world, dtype=x.dtype, device=x.device)
         return out, _calls(lambda: lib.reduce_scatter_tensor(out, x, red))
 
     return {"all_reduce": all_reduce, "reduce_scatter": reduce_scatter}
@@ -181,7 +217,7 @@ def _reference(
     return zipccl.reference_reduce([x.view(world, -1)[rank] for x in inputs], red)
 
 
-def _fitting(dtype_name: str) -> int:
+def fitting(dtype_name: str) -> int:
     """The most values of ``dtype_name`` that ride in a row and split evenly over 2 or 3."""
     return 6 * (_exchange.INLINE_BYTES // getattr(torch, dtype_name).itemsize // 6)
 
@@ -189,14 +225,14 @@ def _fitting(dtype_name: str) -> int:
 @pytest.mark.parametrize("dtype_name", DTYPES + FP8)
 def test_small_moves_are_torchs_bits_in_one_round(pair, trio, dtype_name):
     for ranks in (pair, trio):
-        for bad in ranks.run(sc_moves, dtype_name, _fitting(dtype_name), env=AUTO):
+        for bad in ranks.run(sc_moves, dtype_name, fitting(dtype_name), env=AUTO):
             assert not bad, (ranks.world, bad)
 
 
 @pytest.mark.parametrize("dtype_name", [d for d in DTYPES if d != "bool"] + FP8)
 def test_small_reductions_in_one_round(pair, trio, dtype_name):
     for ranks in (pair, trio):
-        for bad in ranks.run(sc_reductions, dtype_name, _fitting(dtype_name), env=AUTO):
+        for bad in ranks.run(sc_reductions, dtype_name, fitting(dtype_name), env=AUTO):
             assert not bad, (ranks.world, bad)
 
 
@@ -244,3 +280,20 @@ def sc_no_stale_bytes(rank: int, world: int) -> bytes:
 def test_no_earlier_input_reaches_the_peers(pair):
     for tail in pair.run(sc_no_stale_bytes, env=AUTO):
         assert tail == bytes(_exchange.INLINE_BYTES - 8)
+
+
+def sc_staged(rank: int, world: int, dtype_name: str, numel: int) -> list[str]:
+    """sc_moves and sc_reductions with host tensors staged as CUDA tensors are (a staged
+    group's rows: the summary words apart from the host row that carries the input)."""
+    _transport.STAGE_HOST_TENSORS = True
+    try:
+        return sc_moves(rank, world, dtype_name, numel) + sc_reductions(
+            rank, world, dtype_name, numel
+        )
+    finally:
+        _transport.STAGE_HOST_TENSORS = False
+
+
+def test_small_calls_on_the_staged_transport(pair):
+    for bad in pair.run(sc_staged, "bfloat16", fitting("bfloat16"), env=AUTO):
+        assert not bad, bad

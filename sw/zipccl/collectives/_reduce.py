@@ -213,10 +213,14 @@ def _reduced_from_carried(
     if a.carried is None or a.strategy == switch.COMPRESSED:
         return False
     parts = a.carried.pieces(out.dtype, start, out.numel())
+    here = out if out.device.type == "cpu" else torch.empty_like(out, device="cpu")  # staged
     if a.strategy == switch.A2A_REDUCE:
-        _reduce_into(out, parts, op)
-        return True
-    return _like_backend(out, parts, _agree.reduce_code(op))
+        _reduce_into(here, parts, op)
+    elif not _like_backend(here, parts, _agree.reduce_code(op)):
+        return False
+    if here is not out:
+        out.copy_(here)
+    return True
 
 
 _Binary = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
