@@ -112,7 +112,7 @@ def exchange(
     fill: Callable[[torch.Tensor], object] | None = None,
     carry: Carry | None = None,
 ) -> np.ndarray:
-    """All-gather one descriptor row per rank; raise on every rank if any rank reported an error.
+    """Exchange one descriptor row per rank; raise on every rank if any rank reported an error.
 
     Returns an int64 array of shape (world, len(fields) + extra_words) (numpy: the checks that
     follow are a few small reads, cheaper there than as torch ops); field 0 must be the op code
@@ -178,7 +178,7 @@ def _gather(
     if extra_words and fill is not None:
         try:
             fill(bufs.row[head : head + extra_words])
-        except BaseException as exc:  # reported in the row: the peers wait in the all-gather
+        except BaseException as exc:  # reported in the row: the peers wait in the exchange
             failed = exc
     elif extra_words and g.nccl:
         bufs.row[head : head + extra_words].zero_()

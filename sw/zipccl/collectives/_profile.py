@@ -172,8 +172,13 @@ def measure(g: _transport.Group) -> Profile:
     for dtype in switch.PRIOR_DTYPES:
         x = torch.randn(1 << 16, generator=gen).to(dtype).to(g.device)
         ratio[switch.dtype_name(dtype)] = float(codec.compress(x).ratio)
-    fields = [_OP_CODE_PROFILE, 0] + [0] * (5 + 2 * g.world + 1)  # a descriptor's length
-    exchange = Line(fastest(lambda: _exchange.exchange(g, fields, "profile"), g.cuda), 1e18)
+    fields = [_OP_CODE_PROFILE, 0] + [0] * (6 + 2 * g.world + 1)  # a descriptor's row
+    carry = None if g.nccl else _exchange.Carry(None)  # and its room for a small call's input
+
+    def descriptor() -> object:
+        return _exchange.exchange(g, fields, "profile", codec.SUMMARY_WORDS, None, carry)
+
+    exchange = Line(fastest(descriptor, g.cuda), 1e18)
     lines = Profile(native, comp, dec, red, table, ratio, exchange, wire=wire)
     return replace(lines, overhead=overhead(g, lines, data[sizes[-1]]))
 
