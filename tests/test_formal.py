@@ -53,7 +53,7 @@ def test_the_induction_step_needs_the_invariants(tmp_path, monkeypatch, name: st
     monkeypatch.setattr(formal, "_encoder_invariants", lambda *args: None)
     check = formal.CHECKS[name]
     model = formal.write_model(check.make(check.lanes), tmp_path)
-    passed, why = formal.bmc(model, check.induction or 1, "yices", induction=True)
+    passed, _ = formal.bmc(model, check.induction or 1, "yices", induction=True)
     assert not passed, f"{name}: the induction step passed without the invariants"
 
 

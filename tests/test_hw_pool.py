@@ -175,11 +175,12 @@ def test_error_in_one_packet_stops_the_packets_after_it(engines: int, kind: str)
     _error_case(engines, kind, 3 * engines + len(kind), good=3, out_rate=0.8)
 
 
+@pytest.mark.parametrize("engines", [2, 4])
 @pytest.mark.parametrize("kind", ["illegal", "padding"])
-def test_error_behind_queued_packets_waits_for_them(kind: str) -> None:
+def test_error_behind_queued_packets_waits_for_them(engines: int, kind: str) -> None:
     """The bad packet is an engine's second while the output, slow, still holds that engine's
     first and the other engines' packets: the error waits until all of them are out."""
-    _error_case(2, kind, 40 + len(kind), good=2, out_rate=0.15, short=True)
+    _error_case(engines, kind, 40 + engines + len(kind), good=engines, out_rate=0.15, short=True)
 
 
 def test_words_past_a_beats_count_are_ignored() -> None:
