@@ -115,7 +115,11 @@ class QLCDecoder(wiring.Component):
         """``lanes``: None for the single-lane ports, N for N-lane beats (with ``count``) of
         ``words_per_beat(N)`` words. ``hold``: a ``hold`` input that stops the parse, for a user
         that keeps ``o.ready`` high and room for the symbols already in the pipeline (the decoder
-        pool's engines: their output ready is then a constant, out of the loop's logic)."""
+        pool's engines: their output ready is then a constant, out of the loop's logic), and a
+        ``padded`` output, a one-clock pulse when a packet's last code is parsed and its padding
+        found zero: a packet's verdict, which a bad padding otherwise gives only as ``error``
+        some clocks after the packet's last symbol (the pool tags each packet's last beat with
+        it)."""
         self.counted, self.holds = lanes is not None, hold
         self.lanes = lanes or 1
         self.words = words_per_beat(self.lanes)
@@ -129,7 +133,7 @@ class QLCDecoder(wiring.Component):
                 "o": Out(stream.Signature(symbols)),
                 "tw": In(stream.Signature(TableWriteLayout)),
                 "error": Out(1),
-                **({"hold": In(1)} if hold else {}),
+                **({"hold": In(1), "padded": Out(1)} if hold else {}),
             }
         )
 
@@ -174,9 +178,11 @@ class QLCDecoder(wiring.Component):
         s1_free = ~s1_valid | s2_free
 
         # stages 0-1: the window, the loop, the heads
-        parse, heads, count, last, padding_set = self._parser(
+        parse, heads, count, last, padding_set, padding_ok = self._parser(
             m, regions, s1_free, busy, err, bad_padding
         )
+        if self.holds:
+            m.d.comb += self.padded.eq(padding_ok)
         with m.If(padding_set):
             m.d.sync += bad_padding.eq(1)
         with m.If(bad_padding & drained):  # after the packet's last symbols
@@ -243,7 +249,7 @@ class QLCDecoder(wiring.Component):
 
     def _parser(self, m: Module, regions, s1_free, busy, err, bad_padding):
         """The window, the per-offset widths and the one-hot loop; returns (parse, heads, count,
-        last, padding_set).
+        last, padding_set, padding_ok): the last two pulse when a packet's padding is checked.
 
         ``pos`` < beat + 11 N while parsing (a beat past it drops on the next clock), so the lane
         starts lie below beat + 11 (2N - 1) and their codes inside the ``slots`` beats held."""
@@ -466,6 +472,7 @@ class QLCDecoder(wiring.Component):
             checking_late.eq(checking),
         ]
         padding_set = checking_late & (behind & pad_beat).any()
+        padding_ok = (skip & aligned) | (checking_late & ~(behind & pad_beat).any())
 
         heads = [select_bits(at, window, MAX_CODE_LENGTH) for at in lane_starts[:n_lanes]]
 
@@ -486,4 +493,4 @@ class QLCDecoder(wiring.Component):
                 last.eq(remaining <= 2 * n_lanes),
                 active.eq(~last),
             ]
-        return parse, heads, count, last, padding_set
+        return parse, heads, count, last, padding_set, padding_ok

@@ -128,9 +128,10 @@ class QLCEncoderN(wiring.Component):
             rds.append(lut.read_port())
             wrs.append(lut.write_port())
 
-        in_packet = Signal()
-        s1_valid, s1_last, s1_count = Signal(), Signal(), Signal(range(n_lanes + 1))
-        s2_valid, s2_last = Signal(), Signal()
+        in_packet = Signal(name="in_packet")
+        s1_valid, s1_last = Signal(name="s1_valid"), Signal(name="s1_last")
+        s1_count = Signal(range(n_lanes + 1), name="s1_count")
+        s2_valid, s2_last = Signal(name="s2_valid"), Signal(name="s2_last")
         s2_codes = [Signal(MAX_CODE_LENGTH, name=f"s2_code{j}") for j in range(n_lanes)]
         s2_lens = [Signal(range(MAX_CODE_LENGTH + 1), name=f"s2_len{j}") for j in range(n_lanes)]
 

@@ -23,19 +23,24 @@ and puts their symbols back in packet order:
 - **Collect**: each engine's symbols are packed E to a beat into its output FIFO (``depth`` beats,
   a 4096-symbol packet's at E = 4; ``default_depth``), then through two 3-beat FIFOs (one takes
   the block RAM's output where it lies, one feeds the output); the output takes packet p's beats
-  from engine p mod E, so the symbol beats are hw.multilane's counted layout in packet order.
-- **Errors**: an engine that meets an illegal codeword or bad padding stops. The pool raises
-  ``error`` when the output has sent every symbol of the packets before that one and every
-  symbol the engine emitted before its error, and then takes and sends nothing, as the single
-  lane does.
+  from engine p mod E, and the next packet's from the clock after its last beat, so the symbol
+  beats are hw.multilane's counted layout in packet order.
+- **Errors**, in band: the FIFOs' beats carry a ``bad`` flag. An engine that meets an illegal
+  codeword or bad padding stops. Its packer writes the symbols it emitted of that packet, then
+  marks the error's place: the last beat of a packet whose padding is bad is written ``bad`` (a
+  packet's last beat is written once the engine's ``padded`` verdict or its error has come),
+  after an illegal codeword the partial beat is, or a beat of no symbols (``marks``). The output
+  raises ``error`` on sending a ``bad`` beat or on meeting a marker, so after every symbol of
+  the packets before and every symbol the engine emitted before its error, however far ahead
+  of the output the engine is; then it takes and sends nothing, as the single lane does.
 - **Tables**: a pending table write stops new counts; it goes to every engine at once when
   every counted packet is decoded (known a clock later: a registered check of every engine),
   so each packet is decoded with the table in force when its count arrived.
 
 Throughput: up to E symbols per clock while E packets are in flight, so on a stream of many
-packets; the output spends ceil(P / E) beats and one clock (the look at the engine's error) on a
-P-symbol packet, so P / (ceil(P / E) + 1) per clock at most (11.770 for P = 1024 at E = 12). One
-packet alone decodes at one symbol per clock.
+packets; the output spends ceil(P / E) clocks on a P-symbol packet (11.907 per clock for
+P = 1024 at E = 12, 1024 / 86; 11.977 for P = 4096, 4096 / 342). One packet alone decodes at
+one symbol per clock.
 """
 
 from __future__ import annotations
@@ -84,6 +89,13 @@ def default_depth(engines: int) -> int:
     return 1024 if engines <= 8 else 512
 
 
+def out_layout(engines: int) -> data.StructLayout:
+    """An engine's output beat: the E-lane decoder's symbol ``beat``, ``bad`` when the engine's
+    error follows its symbols, ``marks`` on a bad beat of no symbols (only the error's place;
+    stored, so that the output's choice starts from a register)."""
+    return data.StructLayout({"beat": lane_layout(engines), "bad": 1, "marks": 1})
+
+
 def pool_beat_layout(size: int) -> data.StructLayout:
     """A beat ``size`` words wide (``data``, its first word on top) that holds its first
     ``words`` words, and ``last`` on a packet's final beat."""
@@ -123,7 +135,7 @@ class QLCDecoderPool(wiring.Component):
         counts = [SyncFIFOBuffered(width=COUNT_BITS, depth=COUNT_DEPTH) for _ in engines]
         beat = pool_beat_layout(self.words)
         beats = [SyncFIFOBuffered(width=beat.size, depth=self.depth) for _ in engines]
-        width = lane_layout(e_count).size
+        width = out_layout(e_count).size
         outs = [SyncFIFOBuffered(width=width, depth=self.depth) for _ in engines]
         # two small FIFOs behind each block-RAM FIFO: the first takes the block RAM's slow output
         # where it lies, the second brings the beats to the output, whose choices (the beat's
@@ -173,38 +185,29 @@ class QLCDecoderPool(wiring.Component):
             ready.eq(was_settled & ~reduce(operator.or_, counts_sent) & ~err),
         ]
 
-        # micro-step 3, pack: each engine's symbols, E to a beat, into its output FIFO
-        pairs = enumerate(zip(engines, outs, strict=True))
-        packed = [self._pack(m, k, e, o) for k, (e, o) in pairs]
+        # micro-step 3, pack: each engine's symbols, E to a beat, into its output FIFO, each
+        # packet's last beat with its verdict, an engine's error as a beat in its place
+        for k, (e, o) in enumerate(zip(engines, outs, strict=True)):
+            self._pack(m, k, e, o)
 
-        # micro-step 4, collect: packet p's beats from engine p mod E; an engine's error becomes
-        # the pool's once everything it emitted before it has gone out
-        serve, closing = Signal(range(e_count)), Signal()
-        m.d.comb += self.o.valid.eq(_pick([t.r_rdy for t in tails], serve) & ~closing & ~err)
-        taking = self.o.ready & ~closing & ~err
+        # micro-step 4, collect: packet p's beats from engine p mod E, the next engine's from the
+        # clock after its last beat; a beat marked bad is the error's place in the stream
+        serve = Signal(range(e_count))
+        head = Signal(out_layout(e_count))
         with m.Switch(serve):
             for k, t in enumerate(tails):
                 with m.Case(k):
-                    m.d.comb += [self.o.payload.eq(t.r_data), t.r_en.eq(taking)]
-        sent = self.o.valid & self.o.ready
-        engine_err = _pick([e.error for e in engines], serve)
-        empty = [
-            (o.level == 0) & (n.level == 0) & (t.level == 0) & p
-            for o, n, t, p in zip(outs, nears, tails, packed, strict=True)
+                    m.d.comb += [head.eq(t.r_data), t.r_en.eq(self.o.ready & ~err & ~head.marks)]
+        at_head = _pick([t.r_rdy for t in tails], serve)
+        m.d.comb += [
+            self.o.valid.eq(at_head & ~err & ~head.marks),
+            self.o.payload.eq(head.beat),
         ]
-        emptied = _pick(empty, serve)
-        # after a packet's last beat, one clock's look at its engine's error (bad padding rises
-        # after the packet's symbols) before the next packet's engine is served
-        with m.If(closing):
-            m.d.sync += closing.eq(0)
-            with m.If(engine_err):
-                m.d.sync += err.eq(1)
-            with m.Else():
-                m.d.sync += serve.eq(_next(serve, e_count))
-        with m.Elif(sent & self.o.payload.last):
-            m.d.sync += closing.eq(1)
-        with m.Elif(engine_err & emptied):
+        sent = self.o.valid & self.o.ready
+        with m.If((sent & head.bad) | (at_head & head.marks)):
             m.d.sync += err.eq(1)
+        with m.Elif(sent & head.beat.last):
+            m.d.sync += serve.eq(_next(serve, e_count))
         return m
 
     def _dispatch(
@@ -266,10 +269,12 @@ class QLCDecoderPool(wiring.Component):
             with m.If(loaded):
                 m.d.sync += index.eq(Mux(done, 0, index + 1))
 
-    def _pack(self, m: Module, k: int, engine, out) -> Value:
-        """Engine ``k``'s symbols into E-symbol beats (``count``, ``last``) written to ``out``;
-        after an engine error the partial beat is written too. Returns whether every symbol the
-        engine emitted is in ``out``."""
+    def _pack(self, m: Module, k: int, engine, out) -> None:
+        """Engine ``k``'s symbols into E-symbol beats (``count``, ``last``) written to ``out``.
+        A packet's last beat is marked ``bad`` unless the engine's ``padded`` verdict has come
+        (it comes before the last symbol reaches here, but waiting for it costs nothing when
+        late); after an engine error, its partial beat, or a beat of no symbols, goes marked
+        ``bad``, and nothing after it."""
         e_count = self.engines
         lanes = [Signal(8, name=f"pack{k}_lane{j}") for j in range(e_count)]
         held = Signal(range(e_count + 1), name=f"pack{k}_held")
@@ -278,29 +283,53 @@ class QLCDecoderPool(wiring.Component):
         sym = Signal(SymbolLayout, name=f"pack{k}_symbol")
         take = Signal(name=f"pack{k}_take")
         m.d.sync += [take.eq(engine.o.valid), sym.eq(engine.o.payload)]
+        # verdicts come before their packets' last beats, a packet at most ahead (the next
+        # packet's is 4 clocks after its count, taken after this one's)
+        verdicts = Signal(range(3), name=f"pack{k}_verdicts")
+        pending, reported = Signal(name=f"pack{k}_pending"), Signal(name=f"pack{k}_reported")
+        good = verdicts != 0
+        ends = take & sym.last
         full_beat = take & ((held == e_count - 1) | sym.last)
-        flush = ~take & ~engine.o.valid & engine.error & (held != 0)
-        # the engine's output is always taken; it stops parsing (``hold``, a register) while the
-        # FIFO has room for fewer than HOLD_MARGIN beats: the symbols already in its pipeline
-        # and the parse of the clock the hold is late by fit in those. The FIFO's fill level so
-        # stays out of the engine's stall logic, whose paths already span the engine.
-        room = Signal(name=f"pack{k}_room")
-        m.d.sync += room.eq(out.level < self.depth - HOLD_MARGIN)
-        word = Signal(lane_layout(e_count), name=f"pack{k}_word")
+        write_now = full_beat & (~sym.last | good | engine.error)
+        defer = ends & ~good & ~engine.error  # the last beat waits in the lanes for its verdict
+        # a write from the lanes (no symbol this clock): a deferred last beat, or after an
+        # engine error what it emitted of its packet, or (none) a marker
+        resolve = pending & (good | engine.error)
+        flush = ~pending & ~reported & engine.error & ~engine.o.valid
+        late = ~take & (resolve | flush) & out.w_rdy
+        late_bad = ~(pending & good)
+        word = Signal(out_layout(e_count), name=f"pack{k}_word")
         m.d.comb += [
-            word.data.eq(Cat(*(Mux(held == j, sym.data, lane) for j, lane in enumerate(lanes)))),
-            word.count.eq(Mux(flush, held, held + 1)),
-            word.last.eq(sym.last & ~flush),
-            engine.o.ready.eq(1),
-            engine.hold.eq(~room),
-            out.w_en.eq(full_beat | (flush & out.w_rdy)),
+            word.beat.data.eq(
+                Cat(*(Mux(held == j, sym.data, lane) for j, lane in enumerate(lanes)))
+            ),
+            word.beat.count.eq(Mux(take, held + 1, held)),
+            word.beat.last.eq(Mux(take, sym.last, pending)),
+            word.bad.eq(Mux(take, sym.last & ~good, late_bad)),
+            word.marks.eq(~take & late_bad & (held == 0)),
+            out.w_en.eq(write_now | late),
             out.w_data.eq(word),
         ]
+        consumed = (write_now & ends & good) | (late & pending & good)
+        m.d.sync += verdicts.eq(verdicts + engine.padded - consumed)
+        with m.If((write_now & word.bad) | (late & late_bad)):
+            m.d.sync += reported.eq(1)
         with m.If(take):
             for j, lane in enumerate(lanes):
                 with m.If(held == j):
                     m.d.sync += lane.eq(sym.data)
-            m.d.sync += held.eq(Mux(full_beat, 0, held + 1))
-        with m.Elif(flush & out.w_rdy):
+            m.d.sync += held.eq(Mux(write_now, 0, held + 1))
+        with m.Elif(late):
             m.d.sync += held.eq(0)
-        return (held == 0) & ~take
+        with m.If(defer):
+            m.d.sync += pending.eq(1)
+        with m.Elif(late):
+            m.d.sync += pending.eq(0)
+        # the engine's output is always taken; it stops parsing (``hold``, a register) while the
+        # FIFO has room for fewer than HOLD_MARGIN beats (the symbols already in its pipeline and
+        # the parse of the clock the hold is late by fit in those), or while a last beat waits
+        # for its verdict. The FIFO's fill level so stays out of the engine's stall logic, whose
+        # paths already span the engine.
+        stop = Signal(name=f"pack{k}_stop")
+        m.d.sync += stop.eq((out.level >= self.depth - HOLD_MARGIN) | defer | (pending & ~late))
+        m.d.comb += [engine.o.ready.eq(1), engine.hold.eq(stop)]

