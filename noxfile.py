@@ -57,8 +57,9 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def formal(session: nox.Session) -> None:
-    """Bounded model checks of the blocks' stream rules and of the loopback's data, table writes
-    and errors (yosys-smtbmc, yices; the checks run in parallel, one per core)."""
+    """Model checks (yosys-smtbmc, yices; in parallel, one per core): the blocks' stream rules,
+    the encoders' and decoders' proved for runs of any length by induction; the loopback's data,
+    table writes and errors, bounded."""
     _ensure_tool(session, "yosys-smtbmc", "yosys")
     session.install("-e", ".[formal]")
     session.run("python", "-m", "zipccl.sim.formal", "--out", f"{OUT}/formal", *session.posargs)
