@@ -101,9 +101,8 @@ def all_gather_into_tensor(
         )
     agreed = _agreed(output_tensor, input_tensor, group, table, verify)
     if agreed.carried is not None:
-        rows = _slots.flat(output_tensor).view(agreed.g.world, -1)
-        for r, row in enumerate(rows):
-            row.copy_(agreed.carried.piece(r, input_tensor.dtype, 0, input_tensor.numel()))
+        nbytes = input_tensor.numel() * input_tensor.element_size()
+        agreed.carried.stack_into(output_tensor, 0, nbytes)
         return _transport.done(async_op)
     if agreed.strategy != switch.COMPRESSED:
         return _transport.native_all_gather(

@@ -77,7 +77,18 @@ class Carried:
 
     def pieces(self, dtype: torch.dtype, start: int, numel: int) -> list[torch.Tensor]:
         """The same values of every rank's input, in rank order."""
-        return [self.piece(r, dtype, start, numel) for r in range(len(self.data))]
+        return list(torch.from_numpy(self.data).view(dtype)[:, start : start + numel])
+
+    def stack_into(self, out: torch.Tensor, start: int, nbytes: int) -> None:
+        """Bytes ``start .. start + nbytes`` of every rank's input, rank after rank, into the
+        contiguous ``out`` (of world x nbytes bytes): one copy, in numpy on the host (a torch
+        copy of a few KiB costs several times more)."""
+        rows = self.data[:, start : start + nbytes]
+        flat = out.reshape(-1).view(torch.uint8)
+        if flat.device.type == "cpu":
+            flat.detach().numpy().reshape(rows.shape)[:] = rows
+        else:  # a staged group's device tensor
+            flat.copy_(torch.from_numpy(np.ascontiguousarray(rows)).view(-1))
 
 
 @dataclass(frozen=True)
