@@ -31,11 +31,11 @@ ROW_WORDS = 784  # int64 words of a 2-rank descriptor row with its summary and 4
 OPS = ("p2p", "all_gather", "all_to_all", "broadcast", "all_reduce")
 
 
-def rounds(rank: int, world: int) -> dict[str, Callable[[], object]]:
+def rounds(rank: int, world: int, words: int) -> dict[str, Callable[[], object]]:
     pg = dist.group.WORLD
     assert pg is not None
-    row = torch.zeros(ROW_WORDS, dtype=torch.int64)
-    table = torch.zeros(world * ROW_WORDS, dtype=torch.int64)
+    row = torch.zeros(words, dtype=torch.int64)
+    table = torch.zeros(world * words, dtype=torch.int64)
     copies = row.repeat(world)
     x = torch.randn(2048).to(torch.bfloat16)
     peer = 1 - rank
@@ -59,12 +59,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--op", required=True, choices=OPS)
     ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--words", type=int, default=ROW_WORDS, help="int64 words in a row")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != 2:
         raise SystemExit("gloo_rounds: run it on two processes (--nproc-per-node 2)")
-    fn = rounds(rank, world)[args.op]
+    fn = rounds(rank, world, args.words)[args.op]
     times = []
     for _ in range(args.calls + 30):
         t0 = time.perf_counter()
@@ -72,7 +73,8 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
     if rank == 0:
         median_us = 1e6 * statistics.median(times[30:])
-        print(json.dumps({"op": args.op, "median_us": round(median_us, 1)}), flush=True)
+        result = {"op": args.op, "words": args.words, "median_us": round(median_us, 1)}
+        print(json.dumps(result), flush=True)
     dist.barrier()  # leave together: gloo can abort a rank whose peer tears down first
     dist.destroy_process_group()
 

@@ -219,8 +219,8 @@ class Carry:
 
 def _swap_rows(g: _transport.Group, bufs: _Rows) -> None:
     """Every rank's host row into the table (rank order) over a host transport: an all-to-all
-    of the row's copies, gloo's fastest round (its all-gather costs ~1.6x, and its point-to-point
-    sends stalled 4 ms a call in two of five runs: BENCHMARKS.md section 4b)."""
+    of the row's copies, gloo's steadiest small round (its all-gather costs up to 2x, and its
+    point-to-point sends stalled ~4 ms a call under CPU contention: BENCHMARKS.md section 4b)."""
     assert bufs.outbox is not None  # made with one on a host transport
     bufs.outbox_words[1:] = bufs.outbox_words[0]
     g.handle.alltoall_base(bufs.host_table, bufs.outbox, [], []).wait()  # torch's, unwrapped
