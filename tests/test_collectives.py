@@ -310,7 +310,7 @@ def counted() -> Iterator[list[tuple]]:
     as (name, args, kwargs, result); the exchange's own round of rows is logged too ("rows")."""
     log: list[tuple] = []
     saved = {name: getattr(dist, name) for name in TORCH_OPS}
-    saved_exchange, saved_rows = _exchange.exchange, _exchange._swap_rows
+    saved_exchange, saved_rows = _exchange.exchange_rows, _exchange._swap_rows
 
     def wrap(name: str, fn: Callable) -> Callable:
         def call(*args: object, **kwargs: object) -> object:
@@ -322,14 +322,14 @@ def counted() -> Iterator[list[tuple]]:
 
     for name, fn in saved.items():
         setattr(dist, name, wrap(name, fn))
-    _exchange.exchange = wrap("exchange", saved_exchange)
+    _exchange.exchange_rows = wrap("exchange", saved_exchange)
     _exchange._swap_rows = wrap("rows", saved_rows)
     try:
         yield log
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
-        _exchange.exchange, _exchange._swap_rows = saved_exchange, saved_rows
+        _exchange.exchange_rows, _exchange._swap_rows = saved_exchange, saved_rows
 
 
 def op_case(

@@ -112,7 +112,7 @@ def call(
 
 
 COUNTED = {  # what a call's counts count: the functions it calls
-    "exchanges": [(_exchange, "exchange")],
+    "exchanges": [(_exchange, "exchange_rows")],
     "summaries": [(codec, "sample_summary")],
     "tables": [(codec, "summary_table")],
     "resends": [(_protocols, "resend"), (_protocols, "resend_pairs")],

@@ -293,16 +293,15 @@ def _exchanged(
     count = _plans.exchanged(switch.group_key(g.pg))
     carry = None if g.nccl else _exchange.Carry(payload)
     fill = _slots.summary_fill(sample)
-    table = _exchange.exchange(g, row, name, codec.SUMMARY_WORDS, fill, carry)
+    table, alike = _exchange.exchange_rows(g, row, name, codec.SUMMARY_WORDS, fill, carry)
     width = len(row) + codec.SUMMARY_WORDS
     rows, data = table[:, :width], None if carry is None else table[:, width:].view(np.uint8)
-    alike = not head[1] and _exchange.alike(rows)  # then each check holds if it holds for one
-    if not alike:
+    if not alike:  # else every check holds: it holds of this rank's own row (built from its call)
         if not (rows[:, 2:6] == rows[0, 2:6]).all():
             _name_the_difference(rows, name)
         if check is not None:
             check(rows[:, _FIELDS:])
-    _check_sizes(rows[:1] if alike else rows, name, g.world, itemsize)
+        _check_sizes(rows, name, g.world, itemsize)
     return rows, count, data, alike
 
 

@@ -124,9 +124,22 @@ def exchange(
     ``carry``: the call's own input travels in the same round (:class:`Carry`; host transports),
     and the returned rows end with every rank's INLINE_WORDS words of it.
     """
+    return exchange_rows(g, fields, op_name, extra_words, fill, carry)[0]
+
+
+def exchange_rows(
+    g: _transport.Group,
+    fields: Sequence[int],
+    op_name: str,
+    extra_words: int = 0,
+    fill: Callable[[torch.Tensor], object] | None = None,
+    carry: Carry | None = None,
+) -> tuple[np.ndarray, bool]:
+    """:func:`exchange`, and whether every rank sent this rank's row (without an error): then
+    whatever the caller checks of the rows holds if it holds of this rank's."""
     table, failed = _gather(g, fields, extra_words, fill, carry)
     if failed is None and not fields[1] and alike(table[:, : len(fields) + extra_words]):
-        return table  # every rank sent this rank's row: one op, no error (the common case)
+        return table, True  # one op, no error (the common case)
     ops = table[:, 0].tolist()
     if len(set(ops)) != 1:
         raise CollectiveMismatchError(
@@ -147,7 +160,7 @@ def exchange(
     if bad:
         what = "; ".join(f"rank {r}: {ERRORS.get(code, f'error {code}')}" for r, code in bad)
         raise CollectiveMismatchError(f"zipccl.{op_name}: {what}")
-    return table
+    return table, False
 
 
 def alike(rows: np.ndarray) -> bool:
