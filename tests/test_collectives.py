@@ -310,7 +310,7 @@ def counted() -> Iterator[list[tuple]]:
     as (name, args, kwargs, result); the exchange's own round of rows is logged too ("rows")."""
     log: list[tuple] = []
     saved = {name: getattr(dist, name) for name in TORCH_OPS}
-    saved_exchange, saved_rows = _exchange.exchange_rows, _exchange._swap_rows
+    saved_exchange, saved_rows = _exchange.exchange, _exchange._swap_rows
 
     def wrap(name: str, fn: Callable) -> Callable:
         def call(*args: object, **kwargs: object) -> object:
@@ -322,14 +322,14 @@ def counted() -> Iterator[list[tuple]]:
 
     for name, fn in saved.items():
         setattr(dist, name, wrap(name, fn))
-    _exchange.exchange_rows = wrap("exchange", saved_exchange)
+    _exchange.exchange = wrap("exchange", saved_exchange)
     _exchange._swap_rows = wrap("rows", saved_rows)
     try:
         yield log
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
-        _exchange.exchange_rows, _exchange._swap_rows = saved_exchange, saved_rows
+        _exchange.exchange, _exchange._swap_rows = saved_exchange, saved_rows
 
 
 def op_case(
@@ -694,9 +694,9 @@ def sc_exchange_reuse(rank: int, world: int) -> list[list[list[int]]]:
     """Three exchanges through the kept buffers -- two of one width, one wider with a filled
     tail -- and the first one's rows as returned, read after the others."""
     g = _transport.resolve(None)
-    first = _exchange.exchange(g, [7, 0, 10 + rank], "probe")
-    second = _exchange.exchange(g, [7, 0, 20 + rank], "probe")
-    tail = _exchange.exchange(g, [7, 0, 30 + rank], "probe", 2, lambda t: t.fill_(rank - 5))
+    first, _ = _exchange.exchange(g, [7, 0, 10 + rank], "probe")
+    second, _ = _exchange.exchange(g, [7, 0, 20 + rank], "probe")
+    tail, _ = _exchange.exchange(g, [7, 0, 30 + rank], "probe", 2, lambda t: t.fill_(rank - 5))
     return [first.tolist(), second.tolist(), tail.tolist()]
 
 

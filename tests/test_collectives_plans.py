@@ -112,7 +112,7 @@ def call(
 
 
 COUNTED = {  # what a call's counts count: the functions it calls
-    "exchanges": [(_exchange, "exchange_rows")],
+    "exchanges": [(_exchange, "exchange")],
     "summaries": [(codec, "sample_summary")],
     "tables": [(codec, "summary_table")],
     "resends": [(_protocols, "resend"), (_protocols, "resend_pairs")],

@@ -293,7 +293,7 @@ def _exchanged(
     count = _plans.exchanged(switch.group_key(g.pg))
     carry = None if g.nccl else _exchange.Carry(payload)
     fill = _slots.summary_fill(sample)
-    table, alike = _exchange.exchange_rows(g, row, name, codec.SUMMARY_WORDS, fill, carry)
+    table, alike = _exchange.exchange(g, row, name, codec.SUMMARY_WORDS, fill, carry)
     width = len(row) + codec.SUMMARY_WORDS
     rows, data = table[:, :width], None if carry is None else table[:, width:].view(np.uint8)
     if not alike:  # else every check holds: it holds of this rank's own row (built from its call)

@@ -111,32 +111,20 @@ def exchange(
     extra_words: int = 0,
     fill: Callable[[torch.Tensor], object] | None = None,
     carry: Carry | None = None,
-) -> np.ndarray:
+) -> tuple[np.ndarray, bool]:
     """Exchange one descriptor row per rank; raise on every rank if any rank reported an error.
 
     Returns an int64 array of shape (world, len(fields) + extra_words) (numpy: the checks that
-    follow are a few small reads, cheaper there than as torch ops); field 0 must be the op code
-    and field 1 the local error code. ``fill(words)``: writes ``extra_words`` int64 words into
-    the row's tail on the group's device (computed there, never seen by this host): one copy,
-    one sync for both; None: zeros. A ``fill`` that raises still sends the row, with
-    SUMMARY_FAILED as its error code: then this rank raises what ``fill`` raised, every other
-    rank a PeerError.
-    ``carry``: the call's own input travels in the same round (:class:`Carry`; host transports),
-    and the returned rows end with every rank's INLINE_WORDS words of it.
+    follow are a few small reads, cheaper there than as torch ops), and whether every rank sent
+    this rank's row without an error -- then whatever the caller checks of the rows holds if it
+    holds of this rank's. Field 0 must be the op code and field 1 the local error code.
+    ``fill(words)``: writes ``extra_words`` int64 words into the row's tail on the group's device
+    (computed there, never seen by this host): one copy, one sync for both; None: zeros. A
+    ``fill`` that raises still sends the row, with SUMMARY_FAILED as its error code: then this
+    rank raises what ``fill`` raised, every other rank a PeerError. ``carry``: the call's own
+    input travels in the same round (:class:`Carry`; host transports), and the returned rows end
+    with every rank's INLINE_WORDS words of it.
     """
-    return exchange_rows(g, fields, op_name, extra_words, fill, carry)[0]
-
-
-def exchange_rows(
-    g: _transport.Group,
-    fields: Sequence[int],
-    op_name: str,
-    extra_words: int = 0,
-    fill: Callable[[torch.Tensor], object] | None = None,
-    carry: Carry | None = None,
-) -> tuple[np.ndarray, bool]:
-    """:func:`exchange`, and whether every rank sent this rank's row (without an error): then
-    whatever the caller checks of the rows holds if it holds of this rank's."""
     table, failed = _gather(g, fields, extra_words, fill, carry)
     if failed is None and not fields[1] and alike(table[:, : len(fields) + extra_words]):
         return table, True  # one op, no error (the common case)

@@ -217,7 +217,7 @@ def shared_sources(
 ) -> tuple[Source, ...]:
     """Only the summaries, exchanged: all-reduce's second compressed half, whose shards exist
     only after the first, and the switch's profile of the protocols."""
-    rows = _exchange.exchange(
+    rows, _ = _exchange.exchange(
         g, [_exchange.OP_CODES[name], 0], name, codec.SUMMARY_WORDS, summary_fill(sample)
     )
     return sources(dtype, rows[:, 2:], table)
