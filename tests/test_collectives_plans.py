@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import zipccl
 from zipccl import _plans, codec, settings
-from zipccl.collectives import STATS, _exchange, _protocols
+from zipccl.collectives import STATS, _exchange, _protocols, _slots
 
 from tests._collectives_cluster import Cluster, short_timeout_cluster
 from tests.test_collectives import same_bits, same_reduction
@@ -215,14 +215,20 @@ def test_planned_calls_three_ranks(trio, op):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op", OPS)
-def test_overflow_after_a_plan_is_resent_raw(pair, op, dtype):
-    """Zeros first, then random bits: the second call's payloads outgrow the room the first one
-    measured and go again raw (the dynamic phase after the main collective); the third call,
-    sized by the second, needs no resend. Every call is exact."""
-    for calls in pair.run(sc_calls, op, dtype, ["zeros", "bits", "bits", "zeros"], env=ALWAYS):
+def test_overflow_on_a_plan_is_resent_raw_and_drops_the_plan(pair, op, dtype):
+    """N(0, 1), N(0, 1) of another seed, random bits, the first again: the third call's
+    payloads outgrow the room the plan measured and go again raw (the dynamic phase after the
+    main collective); its plan's tables no longer fit the data, so the fourth call agrees
+    afresh -- a fresh sample, new tables -- and sends what the first one sent, bit for bit
+    alike. Every call is exact."""
+    kinds = ["a", "b", "bits", "a"]
+    for rank, calls in enumerate(pair.run(sc_calls, op, dtype, kinds, env=ALWAYS)):
         assert all(c["exact"] for c in calls), calls
-        assert calls[1]["resends"] >= 1 and calls[2]["resends"] == 0, calls
-        assert all(c["summaries"] == 0 for c in calls[1:]), calls
+        assert calls[2]["resends"] >= 1 and calls[2]["summaries"] == 0, calls
+        want = first_call_counts(op, rank, 2)
+        assert {k: calls[3][k] for k in want} == want and calls[3]["resends"] == 0, calls
+        assert calls[3]["sent"] == calls[0]["sent"], calls
+        assert calls[3]["digest"] == calls[0]["digest"], calls
 
 
 def test_three_ranks_overflow(trio):
@@ -391,3 +397,12 @@ def test_plan_tags_follow_the_plans_state(monkeypatch):
     _plans.keep(first, "outcome")
     _plans.forget()
     assert _plans.find(group, key) is None and _plans.exchanged(group) == 2
+
+
+def test_a_plan_sizes_each_piece_by_the_largest_payload_it_measured() -> None:
+    """A piece's payload varies from call to call (a sparse gradient's zeros); sizing the next
+    call by the last one alone would overflow, and resend raw, whenever it grew again."""
+    planned = _slots.Agreed(None, "all_gather", "compressed", None, 1, sizes={"x": 100, "y": 50})  # type: ignore[arg-type]
+    after = planned.measured(_slots.Measured({"x": 80, "y": 70, "z": 5}, False))
+    assert after.sizes == {"x": 100, "y": 70, "z": 5} and not after.overflowed
+    assert planned.measured(_slots.Measured({"x": 1}, True)).overflowed

@@ -21,6 +21,7 @@ import pytest
 import torch
 import zipccl
 from zipccl import offload
+from zipccl.golden.container import LAYOUT_RAW
 from zipccl.offload import ActivationOffload, HostCopy, host_memory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,6 +116,26 @@ def test_chunk_copies_queued_for_a_guessed_size(second: str) -> None:
     assert same(copy.load(), x) and copy.host_bytes == sum(sizes)
     del copy
     assert in_use() == before
+
+
+def test_guessed_copies_settle_a_chunk_behind() -> None:
+    """A chunk's header is read only once the chunk behind it is queued (so the link never
+    waits for the worker): chunks that compress alike and chunks stored raw, alternating, each
+    keep exactly their compressed size, and the tensor comes back bit for bit."""
+    alike = [sample((1 << 19,), torch.bfloat16, seed=20 + k) for k in range(3)]
+    gen = torch.Generator().manual_seed(21)
+    noise = torch.randint(-(1 << 15), 1 << 15, (2, 1 << 19), dtype=torch.int16, generator=gen)
+    x = torch.cat(
+        [alike[0], noise[0].view(torch.bfloat16), alike[1], noise[1].view(torch.bfloat16), alike[2]]
+    )
+    copy = zipccl.offload_tensor(x, chunk_bytes=1 << 20)
+    copy.wait()
+    sizes = [p.host.view.numel() for p in copy._pieces if p.host is not None]
+    heads = [p.head for p in copy._pieces if p.head is not None]
+    assert len(copy._pieces) == 5 == len(heads)
+    assert sizes == [offload._expected_size(h) for h in heads]
+    assert [h.layout == LAYOUT_RAW for h in heads] == [False, True, False, True, False]
+    assert same(copy.load(), x)
 
 
 @pytest.mark.parametrize(

@@ -113,6 +113,14 @@ def keep(ticket: Ticket, agreed: Any) -> None:
         del book.plans[next(iter(book.plans))]
 
 
+def drop(ticket: Ticket) -> None:
+    """Forget the plan of ``ticket``'s key: its next call is agreed afresh. Every rank must call
+    it at the same call, as :func:`keep`."""
+    book = _BOOKS.get(ticket.group)
+    if book is not None:
+        book.plans.pop(ticket.key, None)
+
+
 def forget() -> None:
     """Drop every plan (the switch's profile changed: strategies and chunks may too); the
     exchange counts stay."""

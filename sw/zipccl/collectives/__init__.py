@@ -105,9 +105,12 @@ without another collective. The key's later calls
   hold before the data arrives, so the CUDA decoder still decodes every piece as it lands (a
   table per call from each rank's own data would need a summary and a table build before the
   wire, and a host read of every received header before its decode);
-* size every piece by what the key's previous call measured of it, times MEASURED_MARGIN plus
-  SLACK (raw where it went raw); a payload that outgrew that room goes through the raw resend
-  above -- the dynamic phase after the main collective -- and sizes the next call;
+* size every piece by the largest payload the plan's calls measured of it, times MEASURED_MARGIN
+  (a quarter more for exponent formats, whose escapes vary from call to call) plus SLACK (raw
+  where it went raw); a payload that outgrew that room goes through the raw resend above -- the
+  dynamic phase after the main collective -- and drops the plan: its tables no longer fit the
+  data (gradients drift as training goes on), so the key's next call is agreed afresh, with
+  tables from a fresh sample;
 * an all-reduce's all-gather half skips its summary exchange.
 
 Why an exchange stays before the wire: a rank whose call differs from its peers' would otherwise

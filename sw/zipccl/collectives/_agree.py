@@ -359,8 +359,14 @@ def _check_sizes(rows: np.ndarray, name: str, world: int, itemsize: int) -> None
 
 def keep(a: _slots.Agreed) -> None:
     """Keep ``a`` (with what the call measured) as its key's plan, once the call has completed
-    its agreement on every rank."""
-    if a.ticket is not None:
+    its agreement on every rank; but where the call ran on a plan and a piece outgrew its room,
+    the plan's tables no longer fit the data (gradients drift as training goes on): drop it, so
+    that the key's next call agrees afresh, with tables from a fresh sample."""
+    if a.ticket is None:
+        return
+    if a.ticket.previous is not None and any(h.overflowed for h in (a, *a.halves)):
+        _plans.drop(a.ticket)
+    else:
         _plans.keep(a.ticket, replace(a, ticket=None))
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -158,7 +157,7 @@ def all_to_all_single(
     inner = _inner(input)
     send = _slots.segments(_slots.flat(input), [s * inner for s in ins])
     recv = _slots.segments(_slots.flat(output), [s * inner for s in outs])
-    _agree.keep(replace(agreed, sizes=_protocols.a2a_compressed(agreed, send, recv)))
+    _agree.keep(agreed.measured(_protocols.a2a_compressed(agreed, send, recv)))
     return _transport.done(async_op)
 
 

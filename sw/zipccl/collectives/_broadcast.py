@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import torch.distributed as dist
 
@@ -122,9 +120,7 @@ def broadcast(
     if agreed.strategy != switch.COMPRESSED:
         return dist.broadcast(_slots.as_wire(tensor), src, group, async_op)
     _agree.keep(
-        replace(
-            agreed, sizes=_protocols.broadcast_compressed(agreed, _slots.flat(tensor), group_src)
-        )
+        agreed.measured(_protocols.broadcast_compressed(agreed, _slots.flat(tensor), group_src))
     )
     return _transport.done(async_op)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import torch.distributed as dist
 
@@ -140,8 +138,11 @@ def _agreed(
 
 
 def _gather(agreed: _slots.Agreed, input: torch.Tensor, output: torch.Tensor) -> None:
-    sizes = _protocols.gather_compressed(agreed, _slots.flat(input), _slots.flat(output))
-    _agree.keep(replace(agreed, sizes=sizes))
+    _agree.keep(
+        agreed.measured(
+            _protocols.gather_compressed(agreed, _slots.flat(input), _slots.flat(output))
+        )
+    )
 
 
 def all_gather(

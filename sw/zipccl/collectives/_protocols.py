@@ -79,11 +79,11 @@ def protocol_call(g: _transport.Group, op: str, x: torch.Tensor) -> Callable[[],
     return lambda: broadcast_compressed(agreed(buf if g.rank == 0 else None), buf, 0)
 
 
-def gather_compressed(a: _slots.Agreed, inp: torch.Tensor, out: torch.Tensor) -> dict[object, int]:
+def gather_compressed(a: _slots.Agreed, inp: torch.Tensor, out: torch.Tensor) -> _slots.Measured:
     """One all-gather per chunk of every rank's piece in its agreed width (the largest rank's),
     decoded as it lands; after the last, one host read finds overflowed payloads, whose pieces
     their ranks then broadcast raw. Returns every split piece's payload size (every rank reads
-    every header)."""
+    every header) and whether any overflowed."""
     g, n, dtype = a.g, inp.numel(), inp.dtype
     rows = out.view(g.world, n)
     streams = _transport.streams_for(g)
@@ -126,14 +126,14 @@ def gather_compressed(a: _slots.Agreed, inp: torch.Tensor, out: torch.Tensor) ->
 
     with _transport.ordered(g, streams):
         pipelined(g, [k for k, (_, m) in enumerate(pieces) if m], send_chunk, receive_chunk)
-        over, _ = settle(outcome, unpack, streams)
+        over, anywhere = settle(outcome, unpack, streams)
         for r in range(g.world):
             ks = [k for k in range(a.chunks) if (k, r) in over]
             if ks:
                 resend(
                     g, streams, r, [(rows[r], *pieces[k]) for k in ks], inp if r == g.rank else None
                 )
-    return unpack.sizes
+    return _slots.Measured(unpack.sizes, anywhere)
 
 
 def copy_behind(streams: _transport.Streams, dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -167,11 +167,11 @@ def resend(
                 row[s : s + m].copy_(piece)
 
 
-def broadcast_compressed(a: _slots.Agreed, flat: torch.Tensor, group_src: int) -> dict[object, int]:
+def broadcast_compressed(a: _slots.Agreed, flat: torch.Tensor, group_src: int) -> _slots.Measured:
     """One broadcast per chunk of the source's piece in the width every rank computes from its
     summary (or the key's previous call), decoded as it lands; after the last, one host read
     finds overflowed payloads, whose pieces the source then broadcasts raw. Returns the split
-    pieces' payload sizes."""
+    pieces' payload sizes and whether any overflowed."""
     g = a.g
     streams = _transport.streams_for(g)
     sender, source = g.rank == group_src, a.sources[group_src]
@@ -203,7 +203,7 @@ def broadcast_compressed(a: _slots.Agreed, flat: torch.Tensor, group_src: int) -
 
     with _transport.ordered(g, streams):
         pipelined(g, [k for k, (_, m) in enumerate(pieces) if m], send_chunk, receive_chunk)
-        over, _ = settle(outcome, unpack, streams)
+        over, anywhere = settle(outcome, unpack, streams)
         if over:
             resend(
                 g,
@@ -212,18 +212,18 @@ def broadcast_compressed(a: _slots.Agreed, flat: torch.Tensor, group_src: int) -
                 [(flat, *pieces[k]) for k in sorted(cast("set[int]", over))],  # keys: k
                 flat if sender else None,
             )
-    return unpack.sizes
+    return _slots.Measured(unpack.sizes, anywhere)
 
 
 def a2a_compressed(
     a: _slots.Agreed, send: list[torch.Tensor], recv: list[torch.Tensor]
-) -> dict[object, int]:
+) -> _slots.Measured:
     """Compressed all-to-all of flat segments: per chunk, one :func:`swap` of every (src, dst)
     piece in the width both ends compute from the agreed splits and the sender's summary (or
-    what the key's previous call measured of that piece: both ends read its header), decoded as
+    what the plan's calls measured of that piece: both ends read its header), decoded as
     it lands; after the last chunk, one host read finds overflowed payloads, whose pieces one
     all-to-all then moves raw. Returns the payload sizes of the split pieces this rank sent and
-    received."""
+    received, and whether any piece overflowed on any rank."""
     g, dtype = a.g, send[0].dtype
     streams = _transport.streams_for(g)
     unpack = _slots.Unpack(g, dtype)
@@ -282,7 +282,7 @@ def a2a_compressed(
         over, anywhere = settle(outcome, unpack, streams)
         if anywhere:  # an all-to-all: every rank takes part, with or without pieces of its own
             resend_pairs(g, streams, over, send, sent_at, recv, got_at)
-    return unpack.sizes
+    return _slots.Measured(unpack.sizes, anywhere)
 
 
 def resend_pairs(

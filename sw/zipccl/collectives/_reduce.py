@@ -191,9 +191,7 @@ def _reduce_scatter(
         return a
     staging = torch.empty_like(inp).view(g.world, -1)
     if a.strategy == switch.COMPRESSED:
-        a = replace(
-            a, sizes=_protocols.a2a_compressed(a, list(inp.view(g.world, -1)), list(staging))
-        )
+        a = a.measured(_protocols.a2a_compressed(a, list(inp.view(g.world, -1)), list(staging)))
     else:
         _transport.all_to_all(g, _slots.as_wire(staging), _slots.as_wire(inp)).wait()
     _reduce_into(out, list(staging), op)
@@ -414,4 +412,4 @@ def _gather_half(a: _slots.Agreed, part: torch.Tensor, out: torch.Tensor) -> _sl
         return a
     if not a.sources:
         a = replace(a, sources=_slots.shared_sources(a.g, "all_reduce", part.dtype, part, a.table))
-    return replace(a, sizes=_protocols.gather_compressed(a, part, out))
+    return a.measured(_protocols.gather_compressed(a, part, out))

@@ -1,5 +1,5 @@
 """How a piece travels: golden's split layout in a *slot* whose width both ends compute before
-any data moves, from the exchanged sample summaries or from what the key's previous call measured.
+any data moves, from the exchanged sample summaries or from what the plan's calls measured.
 
 :class:`Agreed` is what every rank knows after the descriptor exchange; :func:`pack` queues a
 piece into its slot, :class:`Unpack` decodes received slots as they land and, after the last
@@ -12,6 +12,7 @@ import math
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -56,7 +57,11 @@ SLOT_ALIGN = 256  # every piece's size on the wire: NCCL moves odd sizes far slo
 MARGIN = {False: 1.25, True: 1.05}  # payload room / predicted payload: exponent formats, FP8
 
 
-MEASURED_MARGIN = 1.05  # payload room / the payload the key's previous call measured
+#  payload room / the largest payload the plan's calls measured: exponent formats, FP8. An
+#  exponent format's payload (its escapes) is a few percent of the piece and varies by more than
+#  5 % from call to call (gradients), and an overflow resends the whole piece raw: a quarter of
+#  the payload is cheap room. FP8's payload is most of the piece, and steadier.
+MEASURED_MARGIN = {False: 1.25, True: 1.05}
 
 
 SLACK = 256  # bytes of payload room on top of the margin
@@ -102,24 +107,36 @@ class Agreed:
     table: Codebook | None
     chunks: int
     sources: tuple[Source, ...] = ()  # every rank's (table, predicted payload): compressed only
-    #  payload bytes of each split piece (by Unpack's keys) in the key's previous call; None:
-    #  the pieces are sized by the sources' prediction (a first call)
+    #  payload bytes of each split piece (by Unpack's keys), the most the plan's calls measured;
+    #  None: the pieces are sized by the sources' prediction (a first call)
     sizes: Mapping[object, int] | None = None
     halves: tuple[Agreed, ...] = ()  # a compressed all-reduce's reduce-scatter and all-gather
     ticket: _plans.Ticket | None = None  # where a compressed call keeps what it measured
     carried: Carried | None = None  # every rank's input, where the exchange carried it
+    #  a piece of the call outgrew its room on some rank (every rank knows it alike): where the
+    #  call ran on a plan, the plan's tables no longer fit the data (zipccl._plans: drop)
+    overflowed: bool = False
+
+    def measured(self, m: Measured) -> Agreed:
+        """``self`` with what its compressed call's headers told: the next call sizes each piece
+        by the largest payload the plan's calls have measured of it, as a piece's payload varies
+        from call to call (a sparse gradient's zeros), and each overflow costs a raw resend."""
+        seen = self.sizes or {}
+        sizes = {k: max(size, seen.get(k, 0)) for k, size in m.sizes.items()}
+        return replace(self, sizes=sizes, overflowed=m.overflowed)
 
     def seg(self, key: object, dtype: torch.dtype, numel: int, rank: int) -> Seg:
         """How the piece ``key`` of ``numel`` values from group rank ``rank`` travels: with room
-        for its payload as the key's previous call measured it (raw where that one went raw),
+        for its payload as the plan's calls measured it (raw where one went raw),
         else as ``rank``'s sample predicts it. Both ends compute the same: they read the same
         header, or the same summary."""
         if self.sizes is None:
             return make_seg(dtype, numel, _predicted_room(dtype, numel, self.sources[rank]))
         size = self.sizes.get(key)
-        return make_seg(
-            dtype, numel, None if size is None else math.ceil(size * MEASURED_MARGIN) + SLACK
-        )
+        if size is None:
+            return make_seg(dtype, numel, None)
+        margin = MEASURED_MARGIN[codec._fmt(dtype).byte_coded]
+        return make_seg(dtype, numel, math.ceil(size * margin) + SLACK)
 
 
 def flat(t: torch.Tensor) -> torch.Tensor:
@@ -221,6 +238,14 @@ def shared_sources(
         g, [_exchange.OP_CODES[name], 0], name, codec.SUMMARY_WORDS, summary_fill(sample)
     )
     return sources(dtype, rows[:, 2:], table)
+
+
+class Measured(NamedTuple):
+    """What a compressed call's headers told: every split piece's payload bytes, and whether a
+    piece outgrew its room on any rank."""
+
+    sizes: dict[object, int]
+    overflowed: bool
 
 
 @dataclass(frozen=True)
