@@ -179,6 +179,15 @@ def test_best_chunks_follows_the_latencies():
     )
 
 
+def test_host_staged_chunks_are_small_and_bounded():
+    """On a host-staged group auto cuts a call into HOST_CHUNK_BYTES chunks (gloo moves several
+    in flight faster than one), never more than CHUNK_CHOICES allows, never none."""
+    mib = 1 << 20
+    sizes = [0, 1, 4 * mib, 4 * mib + 1, 24 * mib, 64 * mib, 256 * mib, 1 << 40]
+    assert [switch.host_chunks(n) for n in sizes] == [1, 1, 1, 2, 6, 16, 16, 16]
+    assert switch.host_chunks(24 * mib) * switch.HOST_CHUNK_BYTES == 24 * mib
+
+
 @pytest.mark.parametrize(
     "op", ["all_gather", "all_to_all", "broadcast", "reduce_scatter", "all_reduce"]
 )

@@ -437,8 +437,8 @@ def strategy_and_chunks(
     g: _transport.Group, name: str, dtype: torch.dtype, nbytes: int, red_code: int
 ) -> tuple[str, int]:
     """Strategy and chunk count, the same on every rank: they depend only on agreed values and
-    the agreed profile. Auto mode on CUDA takes the model's chunk count unless
-    ``ZIPCCL_CHUNK_BYTES`` is set (switch.best_chunks)."""
+    the agreed profile. Auto mode on CUDA takes the model's chunk count (switch.best_chunks;
+    on a host-staged group switch.host_chunks) unless ``ZIPCCL_CHUNK_BYTES`` is set."""
     chunks = _chunks(g, nbytes)
     if dtype not in _exchange.CODEC_DTYPES or red_code == 99:
         return switch.NATIVE, chunks  # nothing to compress, or an op only the backend implements
@@ -453,6 +453,8 @@ def strategy_and_chunks(
     profile = _profile.profile_for(g)
     if g.cuda and not switch.chunks_given():
         call = replace(call, chunks=switch.best_chunks(profile, call))
+        if g.staged:  # decided as the model sees it, run in the chunks gloo moves fastest
+            return switch.choose(profile, call), switch.host_chunks(nbytes)
     return switch.choose(profile, call), call.chunks
 
 
