@@ -45,10 +45,9 @@ def broadcast(
     model, measured once per group and cached, predicts a gain; ``always``; ``never``: plain
     torch.distributed, no verification), ``ZIPCCL_VERIFY`` (unless ``verify`` is given),
     ``ZIPCCL_CHUNK_BYTES`` (per-rank bytes per pipeline chunk; default: the model's chunk count in
-    ``auto`` on CUDA -- 4 MiB chunks where CUDA tensors cross gloo --, else 32 MiB on CUDA and
-    one chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one
-    plan serves, default 64; 0: no plans); the codec's ``ZIPCCL_BACKEND`` and ``ZIPCCL_FAST`` choose
-    its kernels (same bytes, so not agreed).
+    ``auto`` on CUDA -- 4 MiB chunks where CUDA tensors cross gloo --, else 32 MiB on CUDA and one
+    chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one plan serves, default 64; 0: no plans); the
+    codec's ``ZIPCCL_BACKEND`` and ``ZIPCCL_FAST`` choose its kernels (same bytes, so not agreed).
 
     Args:
         tensor (Tensor): the data on ``src``, overwritten elsewhere; the same numel and dtype on

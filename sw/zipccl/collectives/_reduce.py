@@ -100,11 +100,11 @@ def reduce_scatter_tensor(
     model, measured once per group and cached, predicts a gain; ``always``; ``never``: plain
     torch.distributed, no verification), ``ZIPCCL_VERIFY`` (unless ``verify`` is given),
     ``ZIPCCL_CHUNK_BYTES`` (per-rank bytes per pipeline chunk; default: the model's chunk count in
-    ``auto`` on CUDA -- 4 MiB chunks where CUDA tensors cross gloo --, else 32 MiB on CUDA and
-    one chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one
-    plan serves, default 64; 0: no plans), ``ZIPCCL_NATIVE_REDUCE=1`` (let ``auto`` take the
-    backend's own reduction for any world size, giving up rank-order determinism when it does); the
-    codec's ``ZIPCCL_BACKEND`` and ``ZIPCCL_FAST`` choose its kernels (same bytes, so not agreed).
+    ``auto`` on CUDA -- 4 MiB chunks where CUDA tensors cross gloo --, else 32 MiB on CUDA and one
+    chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one plan serves, default 64; 0: no plans),
+    ``ZIPCCL_NATIVE_REDUCE=1`` (let ``auto`` take the backend's own reduction for any world size,
+    giving up rank-order determinism when it does); the codec's ``ZIPCCL_BACKEND`` and
+    ``ZIPCCL_FAST`` choose its kernels (same bytes, so not agreed).
 
     Args:
         output (Tensor): this rank's reduced block, ``input.numel() // world_size`` values of
@@ -293,11 +293,11 @@ def all_reduce(
     model, measured once per group and cached, predicts a gain; ``always``; ``never``: plain
     torch.distributed, no verification), ``ZIPCCL_VERIFY`` (unless ``verify`` is given),
     ``ZIPCCL_CHUNK_BYTES`` (per-rank bytes per pipeline chunk; default: the model's chunk count in
-    ``auto`` on CUDA -- 4 MiB chunks where CUDA tensors cross gloo --, else 32 MiB on CUDA and
-    one chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one
-    plan serves, default 64; 0: no plans), ``ZIPCCL_NATIVE_REDUCE=1`` (let ``auto`` take the
-    backend's own reduction for any world size, giving up rank-order determinism when it does); the
-    codec's ``ZIPCCL_BACKEND`` and ``ZIPCCL_FAST`` choose its kernels (same bytes, so not agreed).
+    ``auto`` on CUDA -- 4 MiB chunks where CUDA tensors cross gloo --, else 32 MiB on CUDA and one
+    chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one plan serves, default 64; 0: no plans),
+    ``ZIPCCL_NATIVE_REDUCE=1`` (let ``auto`` take the backend's own reduction for any world size,
+    giving up rank-order determinism when it does); the codec's ``ZIPCCL_BACKEND`` and
+    ``ZIPCCL_FAST`` choose its kernels (same bytes, so not agreed).
 
     Args:
         tensor (Tensor): reduced in place; contiguous, on CUDA for NCCL, on CPU for gloo.
