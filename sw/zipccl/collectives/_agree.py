@@ -160,10 +160,10 @@ def _uneven_strategy(g: _transport.Group, name: str, dtype: torch.dtype) -> str:
     return _AGREE
 
 
-_TAG = 7  # the descriptor's column of the plan tag (0: none), after the common head
+_FIELDS = _exchange.HEAD_WORDS  # where the op's own fields start
 
 
-_FIELDS = _TAG + 1  # where the op's own fields start
+_TAG = _FIELDS - 1  # the descriptor's column of the plan tag (0: none), after the common head
 
 
 def agree(
@@ -390,7 +390,7 @@ def _chunks(g: _transport.Group, nbytes: int) -> int:
 
 def _extra_fields(world: int) -> int:
     """Op-specific descriptor fields: all-to-all's two split vectors and row size at most."""
-    return 2 * world + 1
+    return _exchange.descriptor_words(world) - _FIELDS
 
 
 def _needs_profile(g: _transport.Group, dtype: torch.dtype, mode: str) -> bool:

@@ -91,6 +91,18 @@ _CODE_NAMES = {c: str(d).removeprefix("torch.") for d, c in DTYPE_CODES.items()}
 UNNAMED_DTYPE = 255  # the code of a dtype zipccl does not name (moved natively only)
 
 
+#  A descriptor row's words: the common head (op, error, dtype, table hash, mode, reduce op,
+#  nbytes) and the plan tag (collectives._agree fills them), then the op's own fields
+HEAD_WORDS = 8
+
+
+def descriptor_words(world: int) -> int:
+    """A descriptor row's length in a group of ``world`` ranks, the same for every op (so no
+    op can mismatch another's): the head, then room for an all-to-all's two split vectors and
+    row size, the most any op sends."""
+    return HEAD_WORDS + 2 * world + 1
+
+
 def dtype_code(dtype: torch.dtype) -> int:
     return DTYPE_CODES.get(dtype, UNNAMED_DTYPE)
 

@@ -172,7 +172,7 @@ def measure(g: _transport.Group) -> Profile:
     for dtype in switch.PRIOR_DTYPES:
         x = torch.randn(1 << 16, generator=gen).to(dtype).to(g.device)
         ratio[switch.dtype_name(dtype)] = float(codec.compress(x).ratio)
-    fields = [_OP_CODE_PROFILE, 0] + [0] * (6 + 2 * g.world + 1)  # a descriptor's row
+    fields = [_OP_CODE_PROFILE, 0] + [0] * (_exchange.descriptor_words(g.world) - 2)
     carry = None if g.nccl else _exchange.Carry(None)  # and its room for a small call's input
 
     def descriptor() -> object:
