@@ -833,13 +833,12 @@ def test_native_reduce_opt_in_three_ranks(trio, case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_verification_policy(pair, case):
     """Compressed calls exchange the descriptor once whatever the policy (it carries the sample
-    summaries that size their pieces; a compressed all-reduce's all-gather half exchanges its
-    shards' summaries too); on gloo the default verifies native calls too, as do verify=True and
+    summaries that size their pieces; two ranks' compressed all-reduce is one all-gather of the
+    whole tensors); on gloo the default verifies native calls too, as do verify=True and
     ZIPCCL_VERIFY=1, and verify=False leaves them alone."""
-    compressed = 2 if case == "all_reduce" else 1
     runs = [
-        (ALWAYS, None, None, compressed),
-        ({**ALWAYS, "ZIPCCL_VERIFY": "0"}, None, None, compressed),
+        (ALWAYS, None, None, 1),
+        ({**ALWAYS, "ZIPCCL_VERIFY": "0"}, None, None, 1),
         (AUTO, "native", None, 1),
         (AUTO, "native", True, 1),
         ({**AUTO, **DEBUG}, "native", None, 1),

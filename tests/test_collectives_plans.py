@@ -71,6 +71,14 @@ def _splits(rank: int, world: int) -> list[int]:
     return [(rank + j) % 3 + 1 for j in range(world)]
 
 
+_BUCKETS: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+
+def bucket(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """This process's one buffer of ``n`` values of ``dtype``, reused by every call."""
+    return _BUCKETS.setdefault((n, dtype), torch.empty(n, dtype=dtype))
+
+
 def call(
     op: str, rank: int, world: int, dtype: torch.dtype, kind: str, lib: object = zipccl
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,7 +102,8 @@ def call(
         lib.reduce_scatter_tensor(got, data(rank))
         return got, zipccl.reference_reduce([data(r).view(world, -1)[rank] for r in range(world)])
     if op == "all_reduce":
-        got = data(rank)
+        got = bucket(n, dtype)  # one buffer per call site, as DDP's buckets: the plan's key
+        got.copy_(data(rank))
         lib.all_reduce(got)
         return got, zipccl.reference_reduce([data(r) for r in range(world)])
     rows = [_splits(r, world) for r in range(world)]  # rows[i][j]: i -> j
@@ -176,9 +185,9 @@ def sc_calls(
 
 def first_call_counts(op: str, rank: int, world: int) -> dict[str, int]:
     """A key's first call: one exchange of every rank's summary (a broadcast: the source's) and
-    a table per rank -- an all-reduce twice, its all-gather half exchanging the reduced shards'
-    summaries."""
-    halves = 2 if op == "all_reduce" else 1
+    a table per rank -- an all-reduce of more than two ranks twice, its all-gather half
+    exchanging the reduced shards' summaries (two ranks gather the whole tensors)."""
+    halves = 2 if op == "all_reduce" and world > 2 else 1
     summaries = int(rank == 0) if op == "broadcast" else halves
     return {"exchanges": halves, "summaries": summaries, "tables": halves * world}
 
@@ -229,6 +238,31 @@ def test_overflow_on_a_plan_is_resent_raw_and_drops_the_plan(pair, op, dtype):
         assert {k: calls[3][k] for k in want} == want and calls[3]["resends"] == 0, calls
         assert calls[3]["sent"] == calls[0]["sent"], calls
         assert calls[3]["digest"] == calls[0]["digest"], calls
+
+
+def sc_buckets(rank: int, world: int) -> list[dict[str, int]]:
+    """DDP's pattern: two gradient buckets of one size, in their own buffers, whose values lie
+    2^20 apart, all-reduced in turn, twice; what each call counted."""
+    scales = [1.0, 2.0**-20]
+    buckets = [torch.empty(world * PER_RANK, dtype=torch.bfloat16) for _ in scales]
+    _plans.forget()
+    out = []
+    for _ in range(2):
+        for b, scale in zip(buckets, scales, strict=True):
+            b.copy_(values("a", rank, b.numel(), torch.float32) * scale)
+            with counting() as counts:
+                zipccl.all_reduce(b)
+            out.append(counts)
+    return out
+
+
+def test_buffers_of_one_size_keep_their_own_plans(pair):
+    """Each buffer an all-reduce runs in keys its own plan: the second round of calls runs on
+    them (no summary) and no piece outgrows its room, where one shared plan would code one
+    bucket's values with the other's tables and resend them raw."""
+    for calls in pair.run(sc_buckets, env=ALWAYS):
+        assert [c["summaries"] for c in calls] == [1, 1, 0, 0], calls
+        assert all(c["resends"] == 0 for c in calls), calls
 
 
 def test_three_ranks_overflow(trio):

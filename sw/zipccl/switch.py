@@ -252,14 +252,25 @@ def predict_stages(p: Profile, call: Call) -> dict[str, float]:
     if op == "all_reduce":
         rs = predict_stages(p, replace(call, op="reduce_scatter"))
         ag = predict_stages(p, Call("all_gather", call.nbytes // w, call.dtype, w, call.chunks))
+        if all_reduce_gathers(COMPRESSED, w):
+            whole = Call("all_gather", call.nbytes, call.dtype, w, call.chunks)
+            zipped_all = predict_stages(p, whole)[COMPRESSED] + red
+        else:
+            zipped_all = min(rs.values()) + min(ag.values())
         out = {
             A2A_REDUCE: min(v for k, v in rs.items() if k != COMPRESSED) + ag[NATIVE],
-            COMPRESSED: min(rs.values()) + min(ag.values()),
+            COMPRESSED: zipped_all,
         }
         if call.native_ok:
             out[NATIVE] = p.native["all_reduce"](n)
         return out
     raise ValueError(f"unknown op {op!r}")
+
+
+def all_reduce_gathers(strategy: str, world: int) -> bool:
+    """Whether a compressed all-reduce is one all-gather of the whole tensor, reduced on every
+    rank: with two ranks it moves the bytes reduce-scatter + all-gather would, in one round."""
+    return strategy == COMPRESSED and world == 2
 
 
 def choose(p: Profile, call: Call) -> str:

@@ -180,6 +180,7 @@ def agree(
     check: Callable[[np.ndarray], None] | None = None,
     sizes_differ: bool = False,
     payload: torch.Tensor | None = None,
+    buffer: int = 0,
 ) -> _slots.Agreed:
     """Exchange the descriptor (if asked, or if the call compresses: the exchange also carries
     every rank's sample summary of ``sample``, which the compressed protocols size their pieces
@@ -195,6 +196,11 @@ def agree(
     A key's later calls (zipccl._plans) send their plan's tag instead of a summary, in the same
     exchange: where every rank sent the same tag they take the plan -- no summary, table or
     strategy to compute -- else every rank sees the difference and they exchange afresh.
+
+    ``buffer`` (an in-place op's tensor address; 0: none) is part of the plan's key: DDP
+    all-reduces each gradient bucket in its own buffer, and buckets of one size hold gradients
+    of different scales, whose tables would not fit one another. Ranks whose addresses differ
+    still agree through the plans' tags.
 
     On a host transport the exchange also carries ``payload`` (the call's input bytes, at most
     _exchange.INLINE_BYTES; see :func:`carried_payload`): where every rank's fits and the call
@@ -218,7 +224,7 @@ def agree(
     local = routed(g, name, dtype, nbytes, red_code) if plan_first else None
     ticket = None
     if local is None or local[0] == switch.COMPRESSED:  # only compressed calls keep plans
-        ticket = _ticket(g, head, fields, exchange_desc)
+        ticket = _ticket(g, head, fields, exchange_desc, buffer)
         plan = _plans.find(ticket.group, ticket.key)
         if plan is not None:
             rows, _, _, _ = _exchanged(
@@ -257,18 +263,20 @@ def agree(
         return _slots.Agreed(g, name, strategy, table, chunks, carried=carried)
     sources = _slots.sources(dtype, rows[:, _FIELDS + _extra_fields(g.world) :], table)
     ticket = replace(
-        ticket or _ticket(g, head, fields, exchange_desc),
+        ticket or _ticket(g, head, fields, exchange_desc, buffer),
         digest=_plans.digest(count, rows.tobytes()),
     )
     return _slots.Agreed(g, name, strategy, table, chunks, sources, ticket=ticket)
 
 
 def _ticket(
-    g: _transport.Group, head: list[int], fields: Sequence[int], exchange_desc: bool
+    g: _transport.Group, head: list[int], fields: Sequence[int], exchange_desc: bool, buffer: int
 ) -> _plans.Ticket:
-    """A compressed call's key (zipccl._plans): its descriptor, device, policy and settings."""
+    """A compressed call's key (zipccl._plans): its descriptor, device, policy, settings and
+    buffer."""
     group = switch.group_key(g.pg)
-    return _plans.Ticket(group, (*head, *fields, g.device, exchange_desc, settings.raw()))
+    key = (*head, *fields, g.device, exchange_desc, settings.raw(), buffer)
+    return _plans.Ticket(group, key)
 
 
 def _exchanged(

@@ -95,7 +95,7 @@ def save_profile(g: _transport.Group, profile: Profile) -> None:
         warnings.warn(f"zipccl: could not cache the profile: {exc}", stacklevel=3)
 
 
-_PROFILE_VERSION = 8  # bumped whenever what a profile measures changes: old caches are not read
+_PROFILE_VERSION = 9  # bumped whenever what a profile measures changes: old caches are not read
 
 
 def _once(fn: Callable[[], object], cuda: bool) -> float:
@@ -186,18 +186,19 @@ def measure(g: _transport.Group) -> Profile:
 def overhead(g: _transport.Group, p: Profile, x: torch.Tensor) -> Line:
     """What the lines miss of a real compressed call -- host round trips, allocations and
     launches between the stages, ~1-2 ms per call over shared memory: the largest excess of a
-    measured call of each of zipccl's protocols (one chunk, at the largest profiled size) over
+    measured call of each of zipccl's protocols (at the largest profiled size; one chunk, or a
+    staged group's host chunks) over
     the model's prediction for it, never negative. Without it the model took a shared-memory
     all-to-all for a 1.28x win that measured 0.97x (BENCHMARKS.md, run D)."""
 
     x = x[: x.numel() // g.world * g.world]
     n = x.numel() * x.element_size()
+    chunks = switch.host_chunks(n) if g.staged else 1  # as the wire lines were timed
     excess = 0.0
     for op in ("all_gather", "all_to_all", "broadcast"):
-        measured = fastest(_protocols.protocol_call(g, op, x), g.cuda)
-        excess = max(
-            excess, measured - switch.predict_stages(p, Call(op, n, x.dtype, g.world))[COMPRESSED]
-        )
+        measured = fastest(_protocols.protocol_call(g, op, x, chunks), g.cuda)
+        call = Call(op, n, x.dtype, g.world, chunks)
+        excess = max(excess, measured - switch.predict_stages(p, call)[COMPRESSED])
     return Line(excess, 1e18)
 
 
@@ -209,19 +210,32 @@ def _reduce_once(x: torch.Tensor, world: int) -> torch.Tensor:
 def wire_op(g: _transport.Group, op: str, nbytes: int) -> Callable[[], object]:
     """A closure making the transfer a compressed ``op`` (a WIRE_OPS entry) makes of ``nbytes``
     per rank: _transport's all-gather (gloo: an all-to-all), all-to-all (two ranks on NCCL:
-    _protocols.swap's all-gather of the outgoing half) or broadcast, with a staged group's copies
-    through pinned memory."""
+    _protocols.swap's all-gather of the outgoing half) or broadcast. A staged group moves it as
+    its compressed calls do: in host chunks (switch.host_chunks), some in flight while others
+    cross pinned memory (_protocols.pipelined); timed as one transfer, its line charged every
+    byte the copies down and up in full and kept calls native that compress faster."""
     x = torch.zeros(nbytes // g.world * g.world, dtype=torch.uint8, device=g.device)
+    parts = x.chunk(switch.host_chunks(x.numel()) if g.staged else 1)
+    moves = [_transfer(g, op, part) for part in parts]
+
+    def run() -> None:
+        _protocols.pipelined(g, range(len(moves)), lambda k: moves[k](), lambda _, p: p.wait())
+
+    return run
+
+
+def _transfer(g: _transport.Group, op: str, x: torch.Tensor) -> Callable[[], _transport.Pending]:
+    """A closure starting one transfer of a compressed ``op``'s kind of the flat ``x``."""
     if op == "all_gather":
         out = torch.empty(x.numel() * g.world, dtype=x.dtype, device=g.device)
-        return lambda: _transport.all_gather(g, out, x).wait()
+        return lambda: _transport.all_gather(g, out, x)
     out = torch.empty_like(x)
     if op == "all_to_all" and _protocols.swaps_by_gather(g):
-        return lambda: _transport.all_gather(g, out, x[: x.numel() // 2]).wait()
+        return lambda: _transport.all_gather(g, out, x[: x.numel() // 2])
     if op == "all_to_all":
-        return lambda: _transport.all_to_all(g, out, x).wait()
+        return lambda: _transport.all_to_all(g, out, x)
     if op == "broadcast":
-        return lambda: _transport.broadcast(g, x, 0).wait()
+        return lambda: _transport.broadcast(g, x, 0)
     raise ValueError(f"unknown wire op {op!r}")
 
 

@@ -56,16 +56,18 @@ def pipelined(
         receive(*queue.popleft())
 
 
-def protocol_call(g: _transport.Group, op: str, x: torch.Tensor) -> Callable[[], object]:
+def protocol_call(
+    g: _transport.Group, op: str, x: torch.Tensor, chunks: int = 1
+) -> Callable[[], object]:
     """A compressed ``op`` ("all_gather", "all_to_all" or "broadcast" from group rank 0) of the
-    flat ``x`` through the protocol alone -- the summary exchange, one chunk, each rank's theory
-    table, no descriptor checks: what the switch's profile measures its model against
+    flat ``x`` in ``chunks`` through the protocol alone -- the summary exchange, each rank's
+    theory table, no descriptor checks: what the switch's profile measures its model against
     (_profile.overhead)."""
     flat = _slots.flat(x)
 
     def agreed(sample: torch.Tensor | None) -> _slots.Agreed:
         sources = _slots.shared_sources(g, op, x.dtype, sample, None)
-        return _slots.Agreed(g, op, switch.COMPRESSED, None, 1, sources)
+        return _slots.Agreed(g, op, switch.COMPRESSED, None, chunks, sources)
 
     if op == "all_gather":
         out = torch.empty(g.world * flat.numel(), dtype=x.dtype, device=x.device)

@@ -360,6 +360,7 @@ def all_reduce(
         sample=tensor,
         check=_agree.same_fields("all_reduce", (0, "the tensor numel")),
         payload=_agree.carried_payload(g, tensor),
+        buffer=tensor.data_ptr(),
     )
     if _reduced_from_carried(agreed, _slots.flat(tensor), 0, op):
         return _transport.done(async_op)
@@ -371,6 +372,9 @@ def all_reduce(
 
 def _all_reduce(a: _slots.Agreed, tensor: torch.Tensor, op: _agree.ReduceOpArg) -> None:
     g, flat = a.g, _slots.flat(tensor)
+    if switch.all_reduce_gathers(a.strategy, g.world):
+        _agree.keep(_reduce_gathered(a, flat, op))
+        return
     shard = -(-flat.numel() // g.world)
     padded = (
         flat
@@ -386,6 +390,17 @@ def _all_reduce(a: _slots.Agreed, tensor: torch.Tensor, op: _agree.ReduceOpArg) 
     if padded is not flat:
         flat.copy_(padded[: flat.numel()])
     _agree.keep(replace(a, halves=(rs, ag)))
+
+
+def _reduce_gathered(a: _slots.Agreed, flat: torch.Tensor, op: _agree.ReduceOpArg) -> _slots.Agreed:
+    """Two ranks' compressed all-reduce: one compressed all-gather of the whole tensor, then the
+    rank-order reduction on both. The wire carries what reduce-scatter + all-gather would (each
+    rank sends its compressed tensor once), in one protocol round and one closing agreement
+    instead of two of each. Returns ``a`` with what the all-gather measured."""
+    rows = torch.empty(2 * flat.numel(), dtype=flat.dtype, device=flat.device)
+    a = a.measured(_protocols.gather_compressed(a, flat, rows))
+    _reduce_into(flat, list(rows.view(2, -1)), op)
+    return a
 
 
 def _halves(
