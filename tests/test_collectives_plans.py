@@ -125,6 +125,7 @@ COUNTED = {  # what a call's counts count: the functions it calls
     "summaries": [(codec, "sample_summary")],
     "tables": [(codec, "summary_table")],
     "resends": [(_protocols, "resend"), (_protocols, "resend_pairs")],
+    "packed": [(_slots.Packed, "fill")],
 }
 
 
@@ -192,24 +193,38 @@ def first_call_counts(op: str, rank: int, world: int) -> dict[str, int]:
     return {"exchanges": halves, "summaries": summaries, "tables": halves * world}
 
 
-PLANNED = {"exchanges": 1, "summaries": 0, "tables": 0, "resends": 0}
+PLANNED = {"exchanges": 1, "summaries": 0, "tables": 0, "resends": 0, "packed": 0}
+
+
+def packs(op: str, world: int) -> bool:
+    """Whether a planned call of ``op`` on gloo is packed (_slots.Packed): an all-gather, and
+    an all-reduce of two ranks (one all-gather of the whole tensors)."""
+    return op == "all_gather" or (op == "all_reduce" and world == 2)
+
+
+def planned_counts(op: str, world: int) -> dict[str, int]:
+    """A planned call: one exchange (the tag); a packed one also its own summary and every
+    rank's table from the summaries the exchange carried (its own twice: before and after)."""
+    if not packs(op, world):
+        return PLANNED
+    return {**PLANNED, "summaries": 1, "tables": 1 + world, "packed": 1}
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("op", OPS)
-def test_planned_calls_are_exact_and_take_no_sample(pair, op, dtype):
-    """The second and third calls of a key exchange the descriptor once -- its tag, no summary --
-    build no table, stay exact and compressed, and the third, on the first one's data, gives the
-    first one's bits."""
+def test_planned_calls_are_exact_and_run_on_the_plan(pair, op, dtype):
+    """The second and third calls of a key exchange the descriptor once -- its tag, no summary
+    unless packed --, stay exact and compressed, and the third, on the first one's data, gives
+    the first one's bits."""
     for rank, calls in enumerate(pair.run(sc_calls, op, dtype, ["a", "b", "a"], env=ALWAYS)):
         first, *planned = calls
         assert all(c["exact"] and c["strategy"] == "compressed" for c in calls), calls
         want = first_call_counts(op, rank, 2)
         assert {k: first[k] for k in want} == want, calls
         for c in planned:
-            assert {k: c[k] for k in PLANNED} == PLANNED, calls
+            assert {k: c[k] for k in PLANNED} == planned_counts(op, 2), calls
         assert calls[2]["digest"] == first["digest"], calls
-        assert all(c["sent"] <= first["sent"] for c in planned), calls  # measured: no wider
+        assert all(c["sent"] <= first["sent"] for c in planned), calls  # no wider
 
 
 @pytest.mark.parametrize("op", ["all_to_all", "reduce_scatter", "all_reduce"])
@@ -219,11 +234,11 @@ def test_planned_calls_three_ranks(trio, op):
     for calls in trio.run(sc_calls, op, torch.bfloat16, ["a", "b", "a"], env=ALWAYS):
         assert all(c["exact"] for c in calls), calls
         for c in calls[1:]:
-            assert {k: c[k] for k in PLANNED} == PLANNED, calls
+            assert {k: c[k] for k in PLANNED} == planned_counts(op, 3), calls
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", [op for op in OPS if not packs(op, 2)])
 def test_overflow_on_a_plan_is_resent_raw_and_drops_the_plan(pair, op, dtype):
     """N(0, 1), N(0, 1) of another seed, random bits, the first again: the third call's
     payloads outgrow the room the plan measured and go again raw (the dynamic phase after the
@@ -238,6 +253,21 @@ def test_overflow_on_a_plan_is_resent_raw_and_drops_the_plan(pair, op, dtype):
         assert {k: calls[3][k] for k in want} == want and calls[3]["resends"] == 0, calls
         assert calls[3]["sent"] == calls[0]["sent"], calls
         assert calls[3]["digest"] == calls[0]["digest"], calls
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", [op for op in OPS if packs(op, 2)])
+def test_a_packed_call_never_overflows(pair, op, dtype):
+    """N(0, 1), N(0, 1) of another seed, random bits, the first again, on one plan: a packed
+    call codes each with tables from its own sample and sends each piece in exactly its width
+    -- random bits travel raw, nothing goes again -- and the plan serves every call, exact."""
+    kinds = ["a", "b", "bits", "a"]
+    for calls in pair.run(sc_calls, op, dtype, kinds, env=ALWAYS):
+        assert all(c["exact"] for c in calls), calls
+        assert [c["packed"] for c in calls] == [0, 1, 1, 1], calls
+        assert all(c["resends"] == 0 for c in calls), calls
+        assert calls[3]["digest"] == calls[0]["digest"], calls
+        assert calls[3]["sent"] <= calls[0]["sent"] < calls[2]["sent"], calls
 
 
 def sc_buckets(rank: int, world: int) -> list[dict[str, int]]:
@@ -256,12 +286,13 @@ def sc_buckets(rank: int, world: int) -> list[dict[str, int]]:
     return out
 
 
-def test_buffers_of_one_size_keep_their_own_plans(pair):
+def test_buffers_of_one_size_keep_their_own_plans(trio):
     """Each buffer an all-reduce runs in keys its own plan: the second round of calls runs on
     them (no summary) and no piece outgrows its room, where one shared plan would code one
-    bucket's values with the other's tables and resend them raw."""
-    for calls in pair.run(sc_buckets, env=ALWAYS):
-        assert [c["summaries"] for c in calls] == [1, 1, 0, 0], calls
+    bucket's values with the other's tables and resend them raw (three ranks: an all-reduce of
+    two halves, not packed)."""
+    for calls in trio.run(sc_buckets, env=ALWAYS):
+        assert [c["summaries"] for c in calls] == [2, 2, 0, 0], calls
         assert all(c["resends"] == 0 for c in calls), calls
 
 
@@ -325,7 +356,7 @@ def _odd_call(name: str, rank: int, world: int, dtype: torch.dtype) -> None:
 def sc_mismatch(rank: int, world: int, case: str) -> dict[str, object]:
     """After both calls of ``case`` are planned, rank 1 makes the odd one while the others repeat
     theirs: what each rank raised and how fast; then whether the others' call still runs, exact
-    and on its plan."""
+    and on its plan (:func:`planned_counts`)."""
     (op, dtype), (odd, odd_dtype), _ = MISMATCHES[case]
     _plans.forget()
     for _ in range(2):
@@ -349,7 +380,7 @@ def sc_mismatch(rank: int, world: int, case: str) -> dict[str, object]:
         "raised": raised,
         "message": message,
         "seconds": seconds,
-        "after": same(got, want) and counts["summaries"] == 0,
+        "after": same(got, want) and {k: counts[k] for k in PLANNED} == planned_counts(op, world),
     }
 
 
@@ -373,8 +404,8 @@ def sc_lost_plans(rank: int, world: int, loser: int) -> list[dict[str, object]]:
         if c == 1 and rank == loser:
             _plans.forget()
         with counting() as counts:
-            got, want = call("all_gather", rank, world, torch.bfloat16, kind)
-        out.append({"exact": same_bits(got, want), **counts})
+            got, want = call("reduce_scatter", rank, world, torch.bfloat16, kind)
+        out.append({"exact": same_reduction(got, want), **counts})
     return out
 
 
@@ -399,7 +430,8 @@ def test_plan_calls_setting(pair, calls, summaries):
     """ZIPCCL_PLAN_CALLS: how many calls a plan serves before its key is agreed afresh (a fresh
     sample, new tables); 0 turns plans off."""
     env = {**ALWAYS, "ZIPCCL_PLAN_CALLS": calls}
-    for got in pair.run(sc_calls, "all_gather", torch.bfloat16, ["a", "b", "c", "d"], env=env):
+    kinds = ["a", "b", "c", "d"]
+    for got in pair.run(sc_calls, "reduce_scatter", torch.bfloat16, kinds, env=env):
         assert [c["summaries"] for c in got] == summaries and all(c["exact"] for c in got), got
 
 

@@ -306,6 +306,15 @@ def best_chunks(p: Profile, call: Call) -> int:
     return min(c for c in options if times[c] <= CHUNK_GAIN * min(times.values()))
 
 
+#  Auto keeps a host-staged group's all-reduce native where gloo's own reduction gives zipccl's
+#  bits (two ranks): DDP's gradient buckets arrive while the backward pass still runs, and gloo
+#  reduces them on its own threads, overlapped, where a compressed call holds the caller's
+#  thread and, on a GPU the ranks share, waits on the other rank's kernels at every host sync.
+#  Compressing them measured 0.68x of gloo's step (25 MB buckets) and 0.75x (256 MB), though the
+#  same all-reduce alone measured 1.02x (24 MiB) and 1.49x (256 MiB): BENCHMARKS.md section 6.
+#  ZIPCCL_MODE=always compresses them.
+STAGED_ALL_REDUCE = NATIVE
+
 #  Auto's chunk size on a host-staged transport (CUDA tensors on gloo): see host_chunks
 HOST_CHUNK_BYTES = 4 << 20
 

@@ -166,6 +166,18 @@ _FIELDS = _exchange.HEAD_WORDS  # where the op's own fields start
 _TAG = _FIELDS - 1  # the descriptor's column of the plan tag (0: none), after the common head
 
 
+_TAIL_WORDS = codec.SUMMARY_WORDS + _exchange.SIZE_WORDS  # after the fields: see _exchanged
+
+
+def _tails(g: _transport.Group, rows: np.ndarray) -> np.ndarray:
+    """Every rank's words after its fields: its sample summary, then a packed call's sizes."""
+    return rows[:, _FIELDS + _extra_fields(g.world) :]
+
+
+def _summaries(g: _transport.Group, rows: np.ndarray) -> np.ndarray:
+    return _tails(g, rows)[:, : codec.SUMMARY_WORDS]
+
+
 def agree(
     g: _transport.Group,
     name: str,
@@ -181,6 +193,7 @@ def agree(
     sizes_differ: bool = False,
     payload: torch.Tensor | None = None,
     buffer: int = 0,
+    pack: Callable[[_slots.Agreed], _slots.Packed | None] | None = None,
 ) -> _slots.Agreed:
     """Exchange the descriptor (if asked, or if the call compresses: the exchange also carries
     every rank's sample summary of ``sample``, which the compressed protocols size their pieces
@@ -195,7 +208,10 @@ def agree(
 
     A key's later calls (zipccl._plans) send their plan's tag instead of a summary, in the same
     exchange: where every rank sent the same tag they take the plan -- no summary, table or
-    strategy to compute -- else every rank sees the difference and they exchange afresh.
+    strategy to compute -- else every rank sees the difference and they exchange afresh. On a
+    host transport ``pack`` may encode a planned call's pieces before the exchange
+    (:class:`_slots.Packed`): its row then carries the rank's summary and payload sizes, and
+    the call runs on the plan with every rank's tables from now and exact piece sizes.
 
     ``buffer`` (an in-place op's tensor address; 0: none) is part of the plan's key: DDP
     all-reduces each gradient bucket in its own buffer, and buckets of one size hold gradients
@@ -227,13 +243,14 @@ def agree(
         ticket = _ticket(g, head, fields, exchange_desc, buffer)
         plan = _plans.find(ticket.group, ticket.key)
         if plan is not None:
+            packed = pack(plan.agreed) if pack is not None and not g.nccl else None
             rows, _, _, _ = _exchanged(
-                g, name, head, plan.tag, fields, None, check, dtype.itemsize, None
+                g, name, head, plan.tag, fields, None, check, dtype.itemsize, None, packed
             )
             if (rows[:, _TAG] == plan.tag).all():
                 _slots.STATS.strategy = plan.agreed.strategy
-                previous = replace(ticket, previous=plan)
-                return replace(plan.agreed, ticket=previous)
+                agreed = replace(plan.agreed, ticket=replace(ticket, previous=plan))
+                return agreed if packed is None else packed.agreed(agreed, _tails(g, rows))
             exchange_desc = True  # the ranks' plans differ: every rank exchanges afresh, below
     if local is None and sizes_differ and not _needs_profile(g, dtype, mode):
         may_compress = routed(g, name, dtype, None, red_code)[0] != switch.NATIVE  # any size
@@ -261,7 +278,7 @@ def agree(
     if strategy != switch.COMPRESSED:  # nothing to measure, so no plan to keep
         carried = _carried(rows, data, nbytes if alike else None)
         return _slots.Agreed(g, name, strategy, table, chunks, carried=carried)
-    sources = _slots.sources(dtype, rows[:, _FIELDS + _extra_fields(g.world) :], table)
+    sources = _slots.sources(dtype, _summaries(g, rows), table)
     ticket = replace(
         ticket or _ticket(g, head, fields, exchange_desc, buffer),
         digest=_plans.digest(count, rows.tobytes()),
@@ -289,10 +306,12 @@ def _exchanged(
     check: Callable[[np.ndarray], None] | None,
     itemsize: int,
     payload: torch.Tensor | None,
+    packed: _slots.Packed | None = None,
 ) -> tuple[np.ndarray, int, np.ndarray | None, bool]:
     """One descriptor exchange -- every rank's row of ``head``, plan ``tag``, ``fields`` and
-    sample summary (zeros without ``sample``), and on a host transport the room for ``payload``
-    -- and the checks of it that raise the same CollectiveMismatchError on every rank. Returns
+    sample summary (zeros without ``sample``; ``packed``: its summary and payload sizes), and on
+    a host transport the room for ``payload`` -- and the checks of it that raise the same
+    CollectiveMismatchError on every rank. Returns
     the rows, the exchange's number in its group (zipccl._plans.digest), on a host transport
     every rank's carried bytes, and whether every rank sent this rank's row. Every op's row has
     the same length: no op can mismatch."""
@@ -300,9 +319,9 @@ def _exchanged(
     row = [*head, tag, *fields, *pad]
     count = _plans.exchanged(switch.group_key(g.pg))
     carry = None if g.nccl else _exchange.Carry(payload)
-    fill = _slots.summary_fill(sample)
-    table, alike = _exchange.exchange(g, row, name, codec.SUMMARY_WORDS, fill, carry)
-    width = len(row) + codec.SUMMARY_WORDS
+    fill = packed.fill if packed is not None else _slots.summary_fill(sample)
+    table, alike = _exchange.exchange(g, row, name, _TAIL_WORDS, fill, carry)
+    width = len(row) + _TAIL_WORDS
     rows, data = table[:, :width], None if carry is None else table[:, width:].view(np.uint8)
     if not alike:  # else every check holds: it holds of this rank's own row (built from its call)
         if not (rows[:, 2:6] == rows[0, 2:6]).all():
@@ -375,7 +394,7 @@ def keep(a: _slots.Agreed) -> None:
     if a.ticket.previous is not None and any(h.overflowed for h in (a, *a.halves)):
         _plans.drop(a.ticket)
     else:
-        _plans.keep(a.ticket, replace(a, ticket=None))
+        _plans.keep(a.ticket, replace(a, ticket=None, packed=None, payloads=None))
 
 
 def same_fields(name: str, *named: tuple[int, str]) -> Callable[[np.ndarray], None]:
@@ -446,7 +465,9 @@ def strategy_and_chunks(
 ) -> tuple[str, int]:
     """Strategy and chunk count, the same on every rank: they depend only on agreed values and
     the agreed profile. Auto mode on CUDA takes the model's chunk count (switch.best_chunks;
-    on a host-staged group switch.host_chunks) unless ``ZIPCCL_CHUNK_BYTES`` is set."""
+    on a host-staged group switch.host_chunks) unless ``ZIPCCL_CHUNK_BYTES`` is set; it keeps
+    a host-staged group's all-reduce native where the backend's reduction is exact
+    (switch.STAGED_ALL_REDUCE)."""
     chunks = _chunks(g, nbytes)
     if dtype not in _exchange.CODEC_DTYPES or red_code == 99:
         return switch.NATIVE, chunks  # nothing to compress, or an op only the backend implements
@@ -461,6 +482,8 @@ def strategy_and_chunks(
     profile = _profile.profile_for(g)
     if g.cuda and not switch.chunks_given():
         call = replace(call, chunks=switch.best_chunks(profile, call))
+        if g.staged and name == "all_reduce" and call.native_ok:
+            return switch.STAGED_ALL_REDUCE, chunks
         if g.staged:  # decided as the model sees it, run in the chunks gloo moves fastest
             return switch.choose(profile, call), switch.host_chunks(nbytes)
     return switch.choose(profile, call), call.chunks

@@ -103,6 +103,11 @@ def descriptor_words(world: int) -> int:
     return HEAD_WORDS + 2 * world + 1
 
 
+#  Words after a descriptor's fields: a sample summary (codec.SUMMARY_WORDS), then the payload
+#  sizes of a call whose pieces were encoded before its exchange (collectives._slots.Packed)
+SIZE_WORDS = 16
+
+
 def dtype_code(dtype: torch.dtype) -> int:
     return DTYPE_CODES.get(dtype, UNNAMED_DTYPE)
 

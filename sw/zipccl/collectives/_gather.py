@@ -134,6 +134,7 @@ def _agreed(
         sample=input,
         check=_agree.same_fields("all_gather", (0, "the input numel")),
         payload=_agree.carried_payload(g, input),
+        pack=_protocols.packs_gather(_slots.flat(input)) if input.is_contiguous() else None,
     )
 
 

@@ -176,7 +176,8 @@ def measure(g: _transport.Group) -> Profile:
     carry = None if g.nccl else _exchange.Carry(None)  # and its room for a small call's input
 
     def descriptor() -> object:
-        return _exchange.exchange(g, fields, "profile", codec.SUMMARY_WORDS, None, carry)[0]
+        tail = codec.SUMMARY_WORDS + _exchange.SIZE_WORDS  # as a call's row (collectives._agree)
+        return _exchange.exchange(g, fields, "profile", tail, None, carry)[0]
 
     exchange = Line(fastest(descriptor, g.cuda), 1e18)
     lines = Profile(native, comp, dec, red, table, ratio, exchange, wire=wire)

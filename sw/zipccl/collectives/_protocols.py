@@ -81,11 +81,24 @@ def protocol_call(
     return lambda: broadcast_compressed(agreed(buf if g.rank == 0 else None), buf, 0)
 
 
+def packs_gather(x: torch.Tensor) -> Callable[[_slots.Agreed], _slots.Packed | None]:
+    """The ``pack`` of a planned call (collectives._agree.agree) that all-gathers the flat
+    ``x`` compressed: its pieces encoded before the exchange, where the row has room for
+    their sizes."""
+
+    def pack(a: _slots.Agreed) -> _slots.Packed | None:
+        fits = a.strategy == switch.COMPRESSED and a.chunks <= _exchange.SIZE_WORDS
+        return _slots.Packed(a, x) if fits else None
+
+    return pack
+
+
 def gather_compressed(a: _slots.Agreed, inp: torch.Tensor, out: torch.Tensor) -> _slots.Measured:
     """One all-gather per chunk of every rank's piece in its agreed width (the largest rank's),
     decoded as it lands; after the last, one host read finds overflowed payloads, whose pieces
     their ranks then broadcast raw. Returns every split piece's payload size (every rank reads
-    every header) and whether any overflowed."""
+    every header) and whether any overflowed. A packed call's pieces (``a.packed``) are
+    encoded already, in exactly their agreed widths."""
     g, n, dtype = a.g, inp.numel(), inp.dtype
     rows = out.view(g.world, n)
     streams = _transport.streams_for(g)
@@ -96,17 +109,20 @@ def gather_compressed(a: _slots.Agreed, inp: torch.Tensor, out: torch.Tensor) ->
         for k, (_, m) in enumerate(pieces)
     ]
     widths = [row[0].width for row in segs]
-    stores = _slots.buffers(widths, g.device)
+    packed = a.packed.stores if a.packed is not None else None  # encoded already (Packed)
+    stores = packed or _slots.buffers(widths, g.device)
     received = _slots.buffers([g.world * w for w in widths], g.device)
     outcome = _exchange.Outcome(g, a.name)
     copied = False  # the rank's own row: copied once the first chunk is on the wire
 
     def send_chunk(k: int) -> _transport.Pending:
         s, m = pieces[k]
+        mine, store = segs[k][g.rank], stores[k][: widths[k]]
         with streams.on(streams.compress):
-            with outcome.local(_exchange.SENDING):
-                _slots.pack(inp[s : s + m], segs[k][g.rank], a.sources[g.rank].table, stores[k])
-            sent = _transport.all_gather(g, received[k], stores[k])
+            if packed is None or mine.raw:  # a packed piece whose split layout is no smaller
+                with outcome.local(_exchange.SENDING):
+                    _slots.pack(inp[s : s + m], mine, a.sources[g.rank].table, store)
+            sent = _transport.all_gather(g, received[k], store)
         _slots.STATS.sent += widths[k]
         return sent
 

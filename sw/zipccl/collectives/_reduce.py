@@ -361,6 +361,7 @@ def all_reduce(
         check=_agree.same_fields("all_reduce", (0, "the tensor numel")),
         payload=_agree.carried_payload(g, tensor),
         buffer=tensor.data_ptr(),
+        pack=_packs(g, tensor),
     )
     if _reduced_from_carried(agreed, _slots.flat(tensor), 0, op):
         return _transport.done(async_op)
@@ -368,6 +369,14 @@ def all_reduce(
         return dist.all_reduce(tensor, op, group, async_op)
     _all_reduce(agreed, tensor, op)
     return _transport.done(async_op)
+
+
+def _packs(
+    g: _transport.Group, tensor: torch.Tensor
+) -> Callable[[_slots.Agreed], _slots.Packed | None] | None:
+    """A planned all-reduce's ``pack`` where it is one all-gather of the whole tensor."""
+    gather = _protocols.packs_gather(_slots.flat(tensor))
+    return lambda a: gather(a) if switch.all_reduce_gathers(a.strategy, g.world) else None
 
 
 def _all_reduce(a: _slots.Agreed, tensor: torch.Tensor, op: _agree.ReduceOpArg) -> None:

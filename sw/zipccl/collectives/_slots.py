@@ -111,6 +111,9 @@ class Agreed:
     #  None: the pieces are sized by the sources' prediction (a first call)
     sizes: Mapping[object, int] | None = None
     halves: tuple[Agreed, ...] = ()  # a compressed all-reduce's reduce-scatter and all-gather
+    #  a packed call's (Packed) pieces and every piece's exact payload bytes, by Unpack's keys
+    packed: Packed | None = None
+    payloads: Mapping[object, int] | None = None
     ticket: _plans.Ticket | None = None  # where a compressed call keeps what it measured
     carried: Carried | None = None  # every rank's input, where the exchange carried it
     #  a piece of the call outgrew its room on some rank (every rank knows it alike): where the
@@ -126,10 +129,12 @@ class Agreed:
         return replace(self, sizes=sizes, overflowed=m.overflowed)
 
     def seg(self, key: object, dtype: torch.dtype, numel: int, rank: int) -> Seg:
-        """How the piece ``key`` of ``numel`` values from group rank ``rank`` travels: with room
-        for its payload as the plan's calls measured it (raw where one went raw),
-        else as ``rank``'s sample predicts it. Both ends compute the same: they read the same
-        header, or the same summary."""
+        """How the piece ``key`` of ``numel`` values from group rank ``rank`` travels: a packed
+        call's in exactly its payload; else with room for its payload as the plan's calls
+        measured it (raw where one went raw), else as ``rank``'s sample predicts it. Both ends
+        compute the same: they read the same exchanged sizes or header, or the same summary."""
+        if self.payloads is not None:
+            return make_seg(dtype, numel, self.payloads[key] if numel else None)
         if self.sizes is None:
             return make_seg(dtype, numel, _predicted_room(dtype, numel, self.sources[rank]))
         size = self.sizes.get(key)
@@ -137,6 +142,68 @@ class Agreed:
             return make_seg(dtype, numel, None)
         margin = MEASURED_MARGIN[codec._fmt(dtype).byte_coded]
         return make_seg(dtype, numel, math.ceil(size * margin) + SLACK)
+
+
+class Packed:
+    """A planned all-gather's pieces (one per chunk, keys ``(chunk, rank)`` as Unpack's),
+    encoded before the call's exchange on a host transport, under this rank's table from its
+    own sample now, each in a store with room for any payload: the exchange row carries the
+    summary and the payload sizes (:meth:`fill`), so every rank builds every rank's table from
+    the data it codes and sizes every piece exactly before any data moves (:meth:`agreed`). No
+    piece outgrows its room, and no table outlives its data: a plan's tables and measured
+    rooms, kept for its calls, did not fit gradients that drift from step to step (every DDP
+    bucket's all-reduce overflowed and went again raw).
+
+    The work runs inside :meth:`fill`, which the exchange calls: where it raises, the rank still
+    sends its row, reporting the failure, and every rank raises."""
+
+    def __init__(self, a: Agreed, x: torch.Tensor) -> None:
+        self.a, self.x = a, x
+        self.stores: list[torch.Tensor] = []
+
+    def fill(self, out: torch.Tensor) -> None:
+        dtype, summary = self.x.dtype, out[: codec.SUMMARY_WORDS]
+        codec.sample_summary(self.x, summary)
+        own = sources(dtype, summary.cpu().numpy()[None], self.a.table)[0].table
+        parts = pieces(self.x.numel(), self.a.chunks)
+        segs = [open_seg(dtype, m) for _, m in parts]
+        self.stores = buffers([seg.width for seg in segs], self.x.device)
+        for (start, m), seg, store in zip(parts, segs, self.stores, strict=True):
+            pack(self.x[start : start + m], seg, own, store)
+        at = PAYLOAD_BYTES_AT
+        fields = [
+            st.new_zeros(8) if seg.raw else st[at : at + 8]
+            for st, seg in zip(self.stores, segs, strict=True)
+        ]
+        sizes = out[codec.SUMMARY_WORDS :]
+        sizes.zero_()
+        sizes[: len(parts)].copy_(torch.cat(fields).view(torch.int64))
+
+    def agreed(self, a: Agreed, tails: np.ndarray) -> Agreed:
+        """``a`` (the plan's outcome) with every rank's table from its summary and every piece's
+        payload from its size, as the exchange's ``tails`` (a row per rank: summary, sizes)
+        carried them; a size no encoder writes raises on every rank alike."""
+        dtype, numel, world = self.x.dtype, self.x.numel(), len(tails)
+        sizes = tails[:, codec.SUMMARY_WORDS :]
+        payloads: dict[object, int] = {}
+        for k, (_, m) in enumerate(pieces(numel, a.chunks)):
+            for r in range(world):
+                size = int(sizes[r, k])
+                if not 0 <= size <= m + -(-m // DEFAULT_BLOCK):  # a byte a value, at most
+                    raise ValueError(f"rank {r} sent a corrupt payload size {size} for {m} values")
+                payloads[(k, r)] = size
+        found = sources(dtype, tails[:, : codec.SUMMARY_WORDS], a.table)
+        return replace(a, sources=found, payloads=payloads, packed=self)
+
+
+def open_seg(dtype: torch.dtype, numel: int) -> Seg:
+    """The split layout with room for any payload whose piece could travel split (a store at
+    least the raw values' size): a piece encoded before its room is agreed."""
+    if numel == 0:
+        return Seg(0, 0, 0)
+    fmt = codec._fmt(dtype)
+    fixed = codec._fixed(fmt, numel, DEFAULT_BLOCK)
+    return Seg(numel, fixed, max(_aligned(numel * fmt.bits // 8), _aligned(fixed + SLACK)))
 
 
 def flat(t: torch.Tensor) -> torch.Tensor:
@@ -222,7 +289,12 @@ def summary_fill(sample: torch.Tensor | None) -> Callable[[torch.Tensor], object
     where ``sample`` is None (a broadcast's receivers, calls that cannot compress)."""
     if sample is None:
         return None
-    return lambda out: codec.sample_summary(sample, out)
+
+    def fill(out: torch.Tensor) -> None:
+        out[codec.SUMMARY_WORDS :].zero_()  # a packed call's sizes (Packed) go there
+        codec.sample_summary(sample, out[: codec.SUMMARY_WORDS])
+
+    return fill
 
 
 def shared_sources(
