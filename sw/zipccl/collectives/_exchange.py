@@ -156,7 +156,7 @@ def exchange(
         failed,
         SENDING,
         {
-            r: (SENDING, "its sample summary raised")
+            r: (SENDING, "its sample summary or its packed pieces raised")
             for r, code in enumerate(codes)
             if code == SUMMARY_FAILED
         },
