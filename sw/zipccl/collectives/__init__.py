@@ -77,8 +77,10 @@ chunk moves in *one* collective, with no host sync before it:
   pays the verification of its own protocol). ``ZIPCCL_NATIVE_REDUCE=1`` lets auto take the
   backend's reduce-scatter / all-reduce for any W where the cost model prefers it, trading
   rank-order determinism for speed;
-* all-reduce: reduce-scatter + all-gather on a flat copy padded to a multiple of W (on a first
-  call the all-gather half exchanges its shards' summaries first).
+* all-reduce: with two ranks, compressed, one all-gather of the whole tensors, reduced on both
+  (the bytes reduce-scatter + all-gather would move, in one round); otherwise reduce-scatter +
+  all-gather on a flat copy padded to a multiple of W (on a first call the all-gather half
+  exchanges its shards' summaries first).
 
 A received slot is decoded as it lands: the CUDA kernel reads the payload size from the slot's
 own header and skips a payload that outgrew its room (other backends read the header on the
@@ -92,7 +94,8 @@ the same table.
 Plans (zipccl._plans): in the steady state no summary, table or prediction before the wire. A
 call's *key* is its descriptor on this rank (op, dtype, sizes and splits, table hash, mode,
 reduce op), its device, whether it verifies and the raw ``ZIPCCL_*`` settings -- the arguments'
-fingerprint, not the tensors' identity (equal-sized DDP buckets share one). A key's first call
+fingerprint -- and, for an all-reduce, its tensor's address (DDP all-reduces each bucket in its
+own buffer, and equal-sized buckets hold gradients of other scales). A key's first call
 runs as above; once its agreement has passed on every rank, each rank keeps the outcome as an
 immutable plan: strategy, chunks, every rank's table, and every split piece's payload size from
 the headers of the final read (an all-gather's and a broadcast's ranks read every header; both
@@ -111,7 +114,14 @@ without another collective. The key's later calls
   dynamic phase after the main collective -- and drops the plan: its tables no longer fit the
   data (gradients drift as training goes on), so the key's next call is agreed afresh, with
   tables from a fresh sample;
-* an all-reduce's all-gather half skips its summary exchange.
+* an all-reduce's all-gather half skips its summary exchange;
+* on a host transport, an all-gather (and two ranks' all-reduce) is *packed*
+  (``_slots.Packed``): the rank takes its sample, builds its table and encodes every piece
+  before the exchange, and its row carries the summary and every piece's payload size where a
+  summary goes, so every rank decodes with tables from this call's data and sends every piece in
+  exactly its width: nothing overflows, nothing goes again, whatever the data did since the
+  plan's first call (gradient buckets coded with a plan's tables overflowed on every call). The
+  host waits for the encode there anyway, before the wire.
 
 Why an exchange stays before the wire: a rank whose call differs from its peers' would otherwise
 issue a different first collective (another size or kind: gloo aborts, NCCL hangs or corrupts), and

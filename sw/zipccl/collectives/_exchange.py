@@ -4,7 +4,8 @@ A verified zipccl collective (see the package docstring for when: by default eve
 gloo, and on NCCL every call on zipccl's own protocols) starts with one exchange of a
 fixed-length int64 *descriptor* row per rank (op, dtype, sizes, table hash, a local error code,
 ..., and for a call that may compress the words of its sample summary, which the device appends;
-a planned call sends its plan's tag instead and zeros there: the package docstring, Plans): an
+a planned call sends its plan's tag instead and zeros there, or, packed, its summary and its
+pieces' payload sizes: the package docstring, Plans): an
 all-gather on NCCL, and on a host transport an all-to-all of the row's copies (gloo's fastest
 small round), whose row also has room for the call's own input (:class:`Carry`): a call of at
 most INLINE_BYTES completes from the exchanged rows, in one round. The row's length depends only
