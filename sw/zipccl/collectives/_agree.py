@@ -166,9 +166,6 @@ _FIELDS = _exchange.HEAD_WORDS  # where the op's own fields start
 _TAG = _FIELDS - 1  # the descriptor's column of the plan tag (0: none), after the common head
 
 
-_TAIL_WORDS = codec.SUMMARY_WORDS + _exchange.SIZE_WORDS  # after the fields: see _exchanged
-
-
 def _tails(g: _transport.Group, rows: np.ndarray) -> np.ndarray:
     """Every rank's words after its fields: its sample summary, then a packed call's sizes."""
     return rows[:, _FIELDS + _extra_fields(g.world) :]
@@ -320,8 +317,8 @@ def _exchanged(
     count = _plans.exchanged(switch.group_key(g.pg))
     carry = None if g.nccl else _exchange.Carry(payload)
     fill = packed.fill if packed is not None else _slots.summary_fill(sample)
-    table, alike = _exchange.exchange(g, row, name, _TAIL_WORDS, fill, carry)
-    width = len(row) + _TAIL_WORDS
+    table, alike = _exchange.exchange(g, row, name, _exchange.TAIL_WORDS, fill, carry)
+    width = len(row) + _exchange.TAIL_WORDS
     rows, data = table[:, :width], None if carry is None else table[:, width:].view(np.uint8)
     if not alike:  # else every check holds: it holds of this rank's own row (built from its call)
         if not (rows[:, 2:6] == rows[0, 2:6]).all():

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from zipccl import codec
 from zipccl._errors import CollectiveMismatchError, PeerError
 from zipccl.collectives import _transport
 from zipccl.golden.formats import FORMATS
@@ -107,6 +108,7 @@ def descriptor_words(world: int) -> int:
 #  Words after a descriptor's fields: a sample summary (codec.SUMMARY_WORDS), then the payload
 #  sizes of a call whose pieces were encoded before its exchange (collectives._slots.Packed)
 SIZE_WORDS = 16
+TAIL_WORDS = codec.SUMMARY_WORDS + SIZE_WORDS
 
 
 def dtype_code(dtype: torch.dtype) -> int:

@@ -176,8 +176,7 @@ def measure(g: _transport.Group) -> Profile:
     carry = None if g.nccl else _exchange.Carry(None)  # and its room for a small call's input
 
     def descriptor() -> object:
-        tail = codec.SUMMARY_WORDS + _exchange.SIZE_WORDS  # as a call's row (collectives._agree)
-        return _exchange.exchange(g, fields, "profile", tail, None, carry)[0]
+        return _exchange.exchange(g, fields, "profile", _exchange.TAIL_WORDS, None, carry)[0]
 
     exchange = Line(fastest(descriptor, g.cuda), 1e18)
     lines = Profile(native, comp, dec, red, table, ratio, exchange, wire=wire)
@@ -194,7 +193,7 @@ def overhead(g: _transport.Group, p: Profile, x: torch.Tensor) -> Line:
 
     x = x[: x.numel() // g.world * g.world]
     n = x.numel() * x.element_size()
-    chunks = switch.host_chunks(n) if g.staged else 1  # as the wire lines were timed
+    chunks = _chunks_moved(g, n)  # as the wire lines were timed
     excess = 0.0
     for op in ("all_gather", "all_to_all", "broadcast"):
         measured = fastest(_protocols.protocol_call(g, op, x, chunks), g.cuda)
@@ -216,13 +215,19 @@ def wire_op(g: _transport.Group, op: str, nbytes: int) -> Callable[[], object]:
     cross pinned memory (_protocols.pipelined); timed as one transfer, its line charged every
     byte the copies down and up in full and kept calls native that compress faster."""
     x = torch.zeros(nbytes // g.world * g.world, dtype=torch.uint8, device=g.device)
-    parts = x.chunk(switch.host_chunks(x.numel()) if g.staged else 1)
+    parts = x.chunk(_chunks_moved(g, x.numel()))
     moves = [_transfer(g, op, part) for part in parts]
 
     def run() -> None:
         _protocols.pipelined(g, range(len(moves)), lambda k: moves[k](), lambda _, p: p.wait())
 
     return run
+
+
+def _chunks_moved(g: _transport.Group, nbytes: int) -> int:
+    """The chunks ``auto`` moves ``nbytes`` in where the profile times them: a staged group's
+    host chunks (switch.host_chunks), else one."""
+    return switch.host_chunks(nbytes) if g.staged else 1
 
 
 def _transfer(g: _transport.Group, op: str, x: torch.Tensor) -> Callable[[], _transport.Pending]:

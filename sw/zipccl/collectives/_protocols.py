@@ -109,8 +109,7 @@ def gather_compressed(a: _slots.Agreed, inp: torch.Tensor, out: torch.Tensor) ->
         for k, (_, m) in enumerate(pieces)
     ]
     widths = [row[0].width for row in segs]
-    packed = a.packed.stores if a.packed is not None else None  # encoded already (Packed)
-    stores = packed or _slots.buffers(widths, g.device)
+    stores = a.packed.stores if a.packed is not None else _slots.buffers(widths, g.device)
     received = _slots.buffers([g.world * w for w in widths], g.device)
     outcome = _exchange.Outcome(g, a.name)
     copied = False  # the rank's own row: copied once the first chunk is on the wire
@@ -119,7 +118,7 @@ def gather_compressed(a: _slots.Agreed, inp: torch.Tensor, out: torch.Tensor) ->
         s, m = pieces[k]
         mine, store = segs[k][g.rank], stores[k][: widths[k]]
         with streams.on(streams.compress):
-            if packed is None or mine.raw:  # a packed piece whose split layout is no smaller
+            if a.packed is None or mine.raw:  # packed: its split layout was no smaller
                 with outcome.local(_exchange.SENDING):
                     _slots.pack(inp[s : s + m], mine, a.sources[g.rank].table, store)
             sent = _transport.all_gather(g, received[k], store)
