@@ -8,13 +8,14 @@ decompresses. :func:`offload_activations` does that to the tensors autograd save
 How a CUDA tensor travels (docs/offload.md has the whole story):
 
 * down: the caller's thread queues, on the caller's stream, the compression of each chunk of the
-  tensor (``chunk_bytes``) into a device buffer and an asynchronous copy of its 512-byte header
-  into pinned memory; a worker thread per device takes each chunk as it is queued, queues its
-  copy on its device-to-host stream into pinned host memory (zipccl._host_pool) of the size the
-  chunk before it suggests, then waits (off the caller's thread) for the header and trims the
-  host memory to the compressed size it gives (or copies the chunk again where the guess was
-  short; the first chunk waits for its header first). Chunk k is copied while chunk k+1 is
-  compressed, and the caller's thread never waits for the device.
+  tensor (``chunk_bytes``) into a device buffer; a worker thread per device takes each chunk as
+  it is queued and queues its copy on its device-to-host stream into pinned host memory
+  (zipccl._host_pool). Only the first chunk's copy waits for its size (its 512-byte header,
+  copied on that stream); every later chunk is copied at once for the ratio the chunks before it
+  showed, and the worker reads its header from the host copy once that copy has landed, then
+  gives back the unused tail of its host memory (or copies the chunk again, whole, where the
+  guess was short). Chunk k is copied while chunk k+1 is compressed, the caller's thread never
+  waits for the device, and nothing but the codec runs on the caller's stream.
 * up: the worker queues each chunk's copy on a host-to-device stream and its decompression on a
   decode stream, so chunk k decodes while chunk k+1 crosses the link; the caller's stream waits
   for the result with an event, not the caller's thread.
@@ -207,16 +208,15 @@ def _dense_order(t: torch.Tensor) -> list[int] | None:
 @dataclass(eq=False)
 class _Piece:
     """A chunk of the flattened tensor: elements [start, stop). ``source`` is what the worker
-    copies down: the compressed device buffer (``header`` then holds its header copy) or the
-    chunk's own bytes (raw); after the store, ``host`` holds the bytes and ``head`` the parsed
-    header (None: raw bytes, no header)."""
+    copies down: the compressed device buffer (``coded``) or the chunk's own bytes; after the
+    store, ``host`` holds the bytes and ``head`` the parsed header (None: raw bytes, no
+    header)."""
 
     start: int
     stop: int
     source: torch.Tensor | None
     ready: torch.cuda.Event | None  # on the caller's stream, after ``source`` is written
-    header: torch.Tensor | None = None
-    sized: torch.cuda.Event | None = None  # on the caller's stream, after the header's copy
+    coded: bool = False
     host: HostRange | None = None
     head: Header | None = None
 
@@ -290,8 +290,8 @@ class HostCopy:
     def _compress(
         self, flat: torch.Tensor, chunk_bytes: int, feed: queue.SimpleQueue[_Piece | None]
     ) -> None:
-        """Queue each chunk's compression and the copy of its header on the caller's stream,
-        handing each chunk to the worker as soon as it is queued."""
+        """Queue each chunk's compression on the caller's stream, handing each chunk to the
+        worker as soon as it is queued."""
         lanes, step = self._lanes, _chunk_elements(flat, chunk_bytes)
         for start in range(0, flat.numel(), step):
             chunk = flat[start : start + step]
@@ -302,10 +302,7 @@ class HostCopy:
             )
             compress_into(chunk, out)
             ready = lanes.mark(lanes.current())
-            header = torch.empty(HEADER_BYTES, dtype=torch.uint8, pin_memory=lanes.cuda)
-            header.copy_(out[:HEADER_BYTES], non_blocking=True)
-            sized = lanes.mark(lanes.current())
-            piece = _Piece(start, start + chunk.numel(), out, ready, header, sized)
+            piece = _Piece(start, start + chunk.numel(), out, ready, coded=True)
             self._pieces.append(piece)
             feed.put(piece)
 
@@ -315,50 +312,72 @@ class HostCopy:
 
     # ------------------------------------------------------------ down (worker)
     def _store(self, pieces: Iterator[_Piece]) -> None:
-        """Queue each chunk's copy into host memory of its size, taking the chunks as the
-        caller's thread queues them. ``_stored`` is recorded after whatever was queued, also
-        when a chunk fails, so that the host memory of the chunks before it is not reused under
-        their copies."""
+        """Queue each chunk's copy into host memory, taking the chunks as the caller's thread
+        queues them, and settle each guessed copy (:meth:`_settle`) once it has landed.
+        ``_stored`` is recorded after whatever was queued, also when a chunk fails, so that the
+        host memory of the chunks before it is not reused under their copies."""
         lanes, ratio = self._lanes, None
+        landing: collections.deque[tuple[_Piece, HostRange, torch.cuda.Event | None]] = (
+            collections.deque()
+        )
         try:
             for piece in pieces:
-                ratio = self._store_piece(piece, ratio)
-                piece.source = None
+                if ratio is None or not piece.coded:
+                    ratio = self._store_exactly(piece)
+                else:
+                    host = self._copy_down(piece, _guess(ratio, _source(piece).numel()))
+                    landing.append((piece, host, lanes.mark(lanes.d2h)))
+                while landing and _landed(landing[0][2]):
+                    ratio = self._settle(*landing.popleft())
+            while landing:
+                ratio = self._settle(*landing.popleft())
         except BaseException as exc:  # raised to the caller by wait() and load()
             self._error = exc
         finally:
             for _ in pieces:  # the caller's thread is done with the tensor
                 pass
+            for _piece, host, _copied in landing:  # (a failed store keeps no half-settled copy)
+                lanes.pool.free(host, lanes.marks(lanes.d2h))
             self._stored = lanes.mark(lanes.d2h)
             for piece in self._pieces:
-                piece.source = piece.header = None
+                piece.source = None
             self._stored_issued.set()
 
-    def _store_piece(self, piece: _Piece, ratio: float | None) -> float:
-        """Queue one chunk's copy down; returns its compressed size over its capacity.
-
-        A compressed chunk's size is in its header, which reaches the host by a copy that may
-        queue behind the previous chunk's copy on the copy engine; waiting for it before
-        queuing this chunk would leave the link idle while the worker reacts. So once a chunk
-        of the tensor has told its ratio (``ratio``), the next one's copy is queued at once for
-        that ratio plus ``GUESS_MARGIN``; the header then shows whether it covered the chunk
-        (the unused tail of its host memory is given back after the copy) or not (the chunk is
-        copied again, whole: rare, as chunks of one tensor compress alike)."""
-        lanes, source = self._lanes, piece.source
-        assert source is not None
-        if piece.header is None:  # raw: its own size
+    def _store_exactly(self, piece: _Piece) -> float | None:
+        """Queue a chunk's copy of exactly its size: a raw chunk's own, a compressed one's from
+        its header, copied on the d2h stream and waited for (the first compressed chunk, which
+        has no ratio to guess from). Returns the compressed ratio (None for raw bytes)."""
+        lanes, source = self._lanes, _source(piece)
+        if not piece.coded:
             piece.host = self._copy_down(piece, source.numel())
-            return 1.0
-        cap = source.numel()
-        guess = None if ratio is None else _guess(ratio, cap)
-        host = None if guess is None else self._copy_down(piece, guess)
-        if piece.sized is not None:
-            piece.sized.synchronize()  # the GIL is released while it waits
-        piece.head = Header.unpack(bytes(piece.header.numpy()))
+            return None
+        header = torch.empty(HEADER_BYTES, dtype=torch.uint8, pin_memory=lanes.cuda)
+        with lanes.on(lanes.d2h):
+            _wait(lanes.d2h, piece.ready)
+            header.copy_(source[:HEADER_BYTES], non_blocking=True)
+            sized = lanes.mark(lanes.d2h)
+        if sized is not None:
+            sized.synchronize()  # the GIL is released while it waits
+        piece.head = Header.unpack(bytes(header.numpy()))
         nbytes = _expected_size(piece.head)
-        if host is None or nbytes > host.view.numel():
-            if host is not None:
-                lanes.pool.free(host, lanes.marks(lanes.d2h))
+        piece.host = self._copy_down(piece, nbytes)
+        return nbytes / source.numel()
+
+    def _settle(self, piece: _Piece, host: HostRange, copied: torch.cuda.Event | None) -> float:
+        """Once a guessed copy has landed, read the chunk's header from it: the unused tail of
+        its host memory is given back, or, where the guess was short, the chunk is copied again,
+        whole (rare, as chunks of one tensor compress alike). Returns its compressed ratio.
+
+        Guessing (the previous chunks' ratio plus ``GUESS_MARGIN``) keeps the link busy: waiting
+        for each chunk's header before queuing its copy would leave the link idle while the
+        header crosses behind the previous chunk's copy and the worker reacts."""
+        lanes, cap = self._lanes, _source(piece).numel()
+        if copied is not None:
+            copied.synchronize()
+        piece.head = Header.unpack(bytes(host.view[:HEADER_BYTES].numpy()))
+        nbytes = _expected_size(piece.head)
+        if nbytes > host.view.numel():
+            lanes.pool.free(host, lanes.marks(lanes.d2h))
             host = self._copy_down(piece, nbytes)
         else:
             host = lanes.pool.trim(host, nbytes, lanes.marks(lanes.d2h))
@@ -367,8 +386,7 @@ class HostCopy:
 
     def _copy_down(self, piece: _Piece, nbytes: int) -> HostRange:
         """Queue the copy of the first ``nbytes`` of the chunk into new host memory."""
-        lanes, source = self._lanes, piece.source
-        assert source is not None
+        lanes, source = self._lanes, _source(piece)
         host = lanes.pool.alloc(nbytes)
         with lanes.on(lanes.d2h):
             _wait(lanes.d2h, piece.ready)
@@ -497,13 +515,22 @@ class HostCopy:
                 self._lanes.pool.free(piece.host, after)
 
 
-GUESS_MARGIN = 1 / 64  # a chunk's copy is queued for the previous chunk's ratio plus this
+GUESS_MARGIN = 1 / 64  # a chunk's copy is queued for the previous chunks' ratio plus this
 
 
 def _guess(ratio: float, cap: int) -> int:
     """Bytes to copy of a chunk of ``cap`` bytes at most, expected to compress like one of
-    ``ratio`` (see HostCopy._store_piece)."""
+    ``ratio`` (see HostCopy._settle)."""
     return min(cap, int(ratio * (1 + GUESS_MARGIN) * cap) + HEADER_BYTES)
+
+
+def _source(piece: _Piece) -> torch.Tensor:
+    assert piece.source is not None, "a chunk's source is let go only once it is stored"
+    return piece.source
+
+
+def _landed(copied: torch.cuda.Event | None) -> bool:
+    return copied is None or copied.query()
 
 
 def _chunk_elements(flat: torch.Tensor, chunk_bytes: int) -> int:
