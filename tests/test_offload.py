@@ -54,6 +54,12 @@ def in_use() -> int:
     return host_memory("cpu").in_use
 
 
+@pytest.fixture(autouse=True)
+def _no_remembered_ratios() -> None:
+    """Each test starts with no tensor kind seen (a kind's ratio decides how its copies go)."""
+    offload._lanes(torch.device("cpu")).ratios.clear()
+
+
 # ---------------------------------------------------------------------- the round trip
 @pytest.mark.parametrize("dtype", CODED + OTHER)
 def test_round_trip_every_dtype(dtype: torch.dtype) -> None:
@@ -136,6 +142,45 @@ def test_guessed_copies_settle_a_chunk_behind() -> None:
     assert sizes == [offload._expected_size(h) for h in heads]
     assert [h.layout == LAYOUT_RAW for h in heads] == [False, True, False, True, False]
     assert same(copy.load(), x)
+
+
+def test_a_kind_seen_before_is_copied_down_before_its_size_is_known(monkeypatch) -> None:
+    """The second tensor of a kind (dtype, size, chunking) has each chunk's copy queued by the
+    caller's thread for the first one's worst chunk ratio, the worker waiting for no header;
+    each settles to exactly its compressed size, a chunk that compresses worse than that is
+    copied again, whole, and the kind then remembers the worse ratio."""
+    kind = (torch.bfloat16, 1 << 20, 1 << 19)
+    first = sample((1 << 20,), torch.bfloat16, seed=30)
+    zipccl.offload_tensor(first, chunk_bytes=1 << 20).wait()
+    lanes = offload._lanes(torch.device("cpu"))
+    remembered = lanes.ratios[kind]
+    assert 0.5 < remembered < 0.9
+    waited: list[int] = []
+    exact = HostCopy._store_exactly
+    monkeypatch.setattr(
+        HostCopy, "_store_exactly", lambda self, p: waited.append(1) or exact(self, p)
+    )
+    gen = torch.Generator().manual_seed(31)
+    noise = torch.randint(-(1 << 15), 1 << 15, (1 << 19,), dtype=torch.int16, generator=gen)
+    x = torch.cat([sample((1 << 19,), torch.bfloat16, seed=32), noise.view(torch.bfloat16)])
+    copy = zipccl.offload_tensor(x, chunk_bytes=1 << 20)
+    copy.wait()
+    heads = [p.head for p in copy._pieces]
+    assert all(h is not None for h in heads) and not waited
+    assert [p.host.view.numel() for p in copy._pieces] == [offload._expected_size(h) for h in heads]
+    assert heads[1].layout == LAYOUT_RAW and lanes.ratios[kind] > 0.99
+    assert same(copy.load(), x) and copy.landed()
+
+
+def test_loads_of_the_worker_and_of_the_callers_thread_interleave() -> None:
+    """Loads queued by the caller's thread (no prefetch) and by the worker (prefetched) share
+    the staging ring one after the other; every tensor comes back bit for bit."""
+    xs = [sample((1 << 19,), torch.bfloat16, seed=40 + k) for k in range(6)]
+    copies = [zipccl.offload_tensor(x, chunk_bytes=1 << 20) for x in xs]
+    for copy in copies[::2]:
+        copy.prefetch()
+    ys = [copy.load() for copy in copies[::-1]][::-1]
+    assert all(same(y, x) for x, y in zip(xs, ys, strict=True))
 
 
 @pytest.mark.parametrize(

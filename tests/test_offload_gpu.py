@@ -12,6 +12,7 @@ import pytest
 import torch
 import zipccl
 from zipccl import offload
+from zipccl.golden.container import LAYOUT_RAW
 
 from tests.test_offload import (
     CODED,
@@ -74,6 +75,25 @@ def test_the_caller_thread_does_not_wait_for_the_device() -> None:
     assert not copy.landed()
     y = copy.load()
     assert same(y, x)
+
+
+def test_a_kind_seen_before_goes_down_before_its_size_is_known() -> None:
+    """The second tensor of a kind has its chunks' copies queued on the caller's thread behind a
+    busy kernel, for the first one's ratio; a chunk that compresses worse (random bits, stored
+    raw) is copied again, whole, and the tensor comes back bit for bit."""
+    x = torch.randn(1 << 21, dtype=torch.bfloat16, device=CUDA)  # 4 MiB: 4 chunks of 1 MiB
+    zipccl.offload_tensor(x, chunk_bytes=1 << 20).wait()
+    y = x.clone()
+    bits = torch.randint(-(1 << 15), 1 << 15, (1 << 19,), dtype=torch.int16, device=CUDA)
+    y[1 << 20 : 3 << 19] = bits.view(torch.bfloat16)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1 << 28)
+    copy = zipccl.offload_tensor(y, chunk_bytes=1 << 20)
+    assert not copy.landed() and all(p.landing is not None for p in copy._pieces)
+    assert same(copy.load(), y)
+    heads = [p.head for p in copy._pieces]
+    assert [h.layout == LAYOUT_RAW for h in heads] == [False, False, True, False]
+    assert [p.host.view.numel() for p in copy._pieces] == [offload._expected_size(h) for h in heads]
 
 
 def test_compressed_copy_holds_the_value_at_the_call() -> None:

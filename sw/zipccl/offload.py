@@ -8,17 +8,20 @@ decompresses. :func:`offload_activations` does that to the tensors autograd save
 How a CUDA tensor travels (docs/offload.md has the whole story):
 
 * down: the caller's thread queues, on the caller's stream, the compression of each chunk of the
-  tensor (``chunk_bytes``) into a device buffer; a worker thread per device takes each chunk as
-  it is queued and queues its copy on its device-to-host stream into pinned host memory
-  (zipccl._host_pool). Only the first chunk's copy waits for its size (its 512-byte header,
-  copied on that stream); every later chunk is copied at once for the ratio the chunks before it
-  showed, and the worker reads its header from the host copy once that copy has landed, then
-  gives back the unused tail of its host memory (or copies the chunk again, whole, where the
-  guess was short). Chunk k is copied while chunk k+1 is compressed, the caller's thread never
-  waits for the device, and nothing but the codec runs on the caller's stream.
-* up: the worker queues each chunk's copy on a host-to-device stream and its decompression on a
-  decode stream, so chunk k decodes while chunk k+1 crosses the link; the caller's stream waits
-  for the result with an event, not the caller's thread.
+  tensor (``chunk_bytes``) into a device buffer and, where a tensor of the same kind (dtype, size,
+  chunking) went down before, the chunk's copy on a device-to-host stream into pinned host memory
+  (zipccl._host_pool) for that tensor's worst chunk ratio plus a margin: the compressed size is
+  only known on the device, and the caller's thread never waits for it. A worker thread per
+  device copies a tensor of a new kind: it waits for the first chunk's 512-byte header (copied on
+  that stream) and guesses the later chunks from it. Each guessed copy is settled once it has
+  landed, by the worker in the background or by whichever call needs it first: the chunk's
+  header is read from its host copy, the unused tail of its host memory given back, or, where
+  the guess was short, the chunk copied again, whole. Chunk k is copied while chunk k+1 is
+  compressed, and nothing but the codec runs on the caller's stream.
+* up: :meth:`HostCopy.load` queues each chunk's copy on a host-to-device stream and its
+  decompression on a decode stream (the worker does, after :meth:`HostCopy.prefetch`), so chunk
+  k decodes while chunk k+1 crosses the link; the caller's stream waits for the result with an
+  event, not the caller's thread.
 * raw: dtypes the codec does not code, ``compress=False``, and chunks the codec stores in its raw
   layout (compression would not shrink them) are copied as they are, on the same streams.
 
@@ -70,13 +73,17 @@ _CHUNK_ELEMENTS = 4096  # chunks hold whole codec blocks (codec.DEFAULT_BLOCK)
 
 # ---------------------------------------------------------------------- per-device machinery
 STAGING_SLOTS = 2  # device buffers that compressed chunks land in before they are decoded
+KINDS_KEPT = 4096  # tensor kinds (dtype, size, chunking) whose latest compressed ratio is kept
+_Kind = tuple[torch.dtype, int, int]
 
 
 class _Lanes:
     """One device's side streams, host pool, worker thread (which runs jobs in order) and
     staging ring: compressed chunks coming up land in one of ``STAGING_SLOTS`` device buffers,
     each reused once the decode of its previous chunk has run (the copy waits for it on the
-    device), so loads in flight hold no per-chunk buffers. Only the worker touches the ring."""
+    device), so loads in flight hold no per-chunk buffers. A load holds ``ring`` while it queues
+    (the worker's, after a prefetch, or a caller's). ``ratios``: each tensor kind's latest
+    compressed ratio, which the next tensor of that kind is copied down for."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -85,6 +92,8 @@ class _Lanes:
         self.d2h, self.h2d, self.decode = make(), make(), make()
         self.pool = HostPool(pinned=self.cuda)
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.ring = threading.Lock()  # held by whichever thread queues a load
+        self.ratios: collections.OrderedDict[_Kind, float] = collections.OrderedDict()
         self._slots: list[torch.Tensor | None] = [None] * STAGING_SLOTS
         self._slot_free: list[torch.cuda.Event | None] = [None] * STAGING_SLOTS
         self._next_slot = 0
@@ -104,6 +113,14 @@ class _Lanes:
         inside torch when the process ends aborts it)."""
         self._jobs.put(None)
         self._thread.join(timeout=60)  # (a device that never finishes must not hang the exit)
+
+    def remember(self, kind: _Kind, ratio: float) -> None:
+        """The worst chunk ratio of the latest tensor of ``kind`` (the next one's copies are
+        queued for it before its size is known); the ``KINDS_KEPT`` latest kinds are kept."""
+        self.ratios[kind] = ratio
+        self.ratios.move_to_end(kind)
+        while len(self.ratios) > KINDS_KEPT:
+            self.ratios.popitem(last=False)
 
     def submit(self, job: Callable[[], None]) -> None:
         self._jobs.put(job)
@@ -217,8 +234,11 @@ class _Piece:
     source: torch.Tensor | None
     ready: torch.cuda.Event | None  # on the caller's stream, after ``source`` is written
     coded: bool = False
+    landing: HostRange | None = None  # a copy queued before the size was known, unsettled
+    copied: torch.cuda.Event | None = None  # on the d2h stream, after the chunk's last copy
     host: HostRange | None = None
     head: Header | None = None
+    ratio: float = 1.0  # its compressed size over its capacity, once known
 
 
 @dataclass(eq=False)
@@ -262,8 +282,8 @@ class HostCopy:
         self._pieces: list[_Piece] = []
         if tensor.is_cuda and torch.cuda.is_current_stream_capturing():
             raise ValueError("offload waits on events, which a CUDA graph capture cannot hold")
-        self._stored_issued = threading.Event()
-        self._stored: torch.cuda.Event | None = None  # on the d2h stream, after the copies
+        self._queued = threading.Event()  # every chunk's copy down is queued (or one failed)
+        self._settling = threading.Lock()  # the worker and wait()/load() both settle chunks
         self._last_use: torch.cuda.Event | None = None  # after the latest load's copies
         self._error: BaseException | None = None
         self._ticket: _Ticket | None = None
@@ -279,20 +299,27 @@ class HostCopy:
             self._pieces = self._raw(flat)
             self._lanes.submit(lambda: self._store(iter(self._pieces)))
             return
+        step = _chunk_elements(flat, chunk_bytes)
+        self._kind = (flat.dtype, flat.numel(), step)
         feed: queue.SimpleQueue[_Piece | None] = queue.SimpleQueue()
         self._lanes.submit(lambda: self._store(iter(feed.get, None)))  # from the first chunk on
         try:
-            self._compress(flat, chunk_bytes, feed)
+            self._compress(flat, step, self._lanes.ratios.get(self._kind), feed)
         finally:
             feed.put(None)
 
     # ------------------------------------------------------------ down (caller's thread)
     def _compress(
-        self, flat: torch.Tensor, chunk_bytes: int, feed: queue.SimpleQueue[_Piece | None]
+        self,
+        flat: torch.Tensor,
+        step: int,
+        ratio: float | None,
+        feed: queue.SimpleQueue[_Piece | None],
     ) -> None:
-        """Queue each chunk's compression on the caller's stream, handing each chunk to the
-        worker as soon as it is queued."""
-        lanes, step = self._lanes, _chunk_elements(flat, chunk_bytes)
+        """Queue each chunk's compression on the caller's stream and, where a tensor of this
+        kind was offloaded before (``ratio``: its worst chunk's), the chunk's copy down for that
+        ratio, handing each chunk to the worker as soon as it is queued."""
+        lanes = self._lanes
         for start in range(0, flat.numel(), step):
             chunk = flat[start : start + step]
             out = torch.empty(
@@ -303,6 +330,8 @@ class HostCopy:
             compress_into(chunk, out)
             ready = lanes.mark(lanes.current())
             piece = _Piece(start, start + chunk.numel(), out, ready, coded=True)
+            if ratio is not None:
+                self._copy_guessed(piece, ratio)
             self._pieces.append(piece)
             feed.put(piece)
 
@@ -312,44 +341,39 @@ class HostCopy:
 
     # ------------------------------------------------------------ down (worker)
     def _store(self, pieces: Iterator[_Piece]) -> None:
-        """Queue each chunk's copy into host memory, taking the chunks as the caller's thread
-        queues them, and settle each guessed copy (:meth:`_settle`) once it has landed.
-        ``_stored`` is recorded after whatever was queued, also when a chunk fails, so that the
-        host memory of the chunks before it is not reused under their copies."""
-        lanes, ratio = self._lanes, None
-        landing: collections.deque[tuple[_Piece, HostRange, torch.cuda.Event | None]] = (
-            collections.deque()
-        )
+        """Queue the copies down the caller's thread did not, taking the chunks as it queues
+        them, then settle every chunk (:meth:`_settle`): once all are, the tensor's worst chunk
+        ratio is remembered for the next tensor of its kind. A chunk that fails ends the store:
+        :meth:`wait` and :meth:`load` raise its error."""
+        ratio = None
         try:
             for piece in pieces:
-                if ratio is None or not piece.coded:
+                if piece.landing is not None:  # queued by the caller's thread
+                    pass
+                elif ratio is None or not piece.coded:
                     ratio = self._store_exactly(piece)
                 else:
-                    host = self._copy_down(piece, _guess(ratio, _source(piece).numel()))
-                    landing.append((piece, host, lanes.mark(lanes.d2h)))
-                while landing and _landed(landing[0][2]):
-                    ratio = self._settle(*landing.popleft())
-            while landing:
-                ratio = self._settle(*landing.popleft())
+                    self._copy_guessed(piece, ratio)
+                self._settle(block=False)
         except BaseException as exc:  # raised to the caller by wait() and load()
             self._error = exc
         finally:
             for _ in pieces:  # the caller's thread is done with the tensor
                 pass
-            for _piece, host, _copied in landing:  # (a failed store keeps no half-settled copy)
-                lanes.pool.free(host, lanes.marks(lanes.d2h))
-            self._stored = lanes.mark(lanes.d2h)
-            for piece in self._pieces:
-                piece.source = None
-            self._stored_issued.set()
+            self._queued.set()
+        if self._error is None and self.compressed:
+            self._settle(block=True)
+            self._lanes.remember(self._kind, max(p.ratio for p in self._pieces))
 
     def _store_exactly(self, piece: _Piece) -> float | None:
         """Queue a chunk's copy of exactly its size: a raw chunk's own, a compressed one's from
-        its header, copied on the d2h stream and waited for (the first compressed chunk, which
-        has no ratio to guess from). Returns the compressed ratio (None for raw bytes)."""
+        its header, copied on the d2h stream and waited for (the first compressed chunk of a
+        tensor of a kind not seen before, which has no ratio to guess from). Returns the
+        compressed ratio (None for raw bytes)."""
         lanes, source = self._lanes, _source(piece)
         if not piece.coded:
             piece.host = self._copy_down(piece, source.numel())
+            piece.copied, piece.source = lanes.mark(lanes.d2h), None
             return None
         header = torch.empty(HEADER_BYTES, dtype=torch.uint8, pin_memory=lanes.cuda)
         with lanes.on(lanes.d2h):
@@ -360,29 +384,17 @@ class HostCopy:
             sized.synchronize()  # the GIL is released while it waits
         piece.head = Header.unpack(bytes(header.numpy()))
         nbytes = _expected_size(piece.head)
-        piece.host = self._copy_down(piece, nbytes)
-        return nbytes / source.numel()
+        piece.host, piece.ratio = self._copy_down(piece, nbytes), nbytes / source.numel()
+        piece.copied, piece.source = lanes.mark(lanes.d2h), None
+        return piece.ratio
 
-    def _settle(self, piece: _Piece, host: HostRange, copied: torch.cuda.Event | None) -> float:
-        """Once a guessed copy has landed, read the chunk's header from it: the unused tail of
-        its host memory is given back, or, where the guess was short, the chunk is copied again,
-        whole (rare, as chunks of one tensor compress alike). Returns its compressed ratio.
-
-        Guessing (the previous chunks' ratio plus ``GUESS_MARGIN``) keeps the link busy: waiting
-        for each chunk's header before queuing its copy would leave the link idle while the
-        header crosses behind the previous chunk's copy and the worker reacts."""
-        lanes, cap = self._lanes, _source(piece).numel()
-        if copied is not None:
-            copied.synchronize()
-        piece.head = Header.unpack(bytes(host.view[:HEADER_BYTES].numpy()))
-        nbytes = _expected_size(piece.head)
-        if nbytes > host.view.numel():
-            lanes.pool.free(host, lanes.marks(lanes.d2h))
-            host = self._copy_down(piece, nbytes)
-        else:
-            host = lanes.pool.trim(host, nbytes, lanes.marks(lanes.d2h))
-        piece.host = host
-        return nbytes / cap
+    # ------------------------------------------------------------ down (either thread)
+    def _copy_guessed(self, piece: _Piece, ratio: float) -> None:
+        """Queue a compressed chunk's copy for ``ratio`` plus ``GUESS_MARGIN`` before its size
+        is known: waiting for each chunk's header before queuing its copy would leave the link
+        idle while the header crossed behind the previous chunk's copy and the worker reacted."""
+        piece.landing = self._copy_down(piece, _guess(ratio, _source(piece).numel()))
+        piece.copied = self._lanes.mark(self._lanes.d2h)
 
     def _copy_down(self, piece: _Piece, nbytes: int) -> HostRange:
         """Queue the copy of the first ``nbytes`` of the chunk into new host memory."""
@@ -394,11 +406,46 @@ class HostCopy:
             _used_on(source, lanes.d2h)
         return host
 
+    def _settle(self, block: bool) -> None:
+        """Settle the guessed copies that have landed (``block``: all of them, waiting), in
+        order: read each chunk's header from its host copy; the unused tail of its host memory
+        is given back or, where the guess was short, the chunk is copied again, whole (rare,
+        as tensors of one kind compress alike). Either thread may settle a chunk, whichever
+        comes first: the worker in the background, or :meth:`wait` and :meth:`load` on the
+        caller's thread, which then need not wait for the worker to react."""
+        lanes = self._lanes
+        for piece in list(self._pieces):
+            copied = piece.copied
+            if piece.landing is None:
+                continue
+            if not _landed(copied):
+                if not block:
+                    return
+                assert copied is not None
+                copied.synchronize()  # (outside the lock: the other thread may settle it)
+            with self._settling:
+                landing = piece.landing
+                if landing is None:  # the other thread settled it meanwhile
+                    continue
+                piece.head = Header.unpack(bytes(landing.view[:HEADER_BYTES].numpy()))
+                nbytes = _expected_size(piece.head)
+                piece.ratio = nbytes / _source(piece).numel()
+                if nbytes > landing.view.numel():
+                    lanes.pool.free(landing, lanes.marks(lanes.d2h))
+                    piece.host = self._copy_down(piece, nbytes)
+                    piece.copied = lanes.mark(lanes.d2h)
+                else:
+                    piece.host = lanes.pool.trim(landing, nbytes, lanes.marks(lanes.d2h))
+                piece.landing, piece.source = None, None
+
     # ------------------------------------------------------------ the caller's view
     def _check(self) -> None:
-        self._stored_issued.wait()
+        """Wait until every chunk's copy is queued and settled (its size known); raise the
+        store's error."""
+        self._queued.wait()
         if self._error is not None:
             raise RuntimeError(f"offload of a {self.dtype} tensor failed") from self._error
+        self._settle(block=True)
 
     def wait(self) -> None:
         """Block until the host copy is complete (its bytes are in host memory).
@@ -408,19 +455,24 @@ class HostCopy:
                 is chained.
         """
         self._check()
-        if self._stored is not None:
-            self._stored.synchronize()
+        for piece in self._pieces:
+            if piece.copied is not None:
+                piece.copied.synchronize()
 
     def landed(self) -> bool:
         """Whether the host copy is complete, without waiting (False while it is queued)."""
-        if not self._stored_issued.is_set():
+        if not self._queued.is_set():
             return False
-        return self._error is not None or self._stored is None or self._stored.query()
+        if self._error is not None:
+            return True
+        self._settle(block=False)
+        return all(p.landing is None and _landed(p.copied) for p in self._pieces)
 
     @property
     def host_bytes(self) -> int:
         """Bytes the copy occupies in host memory: the compressed sizes (headers included), or
-        the tensor's size where stored raw. Waits until the sizes are known (not for the copy)."""
+        the tensor's size where stored raw. Waits until the sizes are known (for chunks copied
+        before their size was, until those copies have landed)."""
         self._check()
         return sum(piece.host.view.numel() for piece in self._pieces if piece.host is not None)
 
@@ -433,8 +485,9 @@ class HostCopy:
 
     def load(self) -> torch.Tensor:
         """The tensor, bit-exact, on its device and ordered after the copy on the current stream
-        (the caller's stream waits for it; the caller's thread waits only for the worker to have
-        queued it). Each call makes a new tensor; the host copy stays until garbage collected.
+        (the caller's stream waits for it; the caller's thread waits only for the copies up to
+        be queued: by itself, or by the worker after :meth:`prefetch`). Each call makes a new
+        tensor; the host copy stays until garbage collected.
 
         Returns:
             Tensor: the original dtype, shape and, for tensors without gaps or overlaps in
@@ -443,11 +496,11 @@ class HostCopy:
         Raises:
             RuntimeError: the copy down or up failed; its cause is chained.
         """
-        self.prefetch()
-        ticket = self._ticket
-        assert ticket is not None
+        ticket, self._ticket = self._ticket, None
+        if ticket is None:
+            ticket = _Ticket(threading.Event())
+            self._load(ticket)
         ticket.issued.wait()
-        self._ticket = None
         if ticket.error is not None:
             raise RuntimeError(f"load of a {self.dtype} tensor failed") from ticket.error
         tensor = ticket.tensor
@@ -457,15 +510,16 @@ class HostCopy:
         _used_on(tensor, caller)
         return tensor
 
-    # ------------------------------------------------------------ up (worker)
+    # ------------------------------------------------------------ up (worker or caller)
     def _load(self, ticket: _Ticket) -> None:
         """Queue the chunks' copies up and decodes into a new tensor. ``done`` is recorded
         after whatever was queued, also when a chunk fails (the tensor and the host memory are
-        marked as used until then)."""
+        marked as used until then). The staging ring is held while queuing, so that the loads
+        of the worker and of callers' threads take its slots one after the other."""
         lanes = self._lanes
         try:
-            self._check()
-            with lanes.on(lanes.decode):
+            self._check()  # (before the ring: the worker may need it to get here)
+            with lanes.ring, lanes.on(lanes.decode):
                 tensor, flat = self._empty()
                 _used_on(tensor, lanes.h2d)  # raw chunks are copied into it there
                 _wait(lanes.h2d, lanes.mark(lanes.decode))  # see _fresh
@@ -493,26 +547,27 @@ class HostCopy:
         return tensor, tensor.permute(self._order).view(-1)
 
     def _load_piece(self, piece: _Piece, flat: torch.Tensor) -> None:
-        """Queue one chunk's copy up (h2d stream) and its decode (decode stream)."""
+        """Queue one chunk's copy up (h2d stream, after its copy down) and its decode (decode
+        stream)."""
         lanes, host = self._lanes, piece.host
         assert host is not None
         target = flat[piece.start : piece.stop]
+        _wait(lanes.h2d, piece.copied)
         if piece.head is None or piece.head.layout == LAYOUT_RAW:
             skip = 0 if piece.head is None else HEADER_BYTES
             with lanes.on(lanes.h2d):
-                _wait(lanes.h2d, self._stored)
                 target.view(torch.uint8).copy_(host.view[skip:], non_blocking=True)
             return
-        _wait(lanes.h2d, self._stored)
         buffer, slot = lanes.stage(host.view)
         decompress(Compressed._of(buffer, piece.head), out=target, sync=False)
         lanes.staged(slot)
 
     def __del__(self) -> None:
-        after = [e for e in (self._stored, self._last_use) if e is not None]
         for piece in self._pieces:
-            if piece.host is not None:
-                self._lanes.pool.free(piece.host, after)
+            after = [e for e in (piece.copied, self._last_use) if e is not None]
+            for span in (piece.host, piece.landing):
+                if span is not None:
+                    self._lanes.pool.free(span, after)
 
 
 GUESS_MARGIN = 1 / 64  # a chunk's copy is queued for the previous chunks' ratio plus this
@@ -569,9 +624,10 @@ def offload_tensor(
     """Copy a tensor into host memory, compressed on its device first, without waiting for it.
 
     On CUDA the compression is queued on the current stream (so the copy holds the tensor's
-    value as that stream has it), the copy down on a side stream that a worker thread feeds once
-    it has read the compressed size: the call returns before any of it has run, and the caller's
-    thread never waits for the device. Only the compressed bytes cross the link and occupy host
+    value as that stream has it), the copy down on a side stream, for the compressed size of the
+    last tensor of the same dtype and size (a worker thread waits for the first chunk's size
+    where there is none): the call returns before any of it has run, and the caller's thread
+    never waits for the device. Only the compressed bytes cross the link and occupy host
     memory (pinned, from a pool of slabs). A tensor the codec does not code, or ``compress=False``,
     is copied raw the same way. Write to the tensor in place only after :meth:`HostCopy.wait`
     where it is stored raw (its bytes are read by the copy itself). On CPU the copy is a compact
