@@ -43,6 +43,7 @@ from typing import NamedTuple
 
 import torch
 
+from zipccl import _streams
 from zipccl._host_pool import HostPool, HostRange
 from zipccl.codec import (
     Compressed,
@@ -131,8 +132,8 @@ class _Lanes:
         self.submit(done.set)
         done.wait()
 
-    def on(self, stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:
-        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+    def on(self, stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[None]:
+        return _streams.on(stream)
 
     def mark(self, stream: torch.cuda.Stream | None) -> torch.cuda.Event | None:
         """An event recorded on ``stream`` (None on CPU, where every copy is already done)."""
@@ -301,12 +302,16 @@ class HostCopy:
             return
         step = _chunk_elements(flat, chunk_bytes)
         self._kind = (flat.dtype, flat.numel(), step)
+        ratio = self._lanes.ratios.get(self._kind)
         feed: queue.SimpleQueue[_Piece | None] = queue.SimpleQueue()
-        self._lanes.submit(lambda: self._store(iter(feed.get, None)))  # from the first chunk on
+        if ratio is None:  # the worker copies the first chunk, as soon as it is queued
+            self._lanes.submit(lambda: self._store(iter(feed.get, None)))
         try:
-            self._compress(flat, step, self._lanes.ratios.get(self._kind), feed)
+            self._compress(flat, step, ratio, feed)
         finally:
             feed.put(None)
+            if ratio is not None:  # woken only now, the worker cannot slow the caller's loop
+                self._lanes.submit(lambda: self._store(iter(feed.get, None)))
 
     # ------------------------------------------------------------ down (caller's thread)
     def _compress(
@@ -348,8 +353,8 @@ class HostCopy:
         ratio = None
         try:
             for piece in pieces:
-                if piece.landing is not None:  # queued by the caller's thread
-                    pass
+                if piece.landing is not None or piece.host is not None:
+                    pass  # queued by the caller's thread (and maybe settled)
                 elif ratio is None or not piece.coded:
                     ratio = self._store_exactly(piece)
                 else:

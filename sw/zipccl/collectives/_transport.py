@@ -19,6 +19,8 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from zipccl import _streams
+
 
 class Forwarding:
     """Marks a process group whose own collectives call zipccl's on inner groups (the ``zipccl``
@@ -150,37 +152,10 @@ class Streams:
     compress: torch.cuda.Stream | None
     decompress: torch.cuda.Stream | None
 
-    @contextlib.contextmanager
-    def on(self, stream: torch.cuda.Stream | None) -> Iterator[None]:
-        """Make ``stream`` current inside the block. A protocol switches streams a few times per
-        chunk, and ``torch.cuda.stream`` costs ~30 us of host time per switch (device lookups),
-        so this calls torch's own setter directly where it exists."""
-        if stream is None:
-            yield
-        elif (
-            _SET_STREAM is None
-            or _GET_STREAM is None
-            or torch.cuda.current_device() != stream.device_index
-        ):
-            with torch.cuda.stream(stream):
-                yield
-        else:
-            before = _GET_STREAM(stream.device_index)
-            _SET_STREAM(
-                stream_id=stream.stream_id,
-                device_index=stream.device_index,
-                device_type=stream.device_type,
-            )
-            try:
-                yield
-            finally:
-                _SET_STREAM(stream_id=before[0], device_index=before[1], device_type=before[2])
-
-
-_GET_STREAM = getattr(torch._C, "_cuda_getCurrentStream", None)
-
-
-_SET_STREAM = getattr(torch._C, "_cuda_setStream", None)
+    def on(self, stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[None]:
+        """Make ``stream`` current inside the block (zipccl._streams.on: a protocol switches
+        streams a few times per chunk)."""
+        return _streams.on(stream)
 
 
 _STREAMS: dict[torch.device, Streams] = {}
