@@ -103,7 +103,8 @@ def test_chunks() -> None:
 def test_chunk_copies_queued_for_a_guessed_size(second: str) -> None:
     """After the first chunk, each chunk's copy is queued for the size the chunk before it
     suggests: the host copy keeps exactly the compressed size (the guess's tail is given back),
-    and a chunk that compresses worse than guessed is copied again, whole."""
+    and a chunk that compresses worse than guessed has the bytes past the guess copied into a
+    tail of its own."""
     first = sample((1 << 19,), torch.bfloat16, seed=11)  # 1 MiB: one chunk
     if second == "alike":
         rest = sample((1 << 19,), torch.bfloat16, seed=12)
@@ -114,11 +115,12 @@ def test_chunk_copies_queued_for_a_guessed_size(second: str) -> None:
     before = in_use()
     copy = zipccl.offload_tensor(x, chunk_bytes=1 << 20)
     copy.wait()
-    sizes = [p.host.view.numel() for p in copy._pieces if p.host is not None]
+    sizes = [sum(v.numel() for v in p.parts()) for p in copy._pieces]
     expected = [offload._expected_size(p.head) for p in copy._pieces if p.head is not None]
     assert len(copy._pieces) == 2 and sizes == expected
     cap = offload.max_compressed_bytes(torch.bfloat16, 1 << 19)
     assert (sizes[1] > offload._guess(sizes[0] / cap, cap)) == (second != "alike")
+    assert [p.tail is not None for p in copy._pieces] == [False, second != "alike"]
     assert same(copy.load(), x) and copy.host_bytes == sum(sizes)
     del copy
     assert in_use() == before
@@ -136,7 +138,7 @@ def test_guessed_copies_settle_a_chunk_behind() -> None:
     )
     copy = zipccl.offload_tensor(x, chunk_bytes=1 << 20)
     copy.wait()
-    sizes = [p.host.view.numel() for p in copy._pieces if p.host is not None]
+    sizes = [sum(v.numel() for v in p.parts()) for p in copy._pieces]
     heads = [p.head for p in copy._pieces if p.head is not None]
     assert len(copy._pieces) == 5 == len(heads)
     assert sizes == [offload._expected_size(h) for h in heads]
@@ -148,7 +150,7 @@ def test_a_kind_seen_before_is_copied_down_before_its_size_is_known(monkeypatch)
     """The second tensor of a kind (dtype, size, chunking) has each chunk's copy queued by the
     caller's thread for the first one's worst chunk ratio, the worker waiting for no header;
     each settles to exactly its compressed size, a chunk that compresses worse than that is
-    copied again, whole, and the kind then remembers the worse ratio."""
+    completed by a tail copy, and the kind then remembers the worse ratio."""
     kind = (torch.bfloat16, 1 << 20, 1 << 19)
     first = sample((1 << 20,), torch.bfloat16, seed=30)
     zipccl.offload_tensor(first, chunk_bytes=1 << 20).wait()
@@ -167,7 +169,10 @@ def test_a_kind_seen_before_is_copied_down_before_its_size_is_known(monkeypatch)
     copy.wait()
     heads = [p.head for p in copy._pieces]
     assert all(h is not None for h in heads) and not waited
-    assert [p.host.view.numel() for p in copy._pieces] == [offload._expected_size(h) for h in heads]
+    assert [sum(v.numel() for v in p.parts()) for p in copy._pieces] == [
+        offload._expected_size(h) for h in heads
+    ]
+    assert [p.tail is not None for p in copy._pieces] == [False, True]
     assert heads[1].layout == LAYOUT_RAW and lanes.ratios[kind] > 0.99
     assert same(copy.load(), x) and copy.landed()
 

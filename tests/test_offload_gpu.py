@@ -80,7 +80,7 @@ def test_the_caller_thread_does_not_wait_for_the_device() -> None:
 def test_a_kind_seen_before_goes_down_before_its_size_is_known() -> None:
     """The second tensor of a kind has its chunks' copies queued on the caller's thread behind a
     busy kernel, for the first one's ratio; a chunk that compresses worse (random bits, stored
-    raw) is copied again, whole, and the tensor comes back bit for bit."""
+    raw) is completed by a tail copy, and the tensor comes back bit for bit."""
     x = torch.randn(1 << 21, dtype=torch.bfloat16, device=CUDA)  # 4 MiB: 4 chunks of 1 MiB
     zipccl.offload_tensor(x, chunk_bytes=1 << 20).wait()
     y = x.clone()
@@ -93,7 +93,10 @@ def test_a_kind_seen_before_goes_down_before_its_size_is_known() -> None:
     assert same(copy.load(), y)
     heads = [p.head for p in copy._pieces]
     assert [h.layout == LAYOUT_RAW for h in heads] == [False, False, True, False]
-    assert [p.host.view.numel() for p in copy._pieces] == [offload._expected_size(h) for h in heads]
+    assert [p.tail is not None for p in copy._pieces] == [False, False, True, False]
+    assert [sum(v.numel() for v in p.parts()) for p in copy._pieces] == [
+        offload._expected_size(h) for h in heads
+    ]
 
 
 def test_compressed_copy_holds_the_value_at_the_call() -> None:

@@ -15,9 +15,9 @@ How a CUDA tensor travels (docs/offload.md has the whole story):
   device copies a tensor of a new kind: it waits for the first chunk's 512-byte header (copied on
   that stream) and guesses the later chunks from it. Each guessed copy is settled once it has
   landed, by the worker in the background or by whichever call needs it first: the chunk's
-  header is read from its host copy, the unused tail of its host memory given back, or, where
-  the guess was short, the chunk copied again, whole. Chunk k is copied while chunk k+1 is
-  compressed, and nothing but the codec runs on the caller's stream.
+  header is read from its host copy, the unused end of its host memory given back, or, where
+  the guess was short, the bytes past it copied into a tail of their own. Chunk k is copied
+  while chunk k+1 is compressed, and nothing but the codec runs on the caller's stream.
 * up: :meth:`HostCopy.load` queues each chunk's copy on a host-to-device stream and its
   decompression on a decode stream (the worker does, after :meth:`HostCopy.prefetch`), so chunk
   k decodes while chunk k+1 crosses the link; the caller's stream waits for the result with an
@@ -151,11 +151,12 @@ class _Lanes:
     def current(self) -> torch.cuda.Stream | None:
         return torch.cuda.current_stream(self.device) if self.cuda else None
 
-    def stage(self, host: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Queue the copy of ``host`` into the next staging slot (on the h2d stream, after that
-        slot's last decode); returns the device copy and the slot, for :meth:`staged`."""
+    def stage(self, parts: list[torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """Queue the copy of the host bytes ``parts``, end to end, into the next staging slot (on
+        the h2d stream, after that slot's last decode); returns the device copy and the slot,
+        for :meth:`staged`."""
         index, self._next_slot = self._next_slot, (self._next_slot + 1) % STAGING_SLOTS
-        slot, nbytes = self._slots[index], host.numel()
+        slot, nbytes = self._slots[index], sum(part.numel() for part in parts)
         if slot is None or slot.numel() < nbytes:  # (made on the decode stream, written on h2d)
             size = -(-nbytes // MIN_CHUNK_BYTES) * MIN_CHUNK_BYTES
             slot = self._slots[index] = torch.empty(size, dtype=torch.uint8, device=self.device)
@@ -163,7 +164,7 @@ class _Lanes:
             self._slot_free[index] = self.mark(self.decode)  # see _fresh
         with self.on(self.h2d):
             _wait(self.h2d, self._slot_free[index])
-            slot[:nbytes].copy_(host, non_blocking=True)
+            _copy_parts(slot[:nbytes], parts)
         _wait(self.decode, self.mark(self.h2d))
         return slot[:nbytes], index
 
@@ -236,10 +237,15 @@ class _Piece:
     ready: torch.cuda.Event | None  # on the caller's stream, after ``source`` is written
     coded: bool = False
     landing: HostRange | None = None  # a copy queued before the size was known, unsettled
+    tail: HostRange | None = None  # the bytes past a guessed copy that fell short of the chunk
     copied: torch.cuda.Event | None = None  # on the d2h stream, after the chunk's last copy
     host: HostRange | None = None
     head: Header | None = None
     ratio: float = 1.0  # its compressed size over its capacity, once known
+
+    def parts(self) -> list[torch.Tensor]:
+        """The stored bytes, in order: the host range and, where there is one, the tail."""
+        return [span.view for span in (self.host, self.tail) if span is not None]
 
 
 @dataclass(eq=False)
@@ -401,23 +407,24 @@ class HostCopy:
         piece.landing = self._copy_down(piece, _guess(ratio, _source(piece).numel()))
         piece.copied = self._lanes.mark(self._lanes.d2h)
 
-    def _copy_down(self, piece: _Piece, nbytes: int) -> HostRange:
-        """Queue the copy of the first ``nbytes`` of the chunk into new host memory."""
+    def _copy_down(self, piece: _Piece, nbytes: int, start: int = 0) -> HostRange:
+        """Queue the copy of bytes ``start`` to ``nbytes`` of the chunk into new host memory."""
         lanes, source = self._lanes, _source(piece)
-        host = lanes.pool.alloc(nbytes)
+        host = lanes.pool.alloc(nbytes - start)
         with lanes.on(lanes.d2h):
             _wait(lanes.d2h, piece.ready)
-            host.view.copy_(source[:nbytes], non_blocking=True)
+            host.view.copy_(source[start:nbytes], non_blocking=True)
             _used_on(source, lanes.d2h)
         return host
 
     def _settle(self, block: bool) -> None:
         """Settle the guessed copies that have landed (``block``: all of them, waiting), in
-        order: read each chunk's header from its host copy; the unused tail of its host memory
-        is given back or, where the guess was short, the chunk is copied again, whole (rare,
-        as tensors of one kind compress alike). Either thread may settle a chunk, whichever
-        comes first: the worker in the background, or :meth:`wait` and :meth:`load` on the
-        caller's thread, which then need not wait for the worker to react."""
+        order: read each chunk's header from its host copy; the unused end of its host memory
+        is given back or, where the guess was short, the bytes past it are copied into a tail
+        of their own (one more small copy, not the chunk again). Either thread may settle a
+        chunk, whichever comes first: the worker in the background, or :meth:`wait` and
+        :meth:`load` on the caller's thread, which then need not wait for the worker to
+        react."""
         lanes = self._lanes
         for piece in list(self._pieces):
             copied = piece.copied
@@ -436,8 +443,8 @@ class HostCopy:
                 nbytes = _expected_size(piece.head)
                 piece.ratio = nbytes / _source(piece).numel()
                 if nbytes > landing.view.numel():
-                    lanes.pool.free(landing, lanes.marks(lanes.d2h))
-                    piece.host = self._copy_down(piece, nbytes)
+                    piece.host = landing
+                    piece.tail = self._copy_down(piece, nbytes, landing.view.numel())
                     piece.copied = lanes.mark(lanes.d2h)
                 else:
                     piece.host = lanes.pool.trim(landing, nbytes, lanes.marks(lanes.d2h))
@@ -479,7 +486,7 @@ class HostCopy:
         the tensor's size where stored raw. Waits until the sizes are known (for chunks copied
         before their size was, until those copies have landed)."""
         self._check()
-        return sum(piece.host.view.numel() for piece in self._pieces if piece.host is not None)
+        return sum(part.numel() for piece in self._pieces for part in piece.parts())
 
     def prefetch(self) -> None:
         """Start bringing the tensor back to its device; :meth:`load` then takes it. Returns at
@@ -554,34 +561,42 @@ class HostCopy:
     def _load_piece(self, piece: _Piece, flat: torch.Tensor) -> None:
         """Queue one chunk's copy up (h2d stream, after its copy down) and its decode (decode
         stream)."""
-        lanes, host = self._lanes, piece.host
-        assert host is not None
+        lanes, parts = self._lanes, piece.parts()
         target = flat[piece.start : piece.stop]
         _wait(lanes.h2d, piece.copied)
         if piece.head is None or piece.head.layout == LAYOUT_RAW:
-            skip = 0 if piece.head is None else HEADER_BYTES
+            if piece.head is not None:
+                parts[0] = parts[0][HEADER_BYTES:]
             with lanes.on(lanes.h2d):
-                target.view(torch.uint8).copy_(host.view[skip:], non_blocking=True)
+                _copy_parts(target.view(torch.uint8), parts)
             return
-        buffer, slot = lanes.stage(host.view)
+        buffer, slot = lanes.stage(parts)
         decompress(Compressed._of(buffer, piece.head), out=target, sync=False)
         lanes.staged(slot)
 
     def __del__(self) -> None:
         for piece in self._pieces:
             after = [e for e in (piece.copied, self._last_use) if e is not None]
-            for span in (piece.host, piece.landing):
+            for span in (piece.host, piece.tail, piece.landing):
                 if span is not None:
                     self._lanes.pool.free(span, after)
 
 
-GUESS_MARGIN = 1 / 64  # a chunk's copy is queued for the previous chunks' ratio plus this
+GUESS_MARGIN = 1 / 256  # a chunk's guessed copy is queued for a ratio plus this (of its bound)
 
 
 def _guess(ratio: float, cap: int) -> int:
     """Bytes to copy of a chunk of ``cap`` bytes at most, expected to compress like one of
     ``ratio`` (see HostCopy._settle)."""
     return min(cap, int(ratio * (1 + GUESS_MARGIN) * cap) + HEADER_BYTES)
+
+
+def _copy_parts(into: torch.Tensor, parts: list[torch.Tensor]) -> None:
+    """Queue the copies of ``parts``, end to end, into the flat ``into`` (current stream)."""
+    offset = 0
+    for part in parts:
+        into[offset : offset + part.numel()].copy_(part, non_blocking=True)
+        offset += part.numel()
 
 
 def _source(piece: _Piece) -> torch.Tensor:
