@@ -93,11 +93,12 @@ class HostPool:
         """A range of at least ``nbytes`` bytes (``view`` is exactly ``nbytes`` long)."""
         size = _aligned(max(nbytes, 1))
         with self._lock:
-            self._take_in_returns()
-            for key, slab in self._slabs.items():
-                start = slab.take(size)
-                if start is not None:
-                    return self._range(key, slab, start, size, nbytes)
+            found = self._first_fit(size, nbytes)
+            if found is None:  # (returns are taken in only then: each costs an event query)
+                self._take_in_returns()
+                found = self._first_fit(size, nbytes)
+            if found is not None:
+                return found
             key, self._next_slab = self._next_slab, self._next_slab + 1
             length = _power_of_two_at_least(max(size, self.slab_bytes))
             slab = self._slabs[key] = _Slab(
@@ -106,6 +107,13 @@ class HostPool:
             start = slab.take(size)
             assert start == 0
             return self._range(key, slab, start, size, nbytes)
+
+    def _first_fit(self, size: int, nbytes: int) -> HostRange | None:
+        for key, slab in self._slabs.items():
+            start = slab.take(size)
+            if start is not None:
+                return self._range(key, slab, start, size, nbytes)
+        return None
 
     def _range(self, key: int, slab: _Slab, start: int, size: int, nbytes: int) -> HostRange:
         self._in_use += size

@@ -95,6 +95,7 @@ class _Lanes:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self.ring = threading.Lock()  # held by whichever thread queues a load
         self.ratios: collections.OrderedDict[_Kind, float] = collections.OrderedDict()
+        self._ratios_lock = threading.Lock()
         self._slots: list[torch.Tensor | None] = [None] * STAGING_SLOTS
         self._slot_free: list[torch.cuda.Event | None] = [None] * STAGING_SLOTS
         self._next_slot = 0
@@ -118,10 +119,11 @@ class _Lanes:
     def remember(self, kind: _Kind, ratio: float) -> None:
         """The worst chunk ratio of the latest tensor of ``kind`` (the next one's copies are
         queued for it before its size is known); the ``KINDS_KEPT`` latest kinds are kept."""
-        self.ratios[kind] = ratio
-        self.ratios.move_to_end(kind)
-        while len(self.ratios) > KINDS_KEPT:
-            self.ratios.popitem(last=False)
+        with self._ratios_lock:
+            self.ratios[kind] = ratio
+            self.ratios.move_to_end(kind)
+            while len(self.ratios) > KINDS_KEPT:
+                self.ratios.popitem(last=False)
 
     def submit(self, job: Callable[[], None]) -> None:
         self._jobs.put(job)
@@ -291,6 +293,7 @@ class HostCopy:
             raise ValueError("offload waits on events, which a CUDA graph capture cannot hold")
         self._queued = threading.Event()  # every chunk's copy down is queued (or one failed)
         self._settling = threading.Lock()  # the worker and wait()/load() both settle chunks
+        self._remembered = False  # the kind's ratio was taken from this tensor
         self._last_use: torch.cuda.Event | None = None  # after the latest load's copies
         self._error: BaseException | None = None
         self._ticket: _Ticket | None = None
@@ -353,8 +356,8 @@ class HostCopy:
     # ------------------------------------------------------------ down (worker)
     def _store(self, pieces: Iterator[_Piece]) -> None:
         """Queue the copies down the caller's thread did not, taking the chunks as it queues
-        them, then settle every chunk (:meth:`_settle`): once all are, the tensor's worst chunk
-        ratio is remembered for the next tensor of its kind. A chunk that fails ends the store:
+        them, settling those that have landed meanwhile (:meth:`_settle`); the others are
+        settled by the first call that needs them. A chunk that fails ends the store:
         :meth:`wait` and :meth:`load` raise its error."""
         ratio = None
         try:
@@ -372,9 +375,6 @@ class HostCopy:
             for _ in pieces:  # the caller's thread is done with the tensor
                 pass
             self._queued.set()
-        if self._error is None and self.compressed:
-            self._settle(block=True)
-            self._lanes.remember(self._kind, max(p.ratio for p in self._pieces))
 
     def _store_exactly(self, piece: _Piece) -> float | None:
         """Queue a chunk's copy of exactly its size: a raw chunk's own, a compressed one's from
@@ -421,10 +421,21 @@ class HostCopy:
         """Settle the guessed copies that have landed (``block``: all of them, waiting), in
         order: read each chunk's header from its host copy; the unused end of its host memory
         is given back or, where the guess was short, the bytes past it are copied into a tail
-        of their own (one more small copy, not the chunk again). Either thread may settle a
-        chunk, whichever comes first: the worker in the background, or :meth:`wait` and
-        :meth:`load` on the caller's thread, which then need not wait for the worker to
-        react."""
+        of their own (one more small copy, not the chunk again). Once every chunk is settled,
+        the tensor's worst chunk ratio is remembered for the next tensor of its kind.
+
+        Whichever thread needs a chunk settles it: the worker while it queues, :meth:`wait`,
+        :meth:`landed` and :meth:`load` on the caller's thread. The worker does not wait for
+        copies to land: a caller waiting on the same copy would then wake with it and wait
+        for the worker's turn with the GIL."""
+        self._settle_landed(block)
+        if self.compressed and not self._remembered and self._queued.is_set():
+            with self._settling:
+                if all(p.landing is None and p.head is not None for p in self._pieces):
+                    self._lanes.remember(self._kind, max(p.ratio for p in self._pieces))
+                    self._remembered = True
+
+    def _settle_landed(self, block: bool) -> None:
         lanes = self._lanes
         for piece in list(self._pieces):
             copied = piece.copied
