@@ -23,6 +23,17 @@ Every op is a drop-in for its torch.distributed namesake (same arguments, same r
 contents) plus two keyword-only extras: ``table`` (a Codebook every rank must pass identically;
 default: each rank's own theory table, carried inside its buffers) and ``verify``.
 
+Settings, for every op (read at every call; a group's ranks agree on them before its first
+zipccl call, else CollectiveMismatchError): ``ZIPCCL_MODE`` (``auto``, default: compress where the
+switch's cost model, measured once per group and cached, predicts a gain; ``always``; ``never``:
+plain torch.distributed, no verification), ``ZIPCCL_VERIFY`` (unless ``verify`` is given),
+``ZIPCCL_CHUNK_BYTES`` (per-rank bytes per pipeline chunk; default: the model's chunk count in
+``auto`` on CUDA -- 4 MiB chunks where CUDA tensors cross gloo --, else 32 MiB on CUDA and one
+chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one plan serves, default 64; 0: no plans),
+``ZIPCCL_NATIVE_REDUCE=1`` (reductions only: let ``auto`` take the backend's own reduction for
+any world size, giving up rank-order determinism when it does); the codec's ``ZIPCCL_BACKEND``
+and ``ZIPCCL_FAST`` choose its kernels (same bytes, so not agreed).
+
 The native fast path: each call first takes a *local* decision from values every rank shares in a
 correct program -- op, dtype, the collective's size, reduce op, world size, ``ZIPCCL_MODE`` and
 the rank-agreed switch profile -- cached per group and call shape, so it is a few dict lookups.

@@ -53,14 +53,8 @@ def all_to_all_single(
     op, group, dtype, sizes, table and settings) reuses that call's tables and strategy: a *plan*
     (module docstring: Plans).
 
-    Settings (read at every call; a group's ranks agree on them before its first zipccl call, else
-    CollectiveMismatchError): ``ZIPCCL_MODE`` (``auto``, default: compress where the switch's cost
-    model, measured once per group and cached, predicts a gain; ``always``; ``never``: plain
-    torch.distributed, no verification), ``ZIPCCL_VERIFY`` (unless ``verify`` is given),
-    ``ZIPCCL_CHUNK_BYTES`` (per-rank bytes per pipeline chunk; default: the model's chunk count in
-    ``auto`` on CUDA -- 4 MiB chunks where CUDA tensors cross gloo --, else 32 MiB on CUDA and one
-    chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one plan serves, default 64; 0: no plans); the
-    codec's ``ZIPCCL_BACKEND`` and ``ZIPCCL_FAST`` choose its kernels (same bytes, so not agreed).
+    Settings: ``ZIPCCL_MODE``, ``ZIPCCL_VERIFY``, ``ZIPCCL_CHUNK_BYTES``, ``ZIPCCL_PLAN_CALLS``
+    (module docstring: Settings).
 
     Args:
         output (Tensor): receives the pieces, contiguous, with ``input``'s dtype and row size.

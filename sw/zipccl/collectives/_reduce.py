@@ -95,16 +95,8 @@ def reduce_scatter_tensor(
     repeating an earlier one (same op, group, dtype, sizes, table and settings) reuses that call's
     tables and strategy: a *plan* (module docstring: Plans).
 
-    Settings (read at every call; a group's ranks agree on them before its first zipccl call, else
-    CollectiveMismatchError): ``ZIPCCL_MODE`` (``auto``, default: compress where the switch's cost
-    model, measured once per group and cached, predicts a gain; ``always``; ``never``: plain
-    torch.distributed, no verification), ``ZIPCCL_VERIFY`` (unless ``verify`` is given),
-    ``ZIPCCL_CHUNK_BYTES`` (per-rank bytes per pipeline chunk; default: the model's chunk count in
-    ``auto`` on CUDA -- 4 MiB chunks where CUDA tensors cross gloo --, else 32 MiB on CUDA and one
-    chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one plan serves, default 64; 0: no plans),
-    ``ZIPCCL_NATIVE_REDUCE=1`` (let ``auto`` take the backend's own reduction for any world size,
-    giving up rank-order determinism when it does); the codec's ``ZIPCCL_BACKEND`` and
-    ``ZIPCCL_FAST`` choose its kernels (same bytes, so not agreed).
+    Settings: ``ZIPCCL_MODE``, ``ZIPCCL_VERIFY``, ``ZIPCCL_CHUNK_BYTES``, ``ZIPCCL_PLAN_CALLS``,
+    ``ZIPCCL_NATIVE_REDUCE`` (module docstring: Settings).
 
     Args:
         output (Tensor): this rank's reduced block, ``input.numel() // world_size`` values of
@@ -288,16 +280,8 @@ def all_reduce(
     repeating an earlier one (same op, group, dtype, sizes, table and settings) reuses that call's
     tables and strategy: a *plan* (module docstring: Plans).
 
-    Settings (read at every call; a group's ranks agree on them before its first zipccl call, else
-    CollectiveMismatchError): ``ZIPCCL_MODE`` (``auto``, default: compress where the switch's cost
-    model, measured once per group and cached, predicts a gain; ``always``; ``never``: plain
-    torch.distributed, no verification), ``ZIPCCL_VERIFY`` (unless ``verify`` is given),
-    ``ZIPCCL_CHUNK_BYTES`` (per-rank bytes per pipeline chunk; default: the model's chunk count in
-    ``auto`` on CUDA -- 4 MiB chunks where CUDA tensors cross gloo --, else 32 MiB on CUDA and one
-    chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one plan serves, default 64; 0: no plans),
-    ``ZIPCCL_NATIVE_REDUCE=1`` (let ``auto`` take the backend's own reduction for any world size,
-    giving up rank-order determinism when it does); the codec's ``ZIPCCL_BACKEND`` and
-    ``ZIPCCL_FAST`` choose its kernels (same bytes, so not agreed).
+    Settings: ``ZIPCCL_MODE``, ``ZIPCCL_VERIFY``, ``ZIPCCL_CHUNK_BYTES``, ``ZIPCCL_PLAN_CALLS``,
+    ``ZIPCCL_NATIVE_REDUCE`` (module docstring: Settings).
 
     Args:
         tensor (Tensor): reduced in place; contiguous, on CUDA for NCCL, on CPU for gloo.
