@@ -258,18 +258,30 @@ def test_bad_arguments() -> None:
             zipccl.offload_activations(**{name: value})
 
 
-def test_a_failed_copy_is_raised_where_it_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "seen"),
+    [(torch.bfloat16, False), (torch.bfloat16, True), (torch.int64, False)],
+    ids=["copied-by-the-worker", "guessed-on-the-callers-thread", "raw-on-the-callers-thread"],
+)
+def test_a_failed_copy_is_raised_where_it_is_used(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, seen: bool
+) -> None:
+    """Whichever thread queued the copy that failed, offload_tensor returns and wait() and
+    load() raise the failure."""
+    if seen:  # a kind seen before: the caller's thread queues the guessed copies
+        zipccl.offload_tensor(sample((1 << 12,), dtype)).wait()
     pool = offload._lanes(torch.device("cpu")).pool
 
     def no_memory(nbytes: int) -> None:
         raise MemoryError("host memory exhausted")
 
     monkeypatch.setattr(pool, "alloc", no_memory)
-    copy = zipccl.offload_tensor(sample((100,), torch.bfloat16))
-    with pytest.raises(RuntimeError, match=r"offload of a torch\.bfloat16 tensor failed") as info:
+    copy = zipccl.offload_tensor(sample((1 << 12,), dtype, seed=1))
+    name = str(dtype).replace(".", r"\.")
+    with pytest.raises(RuntimeError, match=f"offload of a {name} tensor failed") as info:
         copy.wait()
     assert isinstance(info.value.__cause__, MemoryError)
-    with pytest.raises(RuntimeError, match=r"load of a torch\.bfloat16 tensor failed"):
+    with pytest.raises(RuntimeError, match=f"load of a {name} tensor failed"):
         copy.load()
 
 

@@ -22,8 +22,9 @@ How a CUDA tensor travels (docs/offload.md has the whole story):
   decompression on a decode stream (the worker does, after :meth:`HostCopy.prefetch`), so chunk
   k decodes while chunk k+1 crosses the link; the caller's stream waits for the result with an
   event, not the caller's thread.
-* raw: dtypes the codec does not code, ``compress=False``, and chunks the codec stores in its raw
-  layout (compression would not shrink them) are copied as they are, on the same streams.
+* raw: dtypes the codec does not code and ``compress=False`` are copied as they are, on the same
+  streams (their copy queued by the caller's thread: their size is known); so are chunks the codec
+  stores in its raw layout (compression would not shrink them).
 
 On CPU the same code runs without streams or events (the host copy is a compact CPU buffer),
 which is what the CPU tests exercise.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import functools
 import queue
 import threading
 import weakref
@@ -305,9 +307,9 @@ class HostCopy:
         self._strides = tensor.stride() if self._order is not None else None
         memory_order = tensor.permute(self._order) if self._order is not None else tensor
         flat = memory_order.contiguous().view(-1)
-        if not self.compressed:
-            self._pieces = self._raw(flat)
-            self._lanes.submit(lambda: self._store(iter(self._pieces)))
+        if not self.compressed:  # its size is known: the caller's thread queues its copy
+            self._pieces = [self._raw(flat)]
+            self._queued.set()
             return
         step = _chunk_elements(flat, chunk_bytes)
         self._kind = (flat.dtype, flat.numel(), step)
@@ -344,14 +346,34 @@ class HostCopy:
             compress_into(chunk, out)
             ready = lanes.mark(lanes.current())
             piece = _Piece(start, start + chunk.numel(), out, ready, coded=True)
-            if ratio is not None:
-                self._copy_guessed(piece, ratio)
             self._pieces.append(piece)
+            guessed = functools.partial(self._copy_guessed, piece, ratio) if ratio else None
+            if guessed is not None and not self._try_queue(guessed):
+                return  # (the worker stores nothing after a failure; wait() raises it)
             feed.put(piece)
 
-    def _raw(self, flat: torch.Tensor) -> list[_Piece]:
-        ready = self._lanes.mark(self._lanes.current())
-        return [_Piece(0, flat.numel(), flat.view(torch.uint8), ready)]
+    def _raw(self, flat: torch.Tensor) -> _Piece:
+        """The tensor's bytes as one piece, its copy queued (a failure is kept for wait())."""
+        lanes = self._lanes
+        piece = _Piece(0, flat.numel(), flat.view(torch.uint8), lanes.mark(lanes.current()))
+
+        def store() -> None:
+            piece.host = self._copy_down(piece, flat.numel() * flat.element_size())
+            piece.copied, piece.source = lanes.mark(lanes.d2h), None
+
+        self._try_queue(store)
+        return piece
+
+    def _try_queue(self, queue_copy: Callable[[], None]) -> bool:
+        """Run ``queue_copy`` on the caller's thread; an error (host memory exhausted, say) is
+        kept to be raised by :meth:`wait` and :meth:`load`, as the worker's are. Returns
+        whether it succeeded."""
+        try:
+            queue_copy()
+        except Exception as exc:
+            self._error = exc
+            return False
+        return True
 
     # ------------------------------------------------------------ down (worker)
     def _store(self, pieces: Iterator[_Piece]) -> None:
@@ -364,7 +386,7 @@ class HostCopy:
             for piece in pieces:
                 if piece.landing is not None or piece.host is not None:
                     pass  # queued by the caller's thread (and maybe settled)
-                elif ratio is None or not piece.coded:
+                elif ratio is None:
                     ratio = self._store_exactly(piece)
                 else:
                     self._copy_guessed(piece, ratio)
@@ -376,16 +398,11 @@ class HostCopy:
                 pass
             self._queued.set()
 
-    def _store_exactly(self, piece: _Piece) -> float | None:
-        """Queue a chunk's copy of exactly its size: a raw chunk's own, a compressed one's from
-        its header, copied on the d2h stream and waited for (the first compressed chunk of a
-        tensor of a kind not seen before, which has no ratio to guess from). Returns the
-        compressed ratio (None for raw bytes)."""
+    def _store_exactly(self, piece: _Piece) -> float:
+        """Queue a compressed chunk's copy of exactly its size, read from its header, copied on
+        the d2h stream and waited for (the first chunk of a tensor of a kind not seen before,
+        which has no ratio to guess from). Returns its compressed ratio."""
         lanes, source = self._lanes, _source(piece)
-        if not piece.coded:
-            piece.host = self._copy_down(piece, source.numel())
-            piece.copied, piece.source = lanes.mark(lanes.d2h), None
-            return None
         header = torch.empty(HEADER_BYTES, dtype=torch.uint8, pin_memory=lanes.cuda)
         with lanes.on(lanes.d2h):
             _wait(lanes.d2h, piece.ready)
