@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -186,6 +187,35 @@ def test_loads_of_the_worker_and_of_the_callers_thread_interleave() -> None:
         copy.prefetch()
     ys = [copy.load() for copy in copies[::-1]][::-1]
     assert all(same(y, x) for x, y in zip(xs, ys, strict=True))
+
+
+def test_threads_offloading_and_loading_at_once() -> None:
+    """Four threads offload and load tensors of two kinds (so guessed copies, settled by
+    whichever thread comes first) with and without prefetch, one worker serving them all:
+    every tensor comes back bit for bit and every byte of host memory is given back."""
+    before = in_use()
+    errors: list[BaseException] = []
+
+    def run(seed: int) -> None:
+        try:
+            gen = torch.Generator().manual_seed(seed)
+            for k in range(12):
+                numel = (1 << 14) * (1 + k % 2)
+                x = torch.randn(numel, generator=gen).to(torch.bfloat16)
+                copy = zipccl.offload_tensor(x)
+                if k % 3 == 0:
+                    copy.prefetch()
+                assert same(copy.load(), x)
+        except BaseException as exc:  # re-raised on the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert in_use() == before
 
 
 @pytest.mark.parametrize(
