@@ -200,8 +200,8 @@ def _lanes(device: torch.device) -> _Lanes:
     return lanes
 
 
-# _fresh: memory the worker allocates (on the decode stream, its current one) and the h2d stream
-# writes is written only after the decode stream has run what it had queued when it was made:
+# _fresh: memory a load allocates (on the decode stream, current while it queues) and the h2d
+# stream writes is written only after the decode stream has run what it had queued when it was made:
 # with deterministic algorithms on, torch fills new memory (NaN, or the largest integer) with a
 # kernel on the allocating stream, which would otherwise land after the copy, over it; and the
 # allocator hands memory freed on the decode stream on to the next allocation there at once.
@@ -250,6 +250,14 @@ class _Piece:
     def parts(self) -> list[torch.Tensor]:
         """The stored bytes, in order: the host range and, where there is one, the tail."""
         return [span.view for span in (self.host, self.tail) if span is not None]
+
+    def read_header(self, host: torch.Tensor) -> int:
+        """Take the chunk's header (``head``, and its ``ratio``) from its first bytes in host
+        memory; returns the chunk's compressed size."""
+        self.head = Header.unpack(bytes(host[:HEADER_BYTES].numpy()))
+        nbytes = _expected_size(self.head)
+        self.ratio = nbytes / _source(self).numel()
+        return nbytes
 
 
 @dataclass(eq=False)
@@ -315,14 +323,15 @@ class HostCopy:
         self._kind = (flat.dtype, flat.numel(), step)
         ratio = self._lanes.ratios.get(self._kind)
         feed: queue.SimpleQueue[_Piece | None] = queue.SimpleQueue()
+        store = functools.partial(self._lanes.submit, lambda: self._store(iter(feed.get, None)))
         if ratio is None:  # the worker copies the first chunk, as soon as it is queued
-            self._lanes.submit(lambda: self._store(iter(feed.get, None)))
+            store()
         try:
             self._compress(flat, step, ratio, feed)
         finally:
             feed.put(None)
             if ratio is not None:  # woken only now, the worker cannot slow the caller's loop
-                self._lanes.submit(lambda: self._store(iter(feed.get, None)))
+                store()
 
     # ------------------------------------------------------------ down (caller's thread)
     def _compress(
@@ -410,9 +419,7 @@ class HostCopy:
             sized = lanes.mark(lanes.d2h)
         if sized is not None:
             sized.synchronize()  # the GIL is released while it waits
-        piece.head = Header.unpack(bytes(header.numpy()))
-        nbytes = _expected_size(piece.head)
-        piece.host, piece.ratio = self._copy_down(piece, nbytes), nbytes / source.numel()
+        piece.host = self._copy_down(piece, piece.read_header(header))
         piece.copied, piece.source = lanes.mark(lanes.d2h), None
         return piece.ratio
 
@@ -467,9 +474,7 @@ class HostCopy:
                 landing = piece.landing
                 if landing is None:  # the other thread settled it meanwhile
                     continue
-                piece.head = Header.unpack(bytes(landing.view[:HEADER_BYTES].numpy()))
-                nbytes = _expected_size(piece.head)
-                piece.ratio = nbytes / _source(piece).numel()
+                nbytes = piece.read_header(landing.view)
                 if nbytes > landing.view.numel():
                     piece.host = landing
                     piece.tail = self._copy_down(piece, nbytes, landing.view.numel())
