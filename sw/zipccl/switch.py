@@ -364,6 +364,7 @@ def can_compress(p: Profile, op: str, dtype: torch.dtype, world: int) -> bool:
 
 PROFILES: dict[object, Profile] = {}
 ROUTES: dict[tuple, tuple[str, int]] = {}  # per-call (strategy, chunks); depends on the profiles
+REPEATS: dict[tuple, object] = {}  # per-call agreements (collectives._agree.Repeat); the same
 
 
 def set_profile(
@@ -373,6 +374,7 @@ def set_profile(
     the calls' decisions and plans made under the old one go too. ``staged``: the profile of
     the group's CUDA tensors on a host transport (gloo), which has its own."""
     ROUTES.clear()
+    REPEATS.clear()
     _plans.forget()
     if profile is None:
         PROFILES.pop(profile_key(group, staged), None)

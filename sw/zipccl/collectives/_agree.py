@@ -4,8 +4,9 @@ cache and the descriptor exchange that fixes strategy and chunk count on every r
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import cast
 
 import numpy as np
@@ -191,6 +192,7 @@ def agree(
     payload: torch.Tensor | None = None,
     buffer: int = 0,
     pack: Callable[[_slots.Agreed], _slots.Packed | None] | None = None,
+    signature: tuple[object, ...] | None = None,
 ) -> _slots.Agreed:
     """Exchange the descriptor (if asked, or if the call compresses: the exchange also carries
     every rank's sample summary of ``sample``, which the compressed protocols size their pieces
@@ -219,6 +221,10 @@ def agree(
     _exchange.INLINE_BYTES; see :func:`carried_payload`): where every rank's fits and the call
     does not compress, the result's ``carried`` holds every rank's, and the op completes
     from it without a second round.
+
+    ``signature`` (:func:`signature`): where the call's strategy did not depend on the
+    exchange (decided locally, uncompressed, every rank's row alike), its agreement is kept for
+    the signature's next calls (:func:`repeat`).
     """
     mode = switch.mode()
     red_code = -1 if red is None else reduce_code(red)
@@ -241,9 +247,8 @@ def agree(
         plan = _plans.find(ticket.group, ticket.key)
         if plan is not None:
             packed = pack(plan.agreed) if pack is not None and not g.nccl else None
-            rows, _, _, _ = _exchanged(
-                g, name, head, plan.tag, fields, None, check, dtype.itemsize, None, packed
-            )
+            row = _row(g, head, plan.tag, fields)
+            rows, _, _, _ = _exchanged(g, name, row, None, check, dtype.itemsize, None, packed)
             if (rows[:, _TAG] == plan.tag).all():
                 _slots.STATS.strategy = plan.agreed.strategy
                 agreed = replace(plan.agreed, ticket=replace(ticket, previous=plan))
@@ -260,10 +265,9 @@ def agree(
         _slots.STATS.strategy = local[0]
         return _slots.Agreed(g, name, local[0], table, local[1])  # no exchange, nothing to keep
     summarized = sample if may_compress and not err else None
-    exchanged = (g, name, head, 0, fields, summarized, check, dtype.itemsize, payload)
-    rows, count, data, alike = _exchanged(*exchanged)
-    if not alike and rows[:, _TAG].any():  # some ranks repeat a plan the others lack: all
-        rows, count, data, alike = _exchanged(*exchanged)  # exchange afresh
+    row = _row(g, head, 0, fields)
+    exchanged = (g, name, row, summarized, check, dtype.itemsize, payload)
+    rows, count, data, alike = _planless(exchanged)
     agreed = nbytes if alike else int(rows[:, 6].max())
     if agreed != nbytes:  # the local plan was for another size
         nbytes, local = agreed, None
@@ -273,6 +277,10 @@ def agree(
         strategy = switch.A2A_REDUCE if rank_order else switch.NATIVE
     _slots.STATS.strategy = strategy
     if strategy != switch.COMPRESSED:  # nothing to measure, so no plan to keep
+        if signature is not None and local is not None and alike and summarized is None:
+            carries = payload is not None
+            kept = Repeat(g, name, row, check, dtype.itemsize, carries, strategy, chunks, nbytes)
+            _remember(signature, kept)
         carried = _carried(rows, data, nbytes if alike else None)
         return _slots.Agreed(g, name, strategy, table, chunks, carried=carried)
     sources = _slots.sources(dtype, _summaries(g, rows), table)
@@ -281,6 +289,72 @@ def agree(
         digest=_plans.digest(count, rows.tobytes()),
     )
     return _slots.Agreed(g, name, strategy, table, chunks, sources, ticket=ticket)
+
+
+def signature(
+    name: str,
+    group: dist.ProcessGroup | None,
+    verify: bool | None,
+    table: Codebook | None,
+    tensors: tuple[torch.Tensor, ...],
+    *extra: object,
+) -> tuple[object, ...] | None:
+    """A call's key for :func:`repeat`: what its descriptor row and strategy depend on -- the op,
+    the group, the tensors' dtypes, shapes, devices and layouts, ``extra`` (an op's own
+    arguments: src, or the reduce op's number, which is all its row holds of it -- a PREMUL_SUM's
+    factor is the backend's, whose call it is), the policy and the settings. None: a call not
+    kept that way (a table given, whose hash the row carries)."""
+    if table is not None:
+        return None
+    key = [name, switch.group_key(group), verify, _transport.STAGE_HOST_TENSORS, settings.raw()]
+    for t in tensors:
+        key += (t.dtype, t.shape, t.device, t.is_contiguous())
+    return (*key, *extra)
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """The agreement of a call whose strategy did not depend on its exchange -- uncompressed
+    (native or a2a_reduce), decided locally from values every rank shares -- kept for its
+    signature's next calls (:func:`signature`), which repeat it without building or routing
+    it again. A repeat still exchanges its row with every rank (the agreement, and the input of
+    a call small enough to ride in it); rows unlike its own go through the checks every call's
+    go through, so a mismatch raises the same error on every rank."""
+
+    g: _transport.Group
+    name: str
+    row: list[int]
+    check: Callable[[np.ndarray], None] | None
+    itemsize: int
+    carries: bool  # the call's input rides in the exchange
+    strategy: str
+    chunks: int
+    nbytes: int
+
+    def agree(self, t: torch.Tensor) -> _slots.Agreed:
+        payload = t.view(-1).view(torch.uint8) if self.carries else None
+        exchanged = (self.g, self.name, self.row, None, self.check, self.itemsize, payload)
+        rows, _, data, alike = _planless(exchanged)
+        _slots.STATS.strategy = self.strategy
+        carried = _carried(rows, data, self.nbytes if alike else None)
+        return _slots.Agreed(self.g, self.name, self.strategy, None, self.chunks, carried=carried)
+
+
+def repeat(key: tuple[object, ...] | None, t: torch.Tensor) -> _slots.Agreed | None:
+    """The agreed call, where ``key`` (:func:`signature`) was kept (``t``: the tensor whose
+    bytes the call carries, where it does); None: the call takes the whole way."""
+    try:
+        kept = switch.REPEATS.get(key) if key is not None else None
+    except TypeError:  # an unhashable argument (src, verify): the whole way, which names it
+        return None
+    return kept.agree(t) if isinstance(kept, Repeat) else None
+
+
+def _remember(key: tuple[object, ...], kept: Repeat) -> None:
+    if len(switch.REPEATS) >= 1 << 12:
+        switch.REPEATS.clear()
+    with contextlib.suppress(TypeError):  # unhashable: never a repeat
+        switch.REPEATS[key] = kept
 
 
 def _ticket(
@@ -293,27 +367,47 @@ def _ticket(
     return _plans.Ticket(group, key)
 
 
+def _row(g: _transport.Group, head: list[int], tag: int, fields: Sequence[int]) -> list[int]:
+    """A descriptor row: ``head``, the plan ``tag``, the op's ``fields``, zeros to the length
+    every op's row has in this group (no op can mismatch another's)."""
+    return [*head, tag, *fields, *[0] * (_extra_fields(g.world) - len(fields))]
+
+
+def _planless(
+    exchanged: tuple[
+        _transport.Group,
+        str,
+        list[int],
+        torch.Tensor | None,
+        Callable[[np.ndarray], None] | None,
+        int,
+        torch.Tensor | None,
+    ],
+) -> tuple[np.ndarray, int, np.ndarray | None, bool]:
+    """:func:`_exchanged` of a call sent without a plan's tag; where some ranks sent one (they
+    repeat a plan the others lack), every rank exchanges afresh."""
+    rows, count, data, alike = _exchanged(*exchanged)
+    if not alike and rows[:, _TAG].any():
+        rows, count, data, alike = _exchanged(*exchanged)
+    return rows, count, data, alike
+
+
 def _exchanged(
     g: _transport.Group,
     name: str,
-    head: list[int],
-    tag: int,
-    fields: Sequence[int],
+    row: list[int],
     sample: torch.Tensor | None,
     check: Callable[[np.ndarray], None] | None,
     itemsize: int,
     payload: torch.Tensor | None,
     packed: _slots.Packed | None = None,
 ) -> tuple[np.ndarray, int, np.ndarray | None, bool]:
-    """One descriptor exchange -- every rank's row of ``head``, plan ``tag``, ``fields`` and
-    sample summary (zeros without ``sample``; ``packed``: its summary and payload sizes), and on
-    a host transport the room for ``payload`` -- and the checks of it that raise the same
-    CollectiveMismatchError on every rank. Returns
-    the rows, the exchange's number in its group (zipccl._plans.digest), on a host transport
-    every rank's carried bytes, and whether every rank sent this rank's row. Every op's row has
-    the same length: no op can mismatch."""
-    pad = [0] * (_extra_fields(g.world) - len(fields))
-    row = [*head, tag, *fields, *pad]
+    """One descriptor exchange -- every rank's ``row`` (:func:`_row`) and sample summary
+    (zeros without ``sample``; ``packed``: its summary and payload sizes), and on a host
+    transport the room for ``payload`` -- and the checks of it that raise the same
+    CollectiveMismatchError on every rank. Returns the rows, the exchange's number in its group
+    (zipccl._plans.digest), on a host transport every rank's carried bytes, and whether every
+    rank sent this rank's row."""
     count = _plans.exchanged(switch.group_key(g.pg))
     carry = None if g.nccl else _exchange.Carry(payload)
     fill = packed.fill if packed is not None else _slots.summary_fill(sample)

@@ -120,9 +120,46 @@ def all_to_all_single(
             group,
             async_op,
         )
+    key = _agree.signature("all_to_all", group, verify, table, (input, output)) if even else None
+    agreed = _agree.repeat(key, input) or _agreed(
+        output, input, group, (input_split_sizes, output_split_sizes), table, verify, key
+    )
+    if agreed.carried is not None:
+        c, rank = agreed.carried, agreed.g.rank
+        _from_carried(c, rank, _slots.flat(output), input.dtype, _inner(input))
+        return _transport.done(async_op)
+    if agreed.strategy != switch.COMPRESSED:
+        return dist.all_to_all_single(
+            _slots.as_wire(output),
+            _slots.as_wire(input),
+            output_split_sizes,
+            input_split_sizes,
+            group,
+            async_op,
+        )
+    ins, outs, _ = _splits(agreed.g, input, output, input_split_sizes, output_split_sizes)
+    inner = _inner(input)
+    send = _slots.segments(_slots.flat(input), [s * inner for s in ins])
+    recv = _slots.segments(_slots.flat(output), [s * inner for s in outs])
+    _agree.keep(agreed.measured(_protocols.a2a_compressed(agreed, send, recv)))
+    return _transport.done(async_op)
+
+
+def _agreed(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    group: dist.ProcessGroup | None,
+    splits: tuple[list[int] | None, list[int] | None],
+    table: Codebook | None,
+    verify: bool | None,
+    signature: tuple[object, ...] | None,
+) -> _slots.Agreed:
+    """The agreed all-to-all; ``splits``: the caller's (input, output) split sizes, both None or
+    empty for even splits; ``signature``: the call's (_agree.repeat)."""
     g = _transport.resolve(group, input)
-    ins, outs, err = _splits(g, input, output, input_split_sizes, output_split_sizes)
-    agreed = _agree.agree(
+    even = not splits[0] and not splits[1]
+    ins, outs, err = _splits(g, input, output, *splits)
+    return _agree.agree(
         g,
         "all_to_all",
         input.dtype,
@@ -135,24 +172,8 @@ def all_to_all_single(
         check=lambda fields: _check_splits(fields, g.world),
         sizes_differ=not even,
         payload=_agree.carried_payload(g, input),
+        signature=signature,
     )
-    if agreed.carried is not None:
-        _from_carried(agreed.carried, g.rank, _slots.flat(output), input.dtype, _inner(input))
-        return _transport.done(async_op)
-    if agreed.strategy != switch.COMPRESSED:
-        return dist.all_to_all_single(
-            _slots.as_wire(output),
-            _slots.as_wire(input),
-            output_split_sizes,
-            input_split_sizes,
-            group,
-            async_op,
-        )
-    inner = _inner(input)
-    send = _slots.segments(_slots.flat(input), [s * inner for s in ins])
-    recv = _slots.segments(_slots.flat(output), [s * inner for s in outs])
-    _agree.keep(agreed.measured(_protocols.a2a_compressed(agreed, send, recv)))
-    return _transport.done(async_op)
 
 
 def _from_carried(

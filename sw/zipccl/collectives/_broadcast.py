@@ -90,24 +90,28 @@ def broadcast(
     nbytes = tensor.numel() * tensor.element_size()
     if _agree.direct(group, tensor, "broadcast", nbytes, -1, verify):
         return dist.broadcast(_slots.as_wire(tensor), src, group, async_op)
-    g = _transport.resolve(group, tensor)
     group_src = _group_rank(group, src)
-    err = 6 if not 0 <= group_src < g.world else _agree.check_pair(g, tensor, tensor, 0, 0)
-    agreed = _agree.agree(
-        g,
-        "broadcast",
-        tensor.dtype,
-        nbytes,
-        err,
-        [tensor.numel(), src],
-        table,
-        _agree.verify_policy(verify) != "0",
-        sample=tensor if g.rank == group_src else None,
-        check=_agree.same_fields("broadcast", (1, "src"), (0, "the tensor numel")),
-        payload=_agree.carried_payload(g, tensor) if g.rank == group_src else None,
-    )
+    key = _agree.signature("broadcast", group, verify, table, (tensor,), src)
+    agreed = _agree.repeat(key, tensor)
+    if agreed is None:
+        g = _transport.resolve(group, tensor)
+        err = 6 if not 0 <= group_src < g.world else _agree.check_pair(g, tensor, tensor, 0, 0)
+        agreed = _agree.agree(
+            g,
+            "broadcast",
+            tensor.dtype,
+            nbytes,
+            err,
+            [tensor.numel(), src],
+            table,
+            _agree.verify_policy(verify) != "0",
+            sample=tensor if g.rank == group_src else None,
+            check=_agree.same_fields("broadcast", (1, "src"), (0, "the tensor numel")),
+            payload=_agree.carried_payload(g, tensor) if g.rank == group_src else None,
+            signature=key,
+        )
     if agreed.carried is not None:
-        if g.rank != group_src:
+        if agreed.g.rank != group_src:
             c = agreed.carried
             _slots.flat(tensor).copy_(c.piece(group_src, tensor.dtype, 0, tensor.numel()))
         return _transport.done(async_op)

@@ -91,7 +91,10 @@ def all_gather_into_tensor(
         return _transport.native_all_gather(
             _slots.as_wire(output_tensor), _slots.as_wire(input_tensor), group, async_op
         )
-    agreed = _agreed(output_tensor, input_tensor, group, table, verify)
+    key = _agree.signature("all_gather", group, verify, table, (input_tensor, output_tensor))
+    agreed = _agree.repeat(key, input_tensor) or _agreed(
+        output_tensor, input_tensor, group, table, verify, signature=key
+    )
     if agreed.carried is not None:
         nbytes = input_tensor.numel() * input_tensor.element_size()
         agreed.carried.stack_into(output_tensor, 0, nbytes)
@@ -111,9 +114,11 @@ def _agreed(
     table: Codebook | None,
     verify: bool | None,
     err: int = 0,
+    signature: tuple[object, ...] | None = None,
 ) -> _slots.Agreed:
     """The agreed all-gather of ``input`` into ``output``; ``err``: a local error the caller
-    found (reported in the descriptor, so that every rank raises)."""
+    found (reported in the descriptor, so that every rank raises); ``signature``: the call's
+    (_agree.repeat)."""
     g = _transport.resolve(group, input)
     err = err or _agree.check_pair(g, input, output, output.numel(), input.numel() * g.world)
     return _agree.agree(
@@ -129,6 +134,7 @@ def _agreed(
         check=_agree.same_fields("all_gather", (0, "the input numel")),
         payload=_agree.carried_payload(g, input),
         pack=_protocols.packs_gather(_slots.flat(input)) if input.is_contiguous() else None,
+        signature=signature,
     )
 
 

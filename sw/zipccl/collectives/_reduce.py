@@ -147,23 +147,30 @@ def reduce_scatter_tensor(
     nbytes = input.numel() * input.element_size()
     if _agree.direct(group, input, "reduce_scatter", nbytes, _agree.reduce_code(op), verify):
         return _transport.native_reduce_scatter(output, input, op, group, async_op)
-    g = _transport.resolve(group, input)
-    err = _agree.check_pair(g, input, output, input.numel(), output.numel() * g.world)
-    agreed = _agree.agree(
-        g,
-        "reduce_scatter",
-        input.dtype,
-        nbytes,
-        err,
-        [input.numel()],
-        table,
-        _agree.verify_policy(verify) != "0",
-        red=op,
-        sample=input,
-        check=_agree.same_fields("reduce_scatter", (0, "the input numel")),
-        payload=_agree.carried_payload(g, input),
+    key = _agree.signature(
+        "reduce_scatter", group, verify, table, (input, output), _agree.reduce_op_number(op)
     )
-    if _reduced_from_carried(agreed, _slots.flat(output), g.rank * output.numel(), op):
+    agreed = _agree.repeat(key, input)
+    if agreed is None:
+        g = _transport.resolve(group, input)
+        err = _agree.check_pair(g, input, output, input.numel(), output.numel() * g.world)
+        agreed = _agree.agree(
+            g,
+            "reduce_scatter",
+            input.dtype,
+            nbytes,
+            err,
+            [input.numel()],
+            table,
+            _agree.verify_policy(verify) != "0",
+            red=op,
+            sample=input,
+            check=_agree.same_fields("reduce_scatter", (0, "the input numel")),
+            payload=_agree.carried_payload(g, input),
+            signature=key,
+        )
+    start = agreed.g.rank * output.numel()
+    if _reduced_from_carried(agreed, _slots.flat(output), start, op):
         return _transport.done(async_op)
     if agreed.strategy == switch.NATIVE:
         return _transport.native_reduce_scatter(output, input, op, group, async_op)
@@ -329,24 +336,30 @@ def all_reduce(
     nbytes = tensor.numel() * tensor.element_size()
     if _agree.direct(group, tensor, "all_reduce", nbytes, _agree.reduce_code(op), verify):
         return dist.all_reduce(tensor, op, group, async_op)
-    g = _transport.resolve(group, tensor)
-    err = 4 if not tensor.is_contiguous() else 5 if tensor.device.type != g.device.type else 0
-    agreed = _agree.agree(
-        g,
-        "all_reduce",
-        tensor.dtype,
-        nbytes,
-        err,
-        [tensor.numel()],
-        table,
-        _agree.verify_policy(verify) != "0",
-        red=op,
-        sample=tensor,
-        check=_agree.same_fields("all_reduce", (0, "the tensor numel")),
-        payload=_agree.carried_payload(g, tensor),
-        buffer=tensor.data_ptr(),
-        pack=_packs(g, tensor),
+    key = _agree.signature(
+        "all_reduce", group, verify, table, (tensor,), _agree.reduce_op_number(op)
     )
+    agreed = _agree.repeat(key, tensor)
+    if agreed is None:
+        g = _transport.resolve(group, tensor)
+        err = 4 if not tensor.is_contiguous() else 5 if tensor.device.type != g.device.type else 0
+        agreed = _agree.agree(
+            g,
+            "all_reduce",
+            tensor.dtype,
+            nbytes,
+            err,
+            [tensor.numel()],
+            table,
+            _agree.verify_policy(verify) != "0",
+            red=op,
+            sample=tensor,
+            check=_agree.same_fields("all_reduce", (0, "the tensor numel")),
+            payload=_agree.carried_payload(g, tensor),
+            buffer=tensor.data_ptr(),
+            pack=_packs(g, tensor),
+            signature=key,
+        )
     if _reduced_from_carried(agreed, _slots.flat(tensor), 0, op):
         return _transport.done(async_op)
     if agreed.strategy == switch.NATIVE:
