@@ -27,11 +27,28 @@ BENCHMARKS = Path(__file__).parent.parent / "benchmarks" / "frameworks"  # the t
 WAIT_S = 240  # one launch; the groups' own timeout is torch's (far longer): a hang fails here
 
 
+#  What gloo prints when a rank's process exits with the group's threads still running; plain
+#  torchrun's reference runs of these scripts (no zipccl in them) show it now and then on a loaded
+#  2-core machine, after the script's output is written
+GLOO_TEARDOWN = "terminate called without an active exception"
+
+
 def _launch(launcher: str, script: str, out: str, cwd: Path, nproc: int, **env: str) -> str:
     """stderr of ``launcher`` (a module: zipccl.run or torch.distributed.run) running ``script
-    out`` on ``nproc`` processes."""
+    out`` on ``nproc`` processes. The plain torchrun reference is launched once more where its
+    first launch died in gloo's teardown (GLOO_TEARDOWN); zipccl's launch never is."""
+    done = _run(launcher, script, out, cwd, nproc, **env)
+    if done.returncode and launcher == "torch.distributed.run" and GLOO_TEARDOWN in done.stderr:
+        done = _run(launcher, script, out, cwd, nproc, **env)
+    assert done.returncode == 0, done.stderr[-6000:]
+    return done.stderr
+
+
+def _run(
+    launcher: str, script: str, out: str, cwd: Path, nproc: int, **env: str
+) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("ZIPCCL_")}
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", launcher, "--standalone", f"--nproc-per-node={nproc}", script, out],
         cwd=cwd,
         env={
@@ -46,8 +63,6 @@ def _launch(launcher: str, script: str, out: str, cwd: Path, nproc: int, **env: 
         text=True,
         timeout=WAIT_S,
     )
-    assert done.returncode == 0, done.stderr[-6000:]
-    return done.stderr
 
 
 def _compressed_calls(log: str) -> list[int]:
