@@ -127,9 +127,7 @@ MISMATCHES = {
         torch.zeros(100, dtype=torch.int32 if rank == 1 else torch.float32)
     ),
     "op": lambda rank: (
-        zipccl.all_reduce(torch.zeros(100))
-        if rank != 1
-        else zipccl.broadcast(torch.zeros(100), 0)
+        zipccl.all_reduce(torch.zeros(100)) if rank != 1 else zipccl.broadcast(torch.zeros(100), 0)
     ),
     "reduce op": lambda rank: zipccl.all_reduce(
         torch.zeros(100), dist.ReduceOp.MAX if rank == 1 else dist.ReduceOp.SUM

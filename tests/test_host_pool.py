@@ -1,11 +1,12 @@
-"""zipccl._host_pool: the offload's compact host memory (CPU slabs stand in for pinned ones)."""
+"""zipccl.offload._host_pool: the offload's compact host memory (CPU slabs stand in for
+pinned ones)."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-from zipccl._host_pool import ALIGN, HostPool, HostRange
+from zipccl.offload._host_pool import ALIGN, HostPool, HostRange
 
 
 class FakeEvent:

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 import zipccl
-from zipccl import offload
+from zipccl import codec, offload
 from zipccl.golden.container import LAYOUT_RAW
-from zipccl.offload import ActivationOffload, HostCopy, host_memory
+from zipccl.offload import ActivationOffload, HostCopy, _host_copy, _lanes, host_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 CODED = [torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2]
@@ -51,14 +51,14 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def in_use() -> int:
     """Host bytes in CPU tensors' host copies, once the worker has let go of finished jobs."""
-    offload._lanes(torch.device("cpu")).drain()
+    _lanes.of(torch.device("cpu")).drain()
     return host_memory("cpu").in_use
 
 
 @pytest.fixture(autouse=True)
 def _no_remembered_ratios() -> None:
     """Each test starts with no tensor kind seen (a kind's ratio decides how its copies go)."""
-    offload._lanes(torch.device("cpu")).ratios.clear()
+    _lanes.of(torch.device("cpu")).ratios.clear()
 
 
 # ---------------------------------------------------------------------- the round trip
@@ -117,10 +117,10 @@ def test_chunk_copies_queued_for_a_guessed_size(second: str) -> None:
     copy = zipccl.offload_tensor(x, chunk_bytes=1 << 20)
     copy.wait()
     sizes = [sum(v.numel() for v in p.parts()) for p in copy._pieces]
-    expected = [offload._expected_size(p.head) for p in copy._pieces if p.head is not None]
+    expected = [codec._expected_size(p.head) for p in copy._pieces if p.head is not None]
     assert len(copy._pieces) == 2 and sizes == expected
-    cap = offload.max_compressed_bytes(torch.bfloat16, 1 << 19)
-    assert (sizes[1] > offload._guess(sizes[0] / cap, cap)) == (second != "alike")
+    cap = codec.max_compressed_bytes(torch.bfloat16, 1 << 19)
+    assert (sizes[1] > _host_copy._guess(sizes[0] / cap, cap)) == (second != "alike")
     assert [p.tail is not None for p in copy._pieces] == [False, second != "alike"]
     assert same(copy.load(), x) and copy.host_bytes == sum(sizes)
     del copy
@@ -142,7 +142,7 @@ def test_guessed_copies_settle_a_chunk_behind() -> None:
     sizes = [sum(v.numel() for v in p.parts()) for p in copy._pieces]
     heads = [p.head for p in copy._pieces if p.head is not None]
     assert len(copy._pieces) == 5 == len(heads)
-    assert sizes == [offload._expected_size(h) for h in heads]
+    assert sizes == [codec._expected_size(h) for h in heads]
     assert [h.layout == LAYOUT_RAW for h in heads] == [False, True, False, True, False]
     assert same(copy.load(), x)
 
@@ -155,7 +155,7 @@ def test_a_kind_seen_before_is_copied_down_before_its_size_is_known(monkeypatch)
     kind = (torch.bfloat16, 1 << 20, 1 << 19)
     first = sample((1 << 20,), torch.bfloat16, seed=30)
     zipccl.offload_tensor(first, chunk_bytes=1 << 20).wait()
-    lanes = offload._lanes(torch.device("cpu"))
+    lanes = _lanes.of(torch.device("cpu"))
     remembered = lanes.ratios[kind]
     assert 0.5 < remembered < 0.9
     waited: list[int] = []
@@ -171,7 +171,7 @@ def test_a_kind_seen_before_is_copied_down_before_its_size_is_known(monkeypatch)
     heads = [p.head for p in copy._pieces]
     assert all(h is not None for h in heads) and not waited
     assert [sum(v.numel() for v in p.parts()) for p in copy._pieces] == [
-        offload._expected_size(h) for h in heads
+        codec._expected_size(h) for h in heads
     ]
     assert [p.tail is not None for p in copy._pieces] == [False, True]
     assert heads[1].layout == LAYOUT_RAW and lanes.ratios[kind] > 0.99
@@ -234,7 +234,7 @@ def test_views(view) -> None:
     x = view(sample((128, 100), torch.float32))
     y = zipccl.offload_tensor(x).load()
     assert same(y, x)
-    dense = x.numel() == 0 or offload._dense_order(x) is not None
+    dense = x.numel() == 0 or _host_copy.dense_order(x) is not None
     assert y.stride() == x.stride() if dense else y.is_contiguous()
 
 
@@ -300,7 +300,7 @@ def test_a_failed_copy_is_raised_where_it_is_used(
     load() raise the failure."""
     if seen:  # a kind seen before: the caller's thread queues the guessed copies
         zipccl.offload_tensor(sample((1 << 12,), dtype)).wait()
-    pool = offload._lanes(torch.device("cpu")).pool
+    pool = _lanes.of(torch.device("cpu")).pool
 
     def no_memory(nbytes: int) -> None:
         raise MemoryError("host memory exhausted")
@@ -321,7 +321,7 @@ def test_a_failed_decode_is_raised_by_load(monkeypatch: pytest.MonkeyPatch) -> N
     def corrupt(*args: object, **kwargs: object) -> None:
         raise ValueError("corrupt compressed buffer")
 
-    monkeypatch.setattr(offload, "decompress", corrupt)
+    monkeypatch.setattr(_host_copy, "decompress", corrupt)
     with pytest.raises(RuntimeError, match=r"load of a torch\.float16 tensor failed") as info:
         copy.load()
     assert isinstance(info.value.__cause__, ValueError)

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import zipccl
-from zipccl import offload
+from zipccl import codec, offload
 from zipccl.golden.container import LAYOUT_RAW
+from zipccl.offload import _lanes
 
 from tests.test_offload import (
     CODED,
@@ -43,7 +44,7 @@ def kernels_built() -> None:
 
 def cuda_in_use() -> int:
     torch.cuda.synchronize()
-    offload._lanes(CUDA).drain()
+    _lanes.of(CUDA).drain()
     return offload.host_memory(CUDA).in_use
 
 
@@ -95,7 +96,7 @@ def test_a_kind_seen_before_goes_down_before_its_size_is_known() -> None:
     assert [h.layout == LAYOUT_RAW for h in heads] == [False, False, True, False]
     assert [p.tail is not None for p in copy._pieces] == [False, False, True, False]
     assert [sum(v.numel() for v in p.parts()) for p in copy._pieces] == [
-        offload._expected_size(h) for h in heads
+        codec._expected_size(h) for h in heads
     ]
 
 
@@ -138,13 +139,13 @@ def test_fresh_memory_is_filled_before_the_copy_up_lands(compress: bool) -> None
     decode stream in deterministic mode; the copies up on the h2d stream must come after that
     fill, even when the decode stream is busy."""
     x = torch.randn(1 << 20, dtype=torch.bfloat16, device=CUDA)
-    lanes = offload._lanes(CUDA)
+    lanes = _lanes.of(CUDA)
     with deterministic():
         copy = zipccl.offload_tensor(x, compress=compress)
         copy.wait()
         lanes.drain()  # (the worker is idle: the staging ring may be reset from here)
-        lanes._slots = [None] * offload.STAGING_SLOTS
-        lanes._slot_free = [None] * offload.STAGING_SLOTS
+        lanes._slots = [None] * _lanes.STAGING_SLOTS
+        lanes._slot_free = [None] * _lanes.STAGING_SLOTS
         with torch.cuda.stream(lanes.decode):
             torch.cuda._sleep(1 << 28)  # the fill queues behind this on the decode stream
         y = copy.load()
