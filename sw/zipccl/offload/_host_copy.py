@@ -378,7 +378,7 @@ class HostCopy:
             with lanes.ring, lanes.on(lanes.decode):
                 tensor, flat = self._empty()
                 _lanes.used_on(tensor, lanes.h2d)  # raw chunks are copied into it there
-                _lanes.wait(lanes.h2d, lanes.mark(lanes.decode))  # see _fresh
+                _lanes.wait(lanes.h2d, lanes.mark(lanes.decode))  # see _fresh in _lanes
                 try:
                     for piece in self._pieces:
                         self._load_piece(piece, flat)
