@@ -343,7 +343,7 @@ def op_case(
 ) -> tuple[Callable[[], object], list[torch.Tensor], list[torch.Tensor]]:
     """One call through ``lib`` (zipccl, with ``verify``, or torch.distributed) on fresh seeded
     BF16 tensors of ``world * per`` values (600: small enough to ride in the descriptor exchange,
-    _exchange.INLINE_BYTES): (run, the caller's tensors in torch's argument order, the
+    _exchange.inline_bytes): (run, the caller's tensors in torch's argument order, the
     results)."""
     kw = {"verify": verify} if lib is zipccl else {}
     x = data(1100 + rank, world * per, torch.bfloat16)
@@ -793,15 +793,18 @@ def test_ddp_hook_matches_default_hook(pair):
 AUTO = {"ZIPCCL_MODE": "auto"}
 
 
+LARGER = 20000  # BF16 values per rank and world rank: no op's input fits a descriptor row
+
+
 @pytest.mark.parametrize("async_op", [False, True])
 @pytest.mark.parametrize("case", list(CASES))
 def test_auto_native_is_the_exchange_and_one_torch_call(pair, case, async_op):
-    """Auto with a native profile on gloo, a call larger than _exchange.INLINE_BYTES: the
+    """Auto with a native profile on gloo, a call larger than _exchange.inline_bytes: the
     descriptor exchange, then exactly one torch.distributed call with the caller's tensors and
     async_op, torch's own result (Work or None) returned, same bits; with ZIPCCL_VERIFY=0, that
     call alone."""
     for verify, before in ((None, ["rows", "exchange"]), (False, [])):
-        for r in pair.run(sc_calls, case, async_op, "native", verify, 2100, env=AUTO):
+        for r in pair.run(sc_calls, case, async_op, "native", verify, LARGER, env=AUTO):
             assert r["calls"] == [*before, CASES[case]], r
             assert r["caller_args"] and r["torch_result"] and r["same_as_torch"], r
 
@@ -809,7 +812,7 @@ def test_auto_native_is_the_exchange_and_one_torch_call(pair, case, async_op):
 @pytest.mark.parametrize("async_op", [False, True])
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_small_native_call_completes_in_its_exchange(pair, case, async_op):
-    """The same call of at most _exchange.INLINE_BYTES: its input rides in the descriptor
+    """The same call of at most _exchange.inline_bytes: its input rides in the descriptor
     exchange, which is then the call's only round -- torch's bits; with ZIPCCL_VERIFY=0 torch's
     call alone, as above."""
     for verify, calls in ((None, ["rows", "exchange"]), (False, [CASES[case]])):
@@ -821,7 +824,7 @@ def test_a_small_native_call_completes_in_its_exchange(pair, case, async_op):
 def test_native_reduce_opt_in_three_ranks(trio, case):
     """W = 3: auto runs its own a2a_reduce (verified, the rank-order reference) unless
     ZIPCCL_NATIVE_REDUCE=1, which hands the call (once agreed) to the backend's reduction."""
-    for per, calls in ((600, ["rows", "exchange"]), (2100, None)):  # in the exchange, or not
+    for per, calls in ((600, ["rows", "exchange"]), (LARGER, None)):  # in the exchange, or not
         for r in trio.run(sc_calls, case, False, "native", None, per, env=AUTO):
             assert r["calls"][:2] == ["rows", "exchange"] and r["same_as_reference"], r
             assert calls is None or r["calls"] == calls, r

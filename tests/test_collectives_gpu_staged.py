@@ -122,10 +122,10 @@ def test_auto_on_a_shared_gpu(pair):
 
 @pytest.mark.parametrize("dtype_name", ["bfloat16", "float8_e4m3fn", "int32"])
 def test_small_calls_ride_in_the_exchange_on_a_shared_gpu(pair, trio, dtype_name):
-    """CUDA tensors of at most 4 KiB per rank: their bytes cross in the descriptor exchange
-    (copied down and up), torch's bits, no torch.distributed call."""
-    numel = inline.fitting(dtype_name)
+    """CUDA tensors that fit the descriptor row's room: their bytes cross in the descriptor
+    exchange (copied down and up), torch's bits, no torch.distributed call."""
     for ranks in (pair, trio):
+        numel = inline.fitting(dtype_name, ranks.world)
         for sc in (inline.sc_moves, inline.sc_reductions):
             for bad in ranks.run(sc, dtype_name, numel, "cuda", env=inline.AUTO):
                 assert not bad, (ranks.world, sc.__name__, bad)

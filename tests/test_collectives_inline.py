@@ -1,5 +1,6 @@
 """A small call on a host transport completes inside its descriptor exchange: its input rides in
-the row (up to _exchange.INLINE_BYTES), so the exchange is the call's only round.
+the row (up to _exchange.inline_bytes: 64 KiB per rank between two ranks), so the exchange is the
+call's only round.
 
 On 2 and 3 gloo ranks, ``ZIPCCL_MODE=auto`` with a profile that keeps every call uncompressed:
 every op, for every dtype the descriptor names, gives torch.distributed's own bits -- a
@@ -92,11 +93,11 @@ def _moves(rank: int, world: int, x: torch.Tensor) -> Iterator[tuple[str, Callab
 def sc_moves(rank: int, world: int, dtype_name: str, numel: int, device: str = "cpu") -> list[str]:
     """Every data-moving op through zipccl (on ``device``: CUDA tensors take the staged
     transport), then through torch.distributed on the same host inputs; the ops whose bits
-    differ or that called torch.distributed from zipccl (a call larger than INLINE_BYTES: its
+    differ or that called torch.distributed from zipccl (a call larger than inline_bytes: its
     one torch call is expected and not reported)."""
     dtype, bad = getattr(torch, dtype_name), []
     x = values(100 + rank, numel, dtype)
-    inline = numel * x.element_size() <= _exchange.INLINE_BYTES
+    inline = numel * x.element_size() <= _exchange.inline_bytes(world)
     with native_profiles():
         for (name, call, got), (_, call_torch, want) in zip(
             _moves(rank, world, _on(x, device)), _moves(rank, world, x), strict=True
@@ -217,31 +218,33 @@ def _reference(
     return zipccl.reference_reduce([x.view(world, -1)[rank] for x in inputs], red)
 
 
-def fitting(dtype_name: str) -> int:
-    """The most values of ``dtype_name`` that ride in a row and split evenly over 2 or 3."""
-    return 6 * (_exchange.INLINE_BYTES // getattr(torch, dtype_name).itemsize // 6)
+def fitting(dtype_name: str, world: int) -> int:
+    """The most values of ``dtype_name`` that ride in a row of ``world`` ranks and split evenly
+    over 2 or 3."""
+    return 6 * (_exchange.inline_bytes(world) // getattr(torch, dtype_name).itemsize // 6)
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES + FP8)
 def test_small_moves_are_torchs_bits_in_one_round(pair, trio, dtype_name):
     for ranks in (pair, trio):
-        for bad in ranks.run(sc_moves, dtype_name, fitting(dtype_name), env=AUTO):
+        for bad in ranks.run(sc_moves, dtype_name, fitting(dtype_name, ranks.world), env=AUTO):
             assert not bad, (ranks.world, bad)
 
 
 @pytest.mark.parametrize("dtype_name", [d for d in DTYPES if d != "bool"] + FP8)
 def test_small_reductions_in_one_round(pair, trio, dtype_name):
     for ranks in (pair, trio):
-        for bad in ranks.run(sc_reductions, dtype_name, fitting(dtype_name), env=AUTO):
+        for bad in ranks.run(sc_reductions, dtype_name, fitting(dtype_name, ranks.world), env=AUTO):
             assert not bad, (ranks.world, bad)
 
 
 def sc_boundary(rank: int, world: int) -> list[list[str]]:
-    """The torch calls of an all-reduce and an all-gather of exactly INLINE_BYTES, then of a
+    """The torch calls of an all-reduce and an all-gather of exactly inline_bytes, then of a
     value more."""
     out = []
     with installed("native"):
-        for numel in (_exchange.INLINE_BYTES // 2, _exchange.INLINE_BYTES // 2 + 1):
+        room = _exchange.inline_bytes(world)
+        for numel in (room // 2, room // 2 + 1):
             x = values(rank, numel, torch.bfloat16)
             gathered = torch.empty(world * numel, dtype=x.dtype)
             out.append(_calls(lambda x=x: zipccl.all_reduce(x)))
@@ -267,19 +270,19 @@ def sc_no_stale_bytes(rank: int, world: int) -> bytes:
     _exchange._swap_rows = swap
     try:
         with installed("native"):
-            full = torch.full((_exchange.INLINE_BYTES,), 255, dtype=torch.uint8)
+            full = torch.full((_exchange.inline_bytes(world),), 255, dtype=torch.uint8)
             zipccl.all_gather_into_tensor(torch.empty(world * full.numel(), dtype=full.dtype), full)
             small = torch.ones(8, dtype=torch.uint8)
             zipccl.all_gather_into_tensor(torch.empty(world * 8, dtype=small.dtype), small)
     finally:
         _exchange._swap_rows = real
     row = seen[-1].view(world, -1)[0].view(torch.uint8)
-    return row[-_exchange.INLINE_BYTES + 8 :].numpy().tobytes()
+    return row[-_exchange.inline_bytes(world) + 8 :].numpy().tobytes()
 
 
 def test_no_earlier_input_reaches_the_peers(pair):
     for tail in pair.run(sc_no_stale_bytes, env=AUTO):
-        assert tail == bytes(_exchange.INLINE_BYTES - 8)
+        assert tail == bytes(_exchange.inline_bytes(pair.world) - 8)
 
 
 def sc_staged(rank: int, world: int, dtype_name: str, numel: int) -> list[str]:
@@ -295,5 +298,5 @@ def sc_staged(rank: int, world: int, dtype_name: str, numel: int) -> list[str]:
 
 
 def test_small_calls_on_the_staged_transport(pair):
-    for bad in pair.run(sc_staged, "bfloat16", fitting("bfloat16"), env=AUTO):
+    for bad in pair.run(sc_staged, "bfloat16", fitting("bfloat16", pair.world), env=AUTO):
         assert not bad, bad

@@ -43,9 +43,10 @@ is asked for (by default: on NCCL), no descriptor and no sync.
 
 Verification (``verify=`` overrides ``ZIPCCL_VERIFY``): the descriptor exchange -- one small
 round and a host sync -- turns mismatched calls (dtype, sizes, splits, table, src, reduce op,
-mode, different ops) into a CollectiveMismatchError on every rank. On a host transport a call of
-at most 4 KiB per rank (``_exchange.INLINE_BYTES``) that does not compress carries its input in
-that round and completes from it: moves copy, and reductions give what the call's strategy gives
+mode, different ops) into a CollectiveMismatchError on every rank. On a host transport a call
+that does not compress and whose input fits the descriptor row's room (64 KiB per rank between
+two ranks, halved as the world doubles, at least 4 KiB: ``_exchange.inline_bytes``) carries it
+in that round and completes from it: moves copy, and reductions give what the call's strategy gives
 -- the rank-order reference of a2a_reduce, or the backend's own bits where every order of its
 reduction gives them (integers; floating point SUM and PRODUCT of two ranks; else torch's call
 follows the exchange).

@@ -218,7 +218,7 @@ def agree(
     still agree through the plans' tags.
 
     On a host transport the exchange also carries ``payload`` (the call's input bytes, at most
-    _exchange.INLINE_BYTES; see :func:`carried_payload`): where every rank's fits and the call
+    _exchange.inline_bytes; see :func:`carried_payload`): where every rank's fits and the call
     does not compress, the result's ``carried`` holds every rank's, and the op completes
     from it without a second round.
 
@@ -268,7 +268,7 @@ def agree(
     row = _row(g, head, 0, fields)
     exchanged = (g, name, row, summarized, check, dtype.itemsize, payload)
     rows, count, data, alike = _planless(exchanged)
-    agreed = nbytes if alike else int(rows[:, 6].max())
+    agreed = nbytes if alike else int(rows[:, _exchange.NBYTES].max())
     if agreed != nbytes:  # the local plan was for another size
         nbytes, local = agreed, None
     strategy, chunks = local or routed(g, name, dtype, nbytes, red_code)
@@ -440,8 +440,8 @@ def _name_the_difference(rows: np.ndarray, name: str) -> None:
 
 def carried_payload(g: _transport.Group, t: torch.Tensor) -> torch.Tensor | None:
     """``t``'s bytes, to ride in the call's descriptor (:func:`agree`), where they may: a host
-    transport, at most INLINE_BYTES, contiguous, a dtype the descriptor names."""
-    if g.nccl or t.numel() * t.element_size() > _exchange.INLINE_BYTES:
+    transport, at most _exchange.inline_bytes, contiguous, a dtype the descriptor names."""
+    if g.nccl or t.numel() * t.element_size() > _exchange.inline_bytes(g.world):
         return None
     if not t.is_contiguous() or t.dtype not in _exchange.DTYPE_CODES:
         return None
@@ -452,10 +452,12 @@ def _carried(
     rows: np.ndarray, data: np.ndarray | None, nbytes: int | None
 ) -> _slots.Carried | None:
     """Every rank's input, where the exchange carried all of it: a named dtype, every rank's at
-    most INLINE_BYTES (``nbytes``: every rank's, where alike). A call that does not compress."""
+    most _exchange.inline_bytes (``nbytes``: every rank's, where alike). A call that does not
+    compress."""
     if data is None or rows[0, 2] == _exchange.UNNAMED_DTYPE:
         return None
-    if (int(rows[:, 6].max()) if nbytes is None else nbytes) > _exchange.INLINE_BYTES:
+    largest = int(rows[:, _exchange.NBYTES].max()) if nbytes is None else nbytes
+    if largest > _exchange.inline_bytes(len(rows)):
         return None
     return _slots.Carried(data, rows[:, _FIELDS:])
 

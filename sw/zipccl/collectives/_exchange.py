@@ -8,13 +8,13 @@ a planned call sends its plan's tag instead and zeros there, or, packed, its sum
 pieces' payload sizes: the package docstring, Plans): an
 all-gather on NCCL, and on a host transport an all-to-all of the row's copies (gloo's fastest
 small round), whose row also has room for the call's own input (:class:`Carry`): a call of at
-most INLINE_BYTES completes from the exchanged rows, in one round. The row's length depends only
-on the world size and the transport, so it can never mismatch; after it every rank knows every
-other rank's call, checks the same things in the same order and either proceeds with the same
-decision or raises the same :class:`CollectiveMismatchError`. A rank whose own arguments are
-bad does not raise early (the others would hang in the exchange): it reports an error code in
-its descriptor instead; so does a rank whose sample summary raises, which then raises that
-exception while the others raise a :class:`PeerError` naming it.
+most :func:`inline_bytes` per rank completes from the exchanged rows, in one round. The row's
+length depends only on the world size and the transport, so it can never mismatch; after it
+every rank knows every other rank's call, checks the same things in the same order and either
+proceeds with the same decision or raises the same :class:`CollectiveMismatchError`. A rank
+whose own arguments are bad does not raise early (the others would hang in the exchange): it
+reports an error code in its descriptor instead; so does a rank whose sample summary raises,
+which then raises that exception while the others raise a :class:`PeerError` naming it.
 
 A compressed protocol ends the same way (:class:`Outcome`): a rank whose own step fails (encode,
 decode, the checks of what it received) keeps the exception, still issues every collective of
@@ -143,7 +143,8 @@ def exchange(
     ``fill`` that raises still sends the row, with SUMMARY_FAILED as its error code: then this
     rank raises what ``fill`` raised, every other rank a PeerError. ``carry``: the call's own
     input travels in the same round (:class:`Carry`; host transports), and the returned rows end
-    with every rank's INLINE_WORDS words of it.
+    with every rank's bytes of it: as many words as the largest input any rank's row claims
+    (its column NBYTES, at most :func:`inline_bytes`).
     """
     table, failed = _gather(g, fields, extra_words, fill, carry)
     if failed is None and not fields[1] and alike(table[:, : len(fields) + extra_words]):
@@ -192,7 +193,7 @@ def _gather(
     call allocating and pinning its own cost more host time than the rest of the exchange).
     """
     head = len(fields)
-    bufs = _rows(g, head + extra_words, 0 if carry is None else INLINE_WORDS)
+    bufs = _rows(g, head + extra_words, 0 if carry is None else inline_bytes(g.world) // 8)
     if bufs.uploaded is not None:
         bufs.uploaded.synchronize()  # the last call's upload of the host row is done (normally)
     failed = None
@@ -220,20 +221,31 @@ def _gather(
         if fill is not None and extra_words and g.staged:  # the words ``fill`` wrote, down
             bufs.host_row[head : head + extra_words].copy_(bufs.row[head:])
         _swap_rows(g, bufs)
-    return bufs.gathered.copy(), failed
+    width = head + extra_words
+    if not bufs.carried:
+        return bufs.gathered[:, :width].copy(), failed
+    claimed = int(bufs.gathered[:, NBYTES].clip(0, 8 * bufs.carried).max())
+    return bufs.gathered[:, : width - (-claimed // 8)].copy(), failed
 
 
-INLINE_BYTES = 4096  # a host-transport call this small completes inside its descriptor exchange
+NBYTES = 6  # the descriptor's column of the byte count of the rank's input
 
 
-INLINE_WORDS = INLINE_BYTES // 8
+def inline_bytes(world: int) -> int:
+    """The most input per rank that a host-transport call carries in its descriptor row, and
+    so completes in that one round: 64 KiB between two ranks, halved as the world doubles (every
+    row has the room, so the round moves about 128 KiB in all), never below 4 KiB."""
+    room = 64 << 10
+    while room * world > 128 << 10 and room > 4 << 10:
+        room //= 2
+    return room
 
 
 @dataclass(frozen=True)
 class Carry:
     """A call's input riding in its descriptor row on a host transport: ``data``, this rank's
-    bytes (at most INLINE_BYTES), or None where it sends none (too large, or not needed). Every
-    rank's row has the room, so the exchange's size never depends on a rank's own call."""
+    bytes (at most :func:`inline_bytes`), or None where it sends none (too large, or not needed).
+    Every rank's row has the room, so the exchange's size never depends on a rank's own call."""
 
     data: torch.Tensor | None
 
@@ -243,7 +255,7 @@ def _swap_rows(g: _transport.Group, bufs: _Rows) -> None:
     of the row's copies, gloo's steadiest small round (its all-gather costs up to 2x, and its
     point-to-point sends stalled ~4 ms a call under CPU contention: BENCHMARKS.md section 4b)."""
     assert bufs.outbox is not None  # made with one on a host transport
-    bufs.outbox_words[1:] = bufs.outbox_words[0]
+    bufs.outbox_words[1:, : bufs.used] = bufs.outbox_words[0, : bufs.used]  # past it: zeros
     g.handle.alltoall_base(bufs.host_table, bufs.outbox, [], []).wait()  # torch's, unwrapped
 
 
@@ -341,6 +353,7 @@ class _Rows:
     carried: int = 0  # int64 words of a call's input at the host row's end (host transports)
     dirty: int = 0  # bytes of that room an earlier call wrote
     outbox: torch.Tensor | None = None  # host transports: the row, once for every rank
+    used: int = 0  # words of the row that may differ from zero (a host transport's copies)
 
     def __post_init__(self) -> None:
         """numpy and byte views, made once: each costs more than the small copies it serves."""
@@ -349,15 +362,18 @@ class _Rows:
         self.room = self.host_row[len(self.words) - self.carried :].view(torch.uint8)
         if self.outbox is not None:
             self.outbox_words = self.outbox.numpy().reshape(self.gathered.shape)
+        self.used = len(self.words) - self.carried
 
     def carry(self, data: torch.Tensor | None) -> None:
         """Put ``data`` (bytes) in the row's room; zero what an earlier call left after it:
-        nothing of an earlier call's input goes to the peers."""
+        nothing of an earlier call's input goes to the peers. The words up to the end of either
+        are the row's ``used`` ones (past them every copy of the row is zeros)."""
         n = 0 if data is None else data.numel()
         if data is not None and n:
             self.room[:n].copy_(data)
         if self.dirty > n:
             self.room[n : self.dirty].zero_()
+        self.used = len(self.words) - self.carried - (-max(n, self.dirty) // 8)
         self.dirty = n
 
 

@@ -73,7 +73,7 @@ class Carried:
     row r of ``data`` starts with rank r's input bytes; ``fields``: every rank's op fields (an
     all-to-all's splits). The op completes from it: no second round."""
 
-    data: np.ndarray  # (world, _exchange.INLINE_BYTES) uint8
+    data: np.ndarray  # (world, bytes) uint8: at least the largest input of any rank
     fields: np.ndarray  # (world, op fields) int64
 
     def piece(self, rank: int, dtype: torch.dtype, start: int, numel: int) -> torch.Tensor:
