@@ -124,8 +124,8 @@ def test_auto_on_a_shared_gpu(pair):
 def test_small_calls_ride_in_the_exchange_on_a_shared_gpu(pair, trio, dtype_name):
     """CUDA tensors that fit the descriptor row's room: their bytes cross in the descriptor
     exchange (copied down and up), torch's bits, no torch.distributed call."""
+    numel = inline.fitting(dtype_name)
     for ranks in (pair, trio):
-        numel = inline.fitting(dtype_name, ranks.world)
         for sc in (inline.sc_moves, inline.sc_reductions):
             for bad in ranks.run(sc, dtype_name, numel, "cuda", env=inline.AUTO):
                 assert not bad, (ranks.world, sc.__name__, bad)

@@ -1,6 +1,6 @@
 """A small call on a host transport completes inside its descriptor exchange: its input rides in
-the row (up to _exchange.inline_bytes: 64 KiB per rank between two ranks), so the exchange is the
-call's only round.
+the row (the room: 4 KiB at least, grown to the larger calls a group's recent exchanges saw, up to
+64 KiB per rank between two ranks), so the exchange is the call's only round.
 
 On 2 and 3 gloo ranks, ``ZIPCCL_MODE=auto`` with a profile that keeps every call uncompressed:
 every op, for every dtype the descriptor names, gives torch.distributed's own bits -- a
@@ -93,11 +93,11 @@ def _moves(rank: int, world: int, x: torch.Tensor) -> Iterator[tuple[str, Callab
 def sc_moves(rank: int, world: int, dtype_name: str, numel: int, device: str = "cpu") -> list[str]:
     """Every data-moving op through zipccl (on ``device``: CUDA tensors take the staged
     transport), then through torch.distributed on the same host inputs; the ops whose bits
-    differ or that called torch.distributed from zipccl (a call larger than inline_bytes: its
+    differ or that called torch.distributed from zipccl (a call larger than the row's room: its
     one torch call is expected and not reported)."""
     dtype, bad = getattr(torch, dtype_name), []
     x = values(100 + rank, numel, dtype)
-    inline = numel * x.element_size() <= _exchange.inline_bytes(world)
+    inline = numel * x.element_size() <= _exchange.MIN_ROOM
     with native_profiles():
         for (name, call, got), (_, call_torch, want) in zip(
             _moves(rank, world, _on(x, device)), _moves(rank, world, x), strict=True
@@ -218,71 +218,84 @@ def _reference(
     return zipccl.reference_reduce([x.view(world, -1)[rank] for x in inputs], red)
 
 
-def fitting(dtype_name: str, world: int) -> int:
-    """The most values of ``dtype_name`` that ride in a row of ``world`` ranks and split evenly
+def fitting(dtype_name: str) -> int:
+    """The most values of ``dtype_name`` that ride in any row (its least room) and split evenly
     over 2 or 3."""
-    return 6 * (_exchange.inline_bytes(world) // getattr(torch, dtype_name).itemsize // 6)
+    return 6 * (_exchange.MIN_ROOM // getattr(torch, dtype_name).itemsize // 6)
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES + FP8)
 def test_small_moves_are_torchs_bits_in_one_round(pair, trio, dtype_name):
     for ranks in (pair, trio):
-        for bad in ranks.run(sc_moves, dtype_name, fitting(dtype_name, ranks.world), env=AUTO):
+        for bad in ranks.run(sc_moves, dtype_name, fitting(dtype_name), env=AUTO):
             assert not bad, (ranks.world, bad)
 
 
 @pytest.mark.parametrize("dtype_name", [d for d in DTYPES if d != "bool"] + FP8)
 def test_small_reductions_in_one_round(pair, trio, dtype_name):
     for ranks in (pair, trio):
-        for bad in ranks.run(sc_reductions, dtype_name, fitting(dtype_name, ranks.world), env=AUTO):
+        for bad in ranks.run(sc_reductions, dtype_name, fitting(dtype_name), env=AUTO):
             assert not bad, (ranks.world, bad)
 
 
-def sc_boundary(rank: int, world: int) -> list[list[str]]:
-    """The torch calls of an all-reduce and an all-gather of exactly inline_bytes, then of a
-    value more."""
+def sc_room(rank: int, world: int) -> list[list[str]]:
+    """The torch calls of all-reduces in order: MIN_ROOM bytes (rides at once); a value more
+    (the first time torch's call follows the exchange, then it rides: the room has grown);
+    the most a row may carry (likewise); a value more than that (never rides); ROOM_WINDOW
+    calls of 8 bytes, then MIN_ROOM and a value again (the room has shrunk back)."""
     out = []
+    _exchange._ROOMS.clear()
+    room, cap = _exchange.MIN_ROOM, _exchange.inline_bytes(world)
     with installed("native"):
-        room = _exchange.inline_bytes(world)
-        for numel in (room // 2, room // 2 + 1):
+        for numel in (room // 2, room // 2 + 1, room // 2 + 1, cap // 2, cap // 2, cap // 2 + 1):
             x = values(rank, numel, torch.bfloat16)
-            gathered = torch.empty(world * numel, dtype=x.dtype)
             out.append(_calls(lambda x=x: zipccl.all_reduce(x)))
-            out.append(_calls(lambda x=x, g=gathered: zipccl.all_gather_into_tensor(g, x)))
+        for _ in range(_exchange.ROOM_WINDOW):
+            zipccl.all_reduce(torch.ones(4, dtype=torch.bfloat16))
+        x = values(rank, room // 2 + 1, torch.bfloat16)
+        out.append(_calls(lambda x=x: zipccl.all_reduce(x)))
     return out
 
 
-def test_one_value_more_takes_torchs_call(pair):
-    for calls in pair.run(sc_boundary, env=AUTO):
-        assert calls == [[], [], ["all_reduce"], [_transport.ALL_GATHER]], calls
+def test_the_rows_room_grows_and_shrinks_with_the_calls(pair, trio):
+    for ranks in (pair, trio):
+        for calls in ranks.run(sc_room, env=AUTO):
+            rounds = [2 if called else 1 for called in calls]  # torch's (or a2a_reduce's) after
+            assert rounds == [1, 2, 1, 2, 1, 2, 2], calls
 
 
 def sc_no_stale_bytes(rank: int, world: int) -> bytes:
-    """A full row of 0xFF, then a call of 8 bytes: what this rank received from rank 0 after
-    those 8 bytes in the second call's round."""
-    seen: list[torch.Tensor] = []
+    """Calls of 12 KiB of 0xFF (the second rides in a row whose room has grown to 16 KiB), then
+    a call of 8 bytes in a row of the same room: what this rank received from rank 0 after
+    those 8 bytes in the last call's round."""
+    seen: list[tuple[torch.Tensor, int]] = []
     real = _exchange._swap_rows
 
     def swap(g: object, bufs: object) -> None:
         real(g, bufs)  # type: ignore[arg-type]
-        seen.append(bufs.host_table.clone())  # type: ignore[attr-defined]
+        seen.append((bufs.host_table.clone(), bufs.carried))  # type: ignore[attr-defined]
 
+    _exchange._ROOMS.clear()
     _exchange._swap_rows = swap
     try:
         with installed("native"):
-            full = torch.full((_exchange.inline_bytes(world),), 255, dtype=torch.uint8)
-            zipccl.all_gather_into_tensor(torch.empty(world * full.numel(), dtype=full.dtype), full)
+            full = torch.full((12 << 10,), 255, dtype=torch.uint8)
+            for _ in range(2):
+                out = torch.empty(world * full.numel(), dtype=full.dtype)
+                zipccl.all_gather_into_tensor(out, full)
             small = torch.ones(8, dtype=torch.uint8)
             zipccl.all_gather_into_tensor(torch.empty(world * 8, dtype=small.dtype), small)
     finally:
         _exchange._swap_rows = real
-    row = seen[-1].view(world, -1)[0].view(torch.uint8)
-    return row[-_exchange.inline_bytes(world) + 8 :].numpy().tobytes()
+    table, words = seen[-1]
+    assert words * 8 == 16 << 10, words  # the room the 12 KiB calls grew
+    row = table.view(world, -1)[0].view(torch.uint8)
+    return row[-8 * words + 8 :].numpy().tobytes()
 
 
 def test_no_earlier_input_reaches_the_peers(pair):
     for tail in pair.run(sc_no_stale_bytes, env=AUTO):
-        assert tail == bytes(_exchange.inline_bytes(pair.world) - 8)
+        assert tail == bytes((16 << 10) - 8)
 
 
 def sc_staged(rank: int, world: int, dtype_name: str, numel: int) -> list[str]:
@@ -298,5 +311,5 @@ def sc_staged(rank: int, world: int, dtype_name: str, numel: int) -> list[str]:
 
 
 def test_small_calls_on_the_staged_transport(pair):
-    for bad in pair.run(sc_staged, "bfloat16", fitting("bfloat16", pair.world), env=AUTO):
+    for bad in pair.run(sc_staged, "bfloat16", fitting("bfloat16"), env=AUTO):
         assert not bad, bad

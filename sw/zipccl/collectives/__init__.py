@@ -44,12 +44,12 @@ is asked for (by default: on NCCL), no descriptor and no sync.
 Verification (``verify=`` overrides ``ZIPCCL_VERIFY``): the descriptor exchange -- one small
 round and a host sync -- turns mismatched calls (dtype, sizes, splits, table, src, reduce op,
 mode, different ops) into a CollectiveMismatchError on every rank. On a host transport a call
-that does not compress and whose input fits the descriptor row's room (64 KiB per rank between
-two ranks, halved as the world doubles, at least 4 KiB: ``_exchange.inline_bytes``) carries it
-in that round and completes from it: moves copy, and reductions give what the call's strategy gives
--- the rank-order reference of a2a_reduce, or the backend's own bits where every order of its
-reduction gives them (integers; floating point SUM and PRODUCT of two ranks; else torch's call
-follows the exchange).
+that does not compress and whose input fits the descriptor row's room (4 KiB, grown to the
+largest input of the group's recent exchanges, at most 64 KiB per rank between two ranks:
+``_exchange.room_bytes``) carries it in that round and completes from it: moves copy, and
+reductions give what the call's strategy gives -- the rank-order reference of a2a_reduce, or the
+backend's own bits where every order of its reduction gives them (integers; floating point SUM
+and PRODUCT of two ranks; else torch's call follows the exchange).
 
 * ``auto`` (default): verify every call on a host transport (gloo), native ones included -- a
   rank going native while another compresses, or two native calls of different sizes, would

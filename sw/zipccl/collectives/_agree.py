@@ -217,8 +217,8 @@ def agree(
     of different scales, whose tables would not fit one another. Ranks whose addresses differ
     still agree through the plans' tags.
 
-    On a host transport the exchange also carries ``payload`` (the call's input bytes, at most
-    _exchange.inline_bytes; see :func:`carried_payload`): where every rank's fits and the call
+    On a host transport the exchange also carries ``payload`` (the call's input bytes, where
+    they fit the row's room; see :func:`carried_payload`): where every rank's fits and the call
     does not compress, the result's ``carried`` holds every rank's, and the op completes
     from it without a second round.
 
@@ -440,7 +440,8 @@ def _name_the_difference(rows: np.ndarray, name: str) -> None:
 
 def carried_payload(g: _transport.Group, t: torch.Tensor) -> torch.Tensor | None:
     """``t``'s bytes, to ride in the call's descriptor (:func:`agree`), where they may: a host
-    transport, at most _exchange.inline_bytes, contiguous, a dtype the descriptor names."""
+    transport, at most _exchange.inline_bytes, contiguous, a dtype the descriptor names (the
+    exchange sends them where they fit its row's room: _exchange.room_bytes)."""
     if g.nccl or t.numel() * t.element_size() > _exchange.inline_bytes(g.world):
         return None
     if not t.is_contiguous() or t.dtype not in _exchange.DTYPE_CODES:
@@ -452,12 +453,12 @@ def _carried(
     rows: np.ndarray, data: np.ndarray | None, nbytes: int | None
 ) -> _slots.Carried | None:
     """Every rank's input, where the exchange carried all of it: a named dtype, every rank's at
-    most _exchange.inline_bytes (``nbytes``: every rank's, where alike). A call that does not
-    compress."""
+    most the row's room (``nbytes``: every rank's, where alike; ``data`` is as wide as the
+    largest input any rank claimed, where the room holds it). A call that does not compress."""
     if data is None or rows[0, 2] == _exchange.UNNAMED_DTYPE:
         return None
     largest = int(rows[:, _exchange.NBYTES].max()) if nbytes is None else nbytes
-    if largest > _exchange.inline_bytes(len(rows)):
+    if largest > data.shape[1]:  # some rank's input did not fit the row's room
         return None
     return _slots.Carried(data, rows[:, _FIELDS:])
 

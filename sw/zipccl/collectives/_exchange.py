@@ -1,20 +1,20 @@
 """The one agreement exchange of a call, and the closing agreement on its outcome.
 
-A verified zipccl collective (see the package docstring for when: by default every call on
-gloo, and on NCCL every call on zipccl's own protocols) starts with one exchange of a
-fixed-length int64 *descriptor* row per rank (op, dtype, sizes, table hash, a local error code,
-..., and for a call that may compress the words of its sample summary, which the device appends;
-a planned call sends its plan's tag instead and zeros there, or, packed, its summary and its
-pieces' payload sizes: the package docstring, Plans): an
-all-gather on NCCL, and on a host transport an all-to-all of the row's copies (gloo's fastest
-small round), whose row also has room for the call's own input (:class:`Carry`): a call of at
-most :func:`inline_bytes` per rank completes from the exchanged rows, in one round. The row's
-length depends only on the world size and the transport, so it can never mismatch; after it
-every rank knows every other rank's call, checks the same things in the same order and either
-proceeds with the same decision or raises the same :class:`CollectiveMismatchError`. A rank
-whose own arguments are bad does not raise early (the others would hang in the exchange): it
-reports an error code in its descriptor instead; so does a rank whose sample summary raises,
-which then raises that exception while the others raise a :class:`PeerError` naming it.
+A verified zipccl collective (see the package docstring for when: by default every call on gloo, and
+on NCCL every call on zipccl's own protocols) starts with one exchange of a fixed-length int64
+*descriptor* row per rank (op, dtype, sizes, table hash, a local error code, ..., and for a call
+that may compress the words of its sample summary, which the device appends; a planned call sends
+its plan's tag instead and zeros there, or, packed, its summary and its pieces' payload sizes: the
+package docstring, Plans): an all-gather on NCCL, and on a host transport an all-to-all of the row's
+copies (gloo's fastest small round), whose row also has room for the call's own input
+(:class:`Carry`): a call whose input fits (:func:`room_bytes`) completes from the exchanged rows, in
+one round. The row's length depends only on the world size, the transport and what the group's
+earlier exchanges carried -- the same on every rank -- so it can never mismatch; after it every rank
+knows every other rank's call, checks the same things in the same order and either proceeds with the
+same decision or raises the same :class:`CollectiveMismatchError`. A rank whose own arguments are
+bad does not raise early (the others would hang in the exchange): it reports an error code in its
+descriptor instead; so does a rank whose sample summary raises, which then raises that exception
+while the others raise a :class:`PeerError` naming it.
 
 A compressed protocol ends the same way (:class:`Outcome`): a rank whose own step fails (encode,
 decode, the checks of what it received) keeps the exception, still issues every collective of
@@ -26,6 +26,7 @@ reported.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from zipccl import codec
+from zipccl import codec, switch
 from zipccl._errors import CollectiveMismatchError, PeerError
 from zipccl.collectives import _transport
 from zipccl.golden.formats import FORMATS
@@ -142,9 +143,10 @@ def exchange(
     (computed there, never seen by this host): one copy, one sync for both; None: zeros. A
     ``fill`` that raises still sends the row, with SUMMARY_FAILED as its error code: then this
     rank raises what ``fill`` raised, every other rank a PeerError. ``carry``: the call's own
-    input travels in the same round (:class:`Carry`; host transports), and the returned rows end
-    with every rank's bytes of it: as many words as the largest input any rank's row claims
-    (its column NBYTES, at most :func:`inline_bytes`).
+    input travels in the same round (:class:`Carry`; host transports) where it fits the row's
+    room (:func:`room_bytes`), and the returned rows end with every rank's bytes of it: as many
+    words as the largest input any rank's row claims (its column NBYTES), at most the room's --
+    so every rank's input was carried where that many bytes are at least the largest claim.
     """
     table, failed = _gather(g, fields, extra_words, fill, carry)
     if failed is None and not fields[1] and alike(table[:, : len(fields) + extra_words]):
@@ -193,7 +195,8 @@ def _gather(
     call allocating and pinning its own cost more host time than the rest of the exchange).
     """
     head = len(fields)
-    bufs = _rows(g, head + extra_words, 0 if carry is None else inline_bytes(g.world) // 8)
+    room = 0 if carry is None else room_bytes(g)
+    bufs = _rows(g, head + extra_words, room // 8)
     if bufs.uploaded is not None:
         bufs.uploaded.synchronize()  # the last call's upload of the host row is done (normally)
     failed = None
@@ -210,7 +213,8 @@ def _gather(
     if failed is not None:
         bufs.words[1] = SUMMARY_FAILED
     if carry is not None:
-        bufs.carry(carry.data)
+        fits = carry.data is not None and carry.data.numel() <= room
+        bufs.carry(carry.data if fits else None)
     if g.nccl:
         assert bufs.uploaded is not None  # made with an event on CUDA
         bufs.row[:head].copy_(bufs.host_row[:head], non_blocking=True)
@@ -222,30 +226,64 @@ def _gather(
             bufs.host_row[head : head + extra_words].copy_(bufs.row[head:])
         _swap_rows(g, bufs)
     width = head + extra_words
-    if not bufs.carried:
+    if carry is None:
         return bufs.gathered[:, :width].copy(), failed
-    claimed = int(bufs.gathered[:, NBYTES].clip(0, 8 * bufs.carried).max())
-    return bufs.gathered[:, : width - (-claimed // 8)].copy(), failed
+    claimed = int(bufs.gathered[:, NBYTES].clip(0, inline_bytes(g.world) + 1).max())
+    _rooms(g).append(claimed)
+    return bufs.gathered[:, : width - (-min(claimed, room) // 8)].copy(), failed
 
 
 NBYTES = 6  # the descriptor's column of the byte count of the rank's input
 
 
 def inline_bytes(world: int) -> int:
-    """The most input per rank that a host-transport call carries in its descriptor row, and
-    so completes in that one round: 64 KiB between two ranks, halved as the world doubles (every
+    """The most input per rank that a host-transport call may carry in its descriptor row, and
+    so complete in that one round: 64 KiB between two ranks, halved as the world doubles (every
     row has the room, so the round moves about 128 KiB in all), never below 4 KiB."""
     room = 64 << 10
-    while room * world > 128 << 10 and room > 4 << 10:
+    while room * world > 128 << 10 and room > MIN_ROOM:
         room //= 2
     return room
+
+
+MIN_ROOM = 4 << 10  # bytes of input every carrying row has room for
+ROOM_WINDOW = 16  # a group's carrying exchanges whose claims size its next row's room
+
+
+def room_bytes(g: _transport.Group) -> int:
+    """The room for the input in the group's next carrying row: the least power of two, at
+    least MIN_ROOM, that holds the largest input any rank claimed in the group's last
+    ROOM_WINDOW carrying exchanges, where that input could ride (at most
+    :func:`inline_bytes`); MIN_ROOM where none could. A row as small as the calls allow (the
+    round's cost grows with it: on gloo between two ranks ~20 us more for 64 KiB than for 4),
+    and a function of what every rank exchanged alike, so the same on every rank: a call that
+    repeats a larger one than its predecessors rides from its second time on."""
+    cap = inline_bytes(g.world)
+    largest = max((c for c in _rooms(g) if c <= cap), default=0)
+    room = MIN_ROOM
+    while room < largest:
+        room *= 2
+    return min(room, cap)
+
+
+def _rooms(g: _transport.Group) -> collections.deque[int]:
+    """The largest claim of each of the group's last ROOM_WINDOW carrying exchanges."""
+    key = switch.group_key(g.pg)
+    found = _ROOMS.get(key)
+    if found is None:
+        found = _ROOMS.setdefault(key, collections.deque(maxlen=ROOM_WINDOW))
+    return found
+
+
+_ROOMS: dict[object, collections.deque[int]] = {}  # by group (switch.group_key)
 
 
 @dataclass(frozen=True)
 class Carry:
     """A call's input riding in its descriptor row on a host transport: ``data``, this rank's
-    bytes (at most :func:`inline_bytes`), or None where it sends none (too large, or not needed).
-    Every rank's row has the room, so the exchange's size never depends on a rank's own call."""
+    bytes (sent where they fit the row's room, :func:`room_bytes`), or None where it sends none
+    (too large, or not needed). Every rank's row has the same room, so the exchange's size never
+    depends on a rank's own call."""
 
     data: torch.Tensor | None
 
