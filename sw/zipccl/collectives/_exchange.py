@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -228,14 +229,15 @@ def _gather(
     width = head + extra_words
     if carry is None:
         return bufs.gathered[:, :width].copy(), failed
-    claimed = int(bufs.gathered[:, NBYTES].clip(0, inline_bytes(g.world) + 1).max())
-    _rooms(g).append(claimed)
-    return bufs.gathered[:, : width - (-min(claimed, room) // 8)].copy(), failed
+    claimed = max(bufs.gathered[:, NBYTES].tolist())
+    _rooms(g).append(claimed if 0 < claimed <= inline_bytes(g.world) else 0)
+    return bufs.gathered[:, : width - (-min(max(claimed, 0), room) // 8)].copy(), failed
 
 
 NBYTES = 6  # the descriptor's column of the byte count of the rank's input
 
 
+@functools.cache
 def inline_bytes(world: int) -> int:
     """The most input per rank that a host-transport call may carry in its descriptor row, and
     so complete in that one round: 64 KiB between two ranks, halved as the world doubles (every
@@ -258,16 +260,13 @@ def room_bytes(g: _transport.Group) -> int:
     round's cost grows with it: on gloo between two ranks ~20 us more for 64 KiB than for 4),
     and a function of what every rank exchanged alike, so the same on every rank: a call that
     repeats a larger one than its predecessors rides from its second time on."""
-    cap = inline_bytes(g.world)
-    largest = max((c for c in _rooms(g) if c <= cap), default=0)
-    room = MIN_ROOM
-    while room < largest:
-        room *= 2
-    return min(room, cap)
+    largest = max(_rooms(g), default=0)
+    return max(MIN_ROOM, 1 << (largest - 1).bit_length()) if largest else MIN_ROOM
 
 
 def _rooms(g: _transport.Group) -> collections.deque[int]:
-    """The largest claim of each of the group's last ROOM_WINDOW carrying exchanges."""
+    """The largest claim of each of the group's last ROOM_WINDOW carrying exchanges, 0 where
+    it could not ride (more than :func:`inline_bytes`)."""
     key = switch.group_key(g.pg)
     found = _ROOMS.get(key)
     if found is None:
