@@ -64,7 +64,7 @@ writes under the loopback's rule (between packets, once every packet begun has i
   both bounds one clock shorter and fails; each bound is the least that holds to this depth
   (tests/test_formal.py shortens each alone). At depth 12 the bound is checked for starts up
   to clock 5 (an illegal first codeword's word goes in at clock 4) and 9 (a first packet's one
-  symbol leaves at 9), so for the first faults of a run.
+  symbol leaves at 9), so for the first faults of a run (depth 13 takes over 10 min).
 
 ``loopback`` and ``loopback_writes`` together cover runs of any length: split a run at its
 cuts, and each piece starts settled with nothing in flight, so the data check covers each
