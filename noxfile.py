@@ -59,7 +59,7 @@ def tests(session: nox.Session) -> None:
 def formal(session: nox.Session) -> None:
     """Model checks (yosys-smtbmc, yices; in parallel, one per core): the blocks' stream rules,
     the encoders' and decoders' proved for runs of any length by induction; the loopback's data,
-    table writes and errors, bounded."""
+    table writes, errors and the bound on when an error rises, bounded."""
     _ensure_tool(session, "yosys-smtbmc", "yosys")
     session.install("-e", ".[formal]")
     session.run("python", "-m", "zipccl.sim.formal", "--out", f"{OUT}/formal", *session.posargs)

