@@ -3,7 +3,10 @@ round between two CPU processes, for each way gloo offers to swap a row.
 
 ``p2p``: a send and a receive to the peer (two ranks only); ``all_gather``: the row gathered;
 ``all_to_all``: the row's copies swapped (what _exchange._swap_rows does); against gloo's own
-``broadcast`` and ``all_reduce`` of a 4 KiB BF16 tensor, the calls the exchange precedes. A
+``broadcast`` and ``all_reduce`` of a 4 KiB BF16 tensor, the calls the exchange precedes; and
+``bare_exchange``, what a 4 KiB all-to-all costs when it rides in the exchange with none of
+zipccl's Python -- the input copied into the row, the row's copies, the round, the rows checked
+alike in numpy, the output copied out -- against ``torch_all_to_all``, torch's own. A
 round's latency can differ between process groups (gloo's point-to-point sends stalled ~4 ms a
 call in some), so run it several times, one op per launch::
 
@@ -28,7 +31,11 @@ import torch.distributed as dist
 ROW_WORDS = 784  # int64 words of a 2-rank descriptor row with its summary and 4 KiB of input
 
 
-OPS = ("p2p", "all_gather", "all_to_all", "broadcast", "all_reduce")
+OPS = ("p2p", "all_gather", "all_to_all", "broadcast", "all_reduce", "bare_exchange")
+OPS += ("torch_all_to_all",)
+
+
+HEAD_WORDS = 200  # the descriptor and summary words of a row, before its room for input
 
 
 def rounds(rank: int, world: int, words: int) -> dict[str, Callable[[], object]]:
@@ -39,6 +46,22 @@ def rounds(rank: int, world: int, words: int) -> dict[str, Callable[[], object]]
     copies = row.repeat(world)
     x = torch.randn(2048).to(torch.bfloat16)
     peer = 1 - rank
+    out = torch.empty_like(x)
+    slots, received = copies.numpy().reshape(world, words), table.numpy().reshape(world, words)
+    head = slots[0, :HEAD_WORDS].copy()
+    room = copies[words - 512 : words].view(torch.uint8)  # 4 KiB of input at the row's end
+    mine = x.numel() * 2 // world  # bytes of each rank's input that go to one rank
+    inputs = table.view(torch.uint8).view(world, 8 * words)[:, 8 * (words - 512) :]
+    piece = inputs[:, rank * mine : (rank + 1) * mine]
+
+    def bare_exchange() -> None:
+        slots[0, :HEAD_WORDS] = head
+        room.copy_(x.view(torch.uint8))
+        slots[1:] = slots[0]
+        pg.alltoall_base(table, copies, [], []).wait()
+        if not (received[:, :HEAD_WORDS] == head).all():
+            raise RuntimeError("rows differ")
+        out.view(torch.uint8).view(world, mine).copy_(piece)
 
     def p2p() -> None:
         sent = pg.send([row], peer, 7)
@@ -52,6 +75,8 @@ def rounds(rank: int, world: int, words: int) -> dict[str, Callable[[], object]]
         "all_to_all": lambda: pg.alltoall_base(table, copies, [], []).wait(),
         "broadcast": lambda: dist.broadcast(x, 0),
         "all_reduce": lambda: dist.all_reduce(x),
+        "bare_exchange": bare_exchange,
+        "torch_all_to_all": lambda: dist.all_to_all_single(out, x),
     }
 
 
