@@ -1,20 +1,21 @@
 """The one agreement exchange of a call, and the closing agreement on its outcome.
 
-A verified zipccl collective (see the package docstring for when: by default every call on gloo, and
-on NCCL every call on zipccl's own protocols) starts with one exchange of a fixed-length int64
-*descriptor* row per rank (op, dtype, sizes, table hash, a local error code, ..., and for a call
-that may compress the words of its sample summary, which the device appends; a planned call sends
-its plan's tag instead and zeros there, or, packed, its summary and its pieces' payload sizes: the
-package docstring, Plans): an all-gather on NCCL, and on a host transport an all-to-all of the row's
-copies (gloo's fastest small round), whose row also has room for the call's own input
-(:class:`Carry`): a call whose input fits (:func:`room_bytes`) completes from the exchanged rows, in
-one round. The row's length depends only on the world size, the transport and what the group's
-earlier exchanges carried -- the same on every rank -- so it can never mismatch; after it every rank
-knows every other rank's call, checks the same things in the same order and either proceeds with the
-same decision or raises the same :class:`CollectiveMismatchError`. A rank whose own arguments are
-bad does not raise early (the others would hang in the exchange): it reports an error code in its
-descriptor instead; so does a rank whose sample summary raises, which then raises that exception
-while the others raise a :class:`PeerError` naming it.
+A verified zipccl collective (see the package docstring for when: by default every call on gloo,
+and on NCCL every call on zipccl's own protocols) starts with one exchange of a fixed-length
+int64 *descriptor* row per rank (op, dtype, sizes, table hash, a local error code, ..., and for
+a call that may compress the words of its sample summary, which the device appends; a planned
+call sends its plan's tag instead and zeros there, or, packed, its summary and its pieces'
+payload sizes: the package docstring, Plans): an all-gather on NCCL, and on a host transport an
+all-to-all of the row's copies (gloo's fastest small round), whose row also has room for the
+call's own input (:class:`Carry`): a call whose input fits (:func:`room_bytes`) completes from
+the exchanged rows, in one round. The row's length depends only on the world size, the transport
+and what the group's earlier exchanges carried -- the same on every rank -- so it can never
+mismatch; after it every rank knows every other rank's call, checks the same things in the same
+order and either proceeds with the same decision or raises the same
+:class:`CollectiveMismatchError`. A rank whose own arguments are bad does not raise early (the
+others would hang in the exchange): it reports an error code in its descriptor instead; so does
+a rank whose sample summary raises, which then raises that exception while the others raise a
+:class:`PeerError` naming it.
 
 A compressed protocol ends the same way (:class:`Outcome`): a rank whose own step fails (encode,
 decode, the checks of what it received) keeps the exception, still issues every collective of
@@ -257,9 +258,8 @@ def room_bytes(g: _transport.Group) -> int:
     least MIN_ROOM, that holds the largest input any rank claimed in the group's last
     ROOM_WINDOW carrying exchanges, where that input could ride (at most
     :func:`inline_bytes`); MIN_ROOM where none could. A row as small as the calls allow (the
-    round's cost grows with it: on gloo between two ranks ~20 us more for 64 KiB than for 4),
-    and a function of what every rank exchanged alike, so the same on every rank: a call that
-    repeats a larger one than its predecessors rides from its second time on."""
+    round's cost grows with it), and a function of what every rank exchanged alike, so the same
+    on every rank: a call larger than its predecessors rides from its second time on."""
     largest = max(_rooms(g), default=0)
     return max(MIN_ROOM, 1 << (largest - 1).bit_length()) if largest else MIN_ROOM
 
