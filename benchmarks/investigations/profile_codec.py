@@ -5,8 +5,9 @@
     ncu --clock-control none -k regex:'theory|staircase|encode|finish|decode' \
         python benchmarks/investigations/profile_codec.py --mib 256 --once
 
-Cases: BF16 N(0,1) and absmax-scaled FP8 e4m3 (benchmarks/calls.py's tensors), ``compress(x)``
-with its default table (built on the device) and ``decompress(c, out=y, sync=False)``.
+Cases: benchmarks/calls.py's tensors (N(0,1); FP8 absmax-scaled), BF16 and FP8 e4m3 unless
+``--dtypes`` names others, ``compress(x)`` with its default table (built on the device) and
+``decompress(c, out=y, sync=False)``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import zipccl
 from calls import make
 from timing import MIB
 
-DTYPES = (torch.bfloat16, torch.float8_e4m3fn)
+DTYPES = "bfloat16,float8_e4m3fn"
 
 
 def round_trip(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -57,8 +58,9 @@ def main() -> None:
     ap.add_argument("--mib", type=float, default=1.0, help="tensor size in MiB")
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--once", action="store_true", help="one round trip per case (for ncu)")
+    ap.add_argument("--dtypes", default=DTYPES, help=f"torch dtype names (default {DTYPES})")
     args = ap.parse_args()
-    for dtype in DTYPES:
+    for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
         x = make(dtype, int(args.mib * MIB))
         if args.once:
             y = torch.empty_like(x)

@@ -281,8 +281,9 @@ def agree(
             carries = payload is not None
             kept = Repeat(g, name, row, check, dtype.itemsize, carries, strategy, chunks, nbytes)
             _remember(signature, kept)
-        carried = _carried(rows, data, nbytes if alike else None)
-        return _slots.Agreed(g, name, strategy, table, chunks, carried=carried)
+        return _uncompressed(
+            g, name, strategy, table, chunks, rows, data, nbytes if alike else None
+        )
     sources = _slots.sources(dtype, _summaries(g, rows), table)
     ticket = replace(
         ticket or _ticket(g, head, fields, exchange_desc, buffer),
@@ -336,8 +337,25 @@ class Repeat:
         exchanged = (self.g, self.name, self.row, None, self.check, self.itemsize, payload)
         rows, _, data, alike = _planless(exchanged)
         _slots.STATS.strategy = self.strategy
-        carried = _carried(rows, data, self.nbytes if alike else None)
-        return _slots.Agreed(self.g, self.name, self.strategy, None, self.chunks, carried=carried)
+        nbytes = self.nbytes if alike else None
+        return _uncompressed(
+            self.g, self.name, self.strategy, None, self.chunks, rows, data, nbytes
+        )
+
+
+def _uncompressed(
+    g: _transport.Group,
+    name: str,
+    strategy: str,
+    table: Codebook | None,
+    chunks: int,
+    rows: np.ndarray,
+    data: np.ndarray | None,
+    alike_nbytes: int | None,
+) -> _slots.Agreed:
+    """An uncompressed call's agreement: every rank's input where it rode in the exchange."""
+    carried = _carried(rows, data, alike_nbytes)
+    return _slots.Agreed(g, name, strategy, table, chunks, carried=carried)
 
 
 def repeat(key: tuple[object, ...] | None, t: torch.Tensor) -> _slots.Agreed | None:
