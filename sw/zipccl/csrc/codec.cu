@@ -64,12 +64,13 @@ cudaError_t launch_encode(Chain& chain, const void* in, void* out, const Layout*
                           const uint8_t* raw_head, long long* size,
                           uint8_t* head_to_hash = nullptr, bool after_table = false) {
   const int warps = warps_for(L->block), threads = 32 * warps;
-  const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4;
+  const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4 + enc_table_bytes<F>();
   const int want = block_split(Z, *L, warps, LLONG_MAX);  // warps a block, given the room
   const long long ctas = (L->nb * want + warps - 1) / warps;
   const Work w = work_of(work, L->nb);
   uint8_t* o = static_cast<uint8_t*>(out);
   const auto kernel = L->checksum ? encode_kernel<F, Z, true> : encode_kernel<F, Z, false>;
+  if (enc_table_bytes<F>()) allow_dynamic_smem(kernel, kMaxEncodeSmem);
   const unsigned grid = resident_grid(kernel, threads, smem, ctas) + !!head_to_hash;
   const auto* x = static_cast<const typename F::T*>(in);
   cudaError_t e = chain.kernel(kernel, grid, threads, smem, after_table, x, o, *L, tab, w,

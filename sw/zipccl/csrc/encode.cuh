@@ -119,10 +119,25 @@ __device__ inline uint2 enc_words(int32_t code) {
   return make_uint2(x, w ? (c & 0xffu) << (32u - w) | w : 0u);
 }
 
+// The byte-coded format's encoder words are looked up once per byte of input, by lanes whose
+// symbols differ (up to 256 of them): with one table, a warp's lookup waited on ~5 shared-memory
+// wavefronts of bank conflicts, and the lookups bounded the encoder (L1 92 % busy, BENCHMARKS.md
+// §3b). The table is therefore held in kEncCopies copies, entry e of copy c at e * kEncCopies + c,
+// lane l reading copy l % kEncCopies: a 64-bit load is served a half warp a wavefront, and the
+// half warp's 16 lanes read 16 distinct bank pairs, so a lookup takes the two wavefronts any
+// 64-bit warp load takes. The exponent formats look up few distinct symbols and keep one table.
+template <class F>
+__host__ __device__ constexpr int enc_copies() { return F::BYTE_CODED ? 16 : 1; }
+
+template <class F>
+__host__ __device__ constexpr size_t enc_table_bytes() { return F::BYTE_CODED ? 256 * enc_copies<F>() * sizeof(uint2) : 0; }
+constexpr int kMaxEncodeSmem = kStageBytes + 256 * 16 * sizeof(uint2);  // enc_table_bytes<FP8>
+
 // One round of the generic path: planes out, codewords ORed into the (zeroed) stage. One lookup
 // per element gives its plane bits (added in at bit k) and its codeword (funnel-shifted onto the
 // half group's accumulator: 4 codewords of <= 8 bits fit 32 bits), so the codewords are held in
-// registers from the one pass to the emit after the warp's scan.
+// registers from the one pass to the emit after the warp's scan. `s_enc`: this lane's copy of
+// the table (enc_copies).
 template <class F, bool FULL>
 __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
                                      const long long e0[kGroups], uint8_t* out, const Layout& L,
@@ -137,7 +152,7 @@ __device__ inline uint32_t enc_round(const EncIn<F>& x, const int cnt[kGroups],
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
       if (FULL || k < cnt[g]) {
-        const uint2 c = s_enc[F::sym(elem<T>(x.w[g], k))];
+        const uint2 c = s_enc[F::sym(elem<T>(x.w[g], k)) * enc_copies<F>()];
         planes += c.x << k;
         half[k >> 2] = __funnelshift_l(c.y, half[k >> 2], c.y);
         ysum[k >> 2] += c.y;
@@ -260,8 +275,8 @@ __global__ void __launch_bounds__(32 * kMaxWarps, Z ? 4 : sizeof(typename F::T) 
 encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
               const int32_t* __restrict__ tab, Work work, uint8_t* __restrict__ head_to_hash) {
   __shared__ uint32_t s_lut[256];  // Z: spread words; the hashing CTA's message
-  __shared__ uint2 s_enc[Z ? 1 : 256];  // else enc_words
-  extern __shared__ uint4 s_stage[];
+  __shared__ uint2 s_enc1[Z || F::BYTE_CODED ? 1 : 256];  // else enc_words (one table)
+  extern __shared__ uint4 s_stage[];  // the warps' stages, then the byte-coded format's tables
   static_assert(16 * kShaBlocks <= 256, "the hashing CTA's message fits in s_lut");
   const int hashing = head_to_hash != nullptr;  // a default table comes unhashed
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, words = stage_words(L.block);
@@ -279,10 +294,18 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
   __shared__ uint32_t s_half_bits[kMaxWarps];  // split: each half's payload bits
   uint32_t* stage = reinterpret_cast<uint32_t*>(s_stage) + warp * words;
   uint32_t* block_stage = stage - half * words;  // the block's payload: its first warp's stage
-  for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-    if constexpr (Z) s_lut[i] = spread_word(tab[i]);
-    else s_enc[i] = enc_words(tab[i]);
+  uint2* s_enc = s_enc1;
+  if constexpr (F::BYTE_CODED) {
+    s_enc = reinterpret_cast<uint2*>(s_stage) + (blockDim.x >> 5) * words / 2;  // words: even
+    for (int i = threadIdx.x; i < 256 * enc_copies<F>(); i += blockDim.x)
+      s_enc[i] = enc_words(tab[i / enc_copies<F>()]);
+  } else {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) {
+      if constexpr (Z) s_lut[i] = spread_word(tab[i]);
+      else s_enc[i] = enc_words(tab[i]);
+    }
   }
+  s_enc += lane % enc_copies<F>();
   __syncthreads();
   Summer<CK> sum;
   const bool vec = vec8_aligned(in);  // then so is every group (e0 is a multiple of 8)

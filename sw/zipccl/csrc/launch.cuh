@@ -52,6 +52,23 @@ unsigned resident_grid(K kernel, int threads, size_t smem, long long ctas) {
   return static_cast<unsigned>(grid < ctas ? grid : ctas);
 }
 
+// A kernel whose dynamic shared memory may pass 48 KB must be allowed it first, once per device
+// (the encoder's stages and the byte-coded format's table copies: encode.cuh enc_copies).
+template <typename K>
+void allow_dynamic_smem(K kernel, int bytes) {
+  struct Allowed { const void* kernel; int dev; };
+  static Allowed allowed[64];
+  static int nallowed = 0;
+  static std::mutex lock;
+  const std::lock_guard<std::mutex> hold(lock);
+  int dev = 0;
+  cudaGetDevice(&dev);
+  for (int i = 0; i < nallowed; ++i)
+    if (allowed[i].kernel == reinterpret_cast<const void*>(kernel) && allowed[i].dev == dev) return;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (nallowed < 64) allowed[nallowed++] = {reinterpret_cast<const void*>(kernel), dev};
+}
+
 // Whether `device` runs programmatic dependent launches (compute capability 9.0 and up).
 bool dependent_launch(int device) {
   static int known[64];  // 0 unknown, 1 no, 2 yes; a race only repeats the query
