@@ -21,10 +21,10 @@ and puts their symbols back in packet order:
 - **Engines**: hw.decoder's single lane, on one-word beats as when it stands alone (a window of
   the single lane's width, so its clock rate), each with its own tables.
 - **Collect**: each engine's symbols are packed E to a beat into its output FIFO (``depth`` beats,
-  a 4096-symbol packet's at E = 4; ``default_depth``), then through two 3-beat FIFOs (one takes
-  the block RAM's output where it lies, one feeds the output); the output takes packet p's beats
-  from engine p mod E, and the next packet's from the clock after its last beat, so the symbol
-  beats are hw.multilane's counted layout in packet order.
+  a 4096-symbol packet's at E = 4; ``default_depth``), then through a register that takes the
+  block RAM's output where it lies and two 3-beat FIFOs (the second feeds the output); the
+  output takes packet p's beats from engine p mod E, and the next packet's from the clock after
+  its last beat, so the symbol beats are hw.multilane's counted layout in packet order.
 - **Errors**, in band: the FIFOs' beats carry a ``bad`` flag. An engine that meets an illegal
   codeword or bad padding stops. Its packer writes the symbols it emitted of that packet, then
   marks the error's place: the last beat of a packet whose padding is bad is written ``bad`` (a
@@ -45,7 +45,6 @@ one symbol per clock.
 
 from __future__ import annotations
 
-import itertools
 import operator
 from functools import reduce
 
@@ -80,6 +79,19 @@ def _next(index: Value, count: int) -> Value:
 def _pick(flags: list[Value], index: Value) -> Value:
     """The flag of the engine ``index`` names."""
     return Cat(*flags).bit_select(index, 1)
+
+
+def _registered_move(m: Module, name: str, src, dst) -> None:
+    """``src``'s beats into ``dst`` through a register, a beat a clock: ``src``'s output (a block
+    RAM's, 5.8 ns from the clock on the ECP5) then ends at flip-flops the placer can put beside
+    the block RAM, not at ``dst`` wherever that lies. (yosys 0.23 cannot fold a register into the
+    ECP5 block RAM's own output register: it maps every DP16KD with REGMODE NOREG.)"""
+    beat = Signal(src.width, name=f"{name}_beat")
+    full = Signal(name=f"{name}_full")
+    move = ~full | dst.w_rdy  # the register is empty, or its beat goes on this clock
+    m.d.comb += [src.r_en.eq(move), dst.w_data.eq(beat), dst.w_en.eq(full)]
+    with m.If(move):
+        m.d.sync += [beat.eq(src.r_data), full.eq(src.r_rdy)]
 
 
 def default_depth(engines: int) -> int:
@@ -137,9 +149,10 @@ class QLCDecoderPool(wiring.Component):
         beats = [SyncFIFOBuffered(width=beat.size, depth=self.depth) for _ in engines]
         width = out_layout(e_count).size
         outs = [SyncFIFOBuffered(width=width, depth=self.depth) for _ in engines]
-        # two small FIFOs behind each block-RAM FIFO: the first takes the block RAM's slow output
-        # where it lies, the second brings the beats to the output, whose choices (the beat's
-        # ``last``, the next engine) so start from a register near them
+        # behind each block-RAM FIFO, a register and two small FIFOs: the register takes the
+        # block RAM's slow output where it lies, the first FIFO its beats (and the ready path
+        # back to the block RAM), the second brings them to the output, whose choices (the
+        # beat's ``last``, the next engine) so start from a register near them
         nears = [SyncFIFOBuffered(width=width, depth=TAIL_DEPTH) for _ in engines]
         tails = [SyncFIFOBuffered(width=width, depth=TAIL_DEPTH) for _ in engines]
         parts_of = zip(engines, counts, beats, outs, nears, tails, strict=True)
@@ -147,13 +160,14 @@ class QLCDecoderPool(wiring.Component):
             names = ("engine", "counts", "beats", "out", "near", "tail")
             for name, part in zip(names, parts, strict=True):
                 m.submodules[f"{name}{k}"] = part
-            self._feed_engine(m, k, *parts[:3])
-            for src, dst in itertools.pairwise(parts[3:]):
-                m.d.comb += [
-                    dst.w_data.eq(src.r_data),
-                    dst.w_en.eq(src.r_rdy),
-                    src.r_en.eq(dst.w_rdy),
-                ]
+            engine, count_fifo, beat_fifo, out, near, tail = parts
+            self._feed_engine(m, k, engine, count_fifo, beat_fifo)
+            _registered_move(m, f"out{k}_read", out, near)
+            m.d.comb += [
+                tail.w_data.eq(near.r_data),
+                tail.w_en.eq(near.r_rdy),
+                near.r_en.eq(tail.w_rdy),
+            ]
 
         # micro-step 1, tables: a pending write holds new counts back, and goes to all engines
         # once every counted packet is decoded (an engine's tw.ready: no packet in its pipeline).
