@@ -27,6 +27,7 @@ word of the values changes, else with probability 1 - 2^-64 or so.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 import zlib
@@ -191,15 +192,24 @@ class Header:
                 raise StreamError("raw-layout header carries a table or a payload size")
         else:
             try:
-                table = Codebook.from_bytes(head[_TABLE_AT : _TABLE_AT + TABLE_BYTES])
+                table, table_hash = _header_table(head[_TABLE_AT : _TABLE_AT + TABLE_BYTES])
             except TableError as exc:
                 raise StreamError(f"header table is invalid: {exc}") from None
-            if table.hash64 != thash:
+            if table_hash != thash:
                 raise StreamError("header table hash does not match its table")
             if payload_bytes > numel * MAX_WIDTH // 8:  # a block's payload is <= 1 byte/element
                 raise StreamError(f"payload of {payload_bytes} bytes for {numel} elements")
         checked = checksum if flags & FLAG_CHECKSUM else None
         return cls(layout, fmt, shape, block, payload_bytes, table, checked)
+
+
+@functools.lru_cache(maxsize=256)
+def _header_table(data: bytes) -> tuple[Codebook, int]:
+    """A header's table and its hash. Kept for the tables seen last: a tensor's chunks, and the
+    tensors a job moves, mostly carry the same few, and parsing one is most of a header's cost
+    on the host (its chunks are read one after another while the link waits)."""
+    table = Codebook.from_bytes(data)
+    return table, table.hash64
 
 
 def valid_block(block: int) -> bool:

@@ -151,11 +151,18 @@ def phases(rank: int, world: int, mib: int, op: str, reps: int = 10) -> dict:
     }
 
 
-def timeline(chrome: dict) -> str:
-    """The last ``zipccl.call`` of a chrome trace as text lines: start, duration, kind, name."""
+def timeline(chrome: dict, at: float | None = None, min_runtime_us: float = 20) -> str:
+    """A ``zipccl.call`` of a chrome trace (the last, or the one starting at ``at``) as text
+    lines: start, duration, kind, name; runtime calls of at least ``min_runtime_us``."""
     events = [e for e in chrome["traceEvents"] if e.get("ph") == "X"]
     call = max(
-        (e for e in events if e["name"] == "zipccl.call" and e.get("cat") != "gpu_user_annotation"),
+        (
+            e
+            for e in events
+            if e["name"] == "zipccl.call"
+            and e.get("cat") != "gpu_user_annotation"
+            and (at is None or e["ts"] == at)
+        ),
         key=lambda e: e["ts"],
     )
     t0, t1 = call["ts"], call["ts"] + call["dur"]
@@ -163,7 +170,8 @@ def timeline(chrome: dict) -> str:
     for e in events:
         cat, dur = e.get("cat", ""), e.get("dur", 0)
         gpu = cat in ("kernel", "gpu_memcpy", "gpu_memset")
-        if not (gpu or e["name"].startswith("zipccl.") or (cat == "cuda_runtime" and dur > 20)):
+        runtime = cat == "cuda_runtime" and dur >= min_runtime_us
+        if not (gpu or e["name"].startswith("zipccl.") or runtime):
             continue
         if t0 - 50 <= e["ts"] <= t1 + (5e4 if gpu else 0):
             where = f"s{e['args'].get('stream', '?')}" if gpu else "host"
