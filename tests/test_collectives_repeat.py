@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import zipccl
-from zipccl import CollectiveMismatchError, switch
+from zipccl import CollectiveMismatchError
 from zipccl.collectives import _agree, _slots
 
 from tests._collectives_cluster import module_cluster
@@ -104,7 +104,7 @@ def sc_repeats(rank: int, world: int, numel: int) -> list[str]:
                 got = [run(zipccl, seed) for seed in range(3)]
             want = []
             for seed in range(3):
-                switch.REPEATS.clear()
+                _agree.REPEATS.clear()
                 want.append(run(zipccl, seed))
             if "reduce" not in name:  # a reduction of more than two ranks: zipccl's rank order
                 want += [run(dist, seed) for seed in range(3)]
@@ -167,7 +167,7 @@ def sc_one_rank_forgets(rank: int, world: int) -> tuple[list[str], bool]:
     with installed("native"):
         zipccl.all_reduce(torch.ones(50))
         if rank == 0:
-            switch.REPEATS.clear()
+            _agree.REPEATS.clear()
         x = torch.ones(50)
         with whole_ways() as log:
             zipccl.all_reduce(x)
@@ -193,8 +193,8 @@ def sc_settings_and_profiles(rank: int, world: int) -> list[str]:
             os.environ["ZIPCCL_MODE"] = mode
             zipccl.all_gather_into_tensor(out, x)
             seen.append(_slots.STATS.strategy)
-        kept = len(switch.REPEATS)
-    seen.append(f"kept {kept}, after a new profile {len(switch.REPEATS)}")
+        kept = len(_agree.REPEATS)
+    seen.append(f"kept {kept}, after a new profile {len(_agree.REPEATS)}")
     return seen
 
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -364,7 +365,14 @@ def can_compress(p: Profile, op: str, dtype: torch.dtype, world: int) -> bool:
 
 PROFILES: dict[object, Profile] = {}
 ROUTES: dict[tuple, tuple[str, int]] = {}  # per-call (strategy, chunks); depends on the profiles
-REPEATS: dict[tuple, object] = {}  # per-call agreements (collectives._agree.Repeat); the same
+_DEPENDENTS: list[Callable[[], None]] = []  # other caches of decisions made under the profiles
+
+
+def on_new_profile(clear: Callable[[], None]) -> None:
+    """Have ``clear`` called with ROUTES cleared (:func:`set_profile`): a cache of decisions made
+    under the profiles that a module above the switch keeps (the collectives' repeats), so that
+    the switch drops it without holding its objects."""
+    _DEPENDENTS.append(clear)
 
 
 def set_profile(
@@ -374,7 +382,8 @@ def set_profile(
     the calls' decisions and plans made under the old one go too. ``staged``: the profile of
     the group's CUDA tensors on a host transport (gloo), which has its own."""
     ROUTES.clear()
-    REPEATS.clear()
+    for clear in _DEPENDENTS:
+        clear()
     _plans.forget()
     if profile is None:
         PROFILES.pop(profile_key(group, staged), None)
@@ -411,6 +420,7 @@ __all__ = [
     "chunks_given",
     "mode",
     "native_reduce",
+    "on_new_profile",
     "predict",
     "set_profile",
     "wire_line",

@@ -358,21 +358,27 @@ def _uncompressed(
     return _slots.Agreed(g, name, strategy, table, chunks, carried=carried)
 
 
+#  the kept agreements by signature (:func:`signature`), bounded; decided under the profiles,
+#  so a new profile drops them (switch.on_new_profile)
+REPEATS: dict[tuple[object, ...], Repeat] = {}
+switch.on_new_profile(REPEATS.clear)
+
+
 def repeat(key: tuple[object, ...] | None, t: torch.Tensor) -> _slots.Agreed | None:
     """The agreed call, where ``key`` (:func:`signature`) was kept (``t``: the tensor whose
     bytes the call carries, where it does); None: the call takes the whole way."""
     try:
-        kept = switch.REPEATS.get(key) if key is not None else None
+        kept = REPEATS.get(key) if key is not None else None
     except TypeError:  # an unhashable argument (src, verify): the whole way, which names it
         return None
-    return kept.agree(t) if isinstance(kept, Repeat) else None
+    return None if kept is None else kept.agree(t)
 
 
 def _remember(key: tuple[object, ...], kept: Repeat) -> None:
-    if len(switch.REPEATS) >= 1 << 12:
-        switch.REPEATS.clear()
+    if len(REPEATS) >= 1 << 12:
+        REPEATS.clear()
     with contextlib.suppress(TypeError):  # unhashable: never a repeat
-        switch.REPEATS[key] = kept
+        REPEATS[key] = kept
 
 
 def _ticket(
