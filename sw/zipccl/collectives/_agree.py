@@ -222,9 +222,9 @@ def agree(
     does not compress, the result's ``carried`` holds every rank's, and the op completes
     from it without a second round.
 
-    ``signature`` (:func:`signature`): where the call's strategy did not depend on the
+    ``signature`` (:func:`repeated`): where the call's strategy did not depend on the
     exchange (decided locally, uncompressed, every rank's row alike), its agreement is kept for
-    the signature's next calls (:func:`repeat`).
+    the signature's next calls.
     """
     mode = switch.mode()
     red_code = -1 if red is None else reduce_code(red)
@@ -292,32 +292,11 @@ def agree(
     return _slots.Agreed(g, name, strategy, table, chunks, sources, ticket=ticket)
 
 
-def signature(
-    name: str,
-    group: dist.ProcessGroup | None,
-    verify: bool | None,
-    table: Codebook | None,
-    tensors: tuple[torch.Tensor, ...],
-    *extra: object,
-) -> tuple[object, ...] | None:
-    """A call's key for :func:`repeat`: what its descriptor row and strategy depend on -- the op,
-    the group, the tensors' dtypes, shapes, devices and layouts, ``extra`` (an op's own
-    arguments: src, or the reduce op's number, which is all its row holds of it -- a PREMUL_SUM's
-    factor is the backend's, whose call it is), the policy and the settings. None: a call not
-    kept that way (a table given, whose hash the row carries)."""
-    if table is not None:
-        return None
-    key = [name, switch.group_key(group), verify, _transport.STAGE_HOST_TENSORS, settings.raw()]
-    for t in tensors:
-        key += (t.dtype, t.shape, t.device, t.is_contiguous())
-    return (*key, *extra)
-
-
 @dataclass(frozen=True)
 class Repeat:
     """The agreement of a call whose strategy did not depend on its exchange -- uncompressed
     (native or a2a_reduce), decided locally from values every rank shares -- kept for its
-    signature's next calls (:func:`signature`), which repeat it without building or routing
+    signature's next calls (:func:`repeated`), which repeat it without building or routing
     it again. A repeat still exchanges its row with every rank (the agreement, and the input of
     a call small enough to ride in it); rows unlike its own go through the checks every call's
     go through, so a mismatch raises the same error on every rank."""
@@ -358,20 +337,41 @@ def _uncompressed(
     return _slots.Agreed(g, name, strategy, table, chunks, carried=carried)
 
 
-#  the kept agreements by signature (:func:`signature`), bounded; decided under the profiles,
-#  so a new profile drops them (switch.on_new_profile)
+#  the kept agreements by signature (:func:`repeated`), bounded; decided under the profiles, so
+#  a new profile drops them (switch.on_new_profile)
 REPEATS: dict[tuple[object, ...], Repeat] = {}
 switch.on_new_profile(REPEATS.clear)
 
 
-def repeat(key: tuple[object, ...] | None, t: torch.Tensor) -> _slots.Agreed | None:
-    """The agreed call, where ``key`` (:func:`signature`) was kept (``t``: the tensor whose
-    bytes the call carries, where it does); None: the call takes the whole way."""
+def repeated(
+    name: str,
+    group: dist.ProcessGroup | None,
+    verify: bool | None,
+    table: Codebook | None,
+    tensors: tuple[torch.Tensor, ...],
+    *extra: object,
+) -> tuple[tuple[object, ...] | None, _slots.Agreed | None]:
+    """A call's signature and, where an earlier call of it was kept (:class:`Repeat`), its
+    agreement, whose exchange carries the first of ``tensors`` where the call carries its input.
+    One call, so that an op cannot look up another key than the one it passes :func:`agree`.
+
+    The signature is what the call's descriptor row and strategy depend on -- the op, the group,
+    the tensors' dtypes, shapes, devices and layouts, ``extra`` (an op's own arguments: src, or
+    the reduce op's number, which is all its row holds of it -- a PREMUL_SUM's factor is the
+    backend's, whose call it is), the policy and the settings; None: a call not kept that way (a
+    table given, whose hash the row carries). An agreement of None: the call takes the whole
+    way, :func:`agree` given the signature."""
+    if table is not None:
+        return None, None
+    key = [name, switch.group_key(group), verify, _transport.STAGE_HOST_TENSORS, settings.raw()]
+    for t in tensors:
+        key += (t.dtype, t.shape, t.device, t.is_contiguous())
+    signature = (*key, *extra)
     try:
-        kept = REPEATS.get(key) if key is not None else None
+        kept = REPEATS.get(signature)
     except TypeError:  # an unhashable argument (src, verify): the whole way, which names it
-        return None
-    return None if kept is None else kept.agree(t)
+        return signature, None
+    return signature, None if kept is None else kept.agree(tensors[0])
 
 
 def _remember(key: tuple[object, ...], kept: Repeat) -> None:

@@ -120,8 +120,12 @@ def all_to_all_single(
             group,
             async_op,
         )
-    key = _agree.signature("all_to_all", group, verify, table, (input, output)) if even else None
-    agreed = _agree.repeat(key, input) or _agreed(
+    key, agreed = (
+        _agree.repeated("all_to_all", group, verify, table, (input, output))
+        if even  # the signature holds no splits
+        else (None, None)
+    )
+    agreed = agreed or _agreed(
         output, input, group, (input_split_sizes, output_split_sizes), table, verify, key
     )
     if agreed.carried is not None:
@@ -155,7 +159,7 @@ def _agreed(
     signature: tuple[object, ...] | None,
 ) -> _slots.Agreed:
     """The agreed all-to-all; ``splits``: the caller's (input, output) split sizes, both None or
-    empty for even splits; ``signature``: the call's (_agree.repeat)."""
+    empty for even splits; ``signature``: the call's (_agree.repeated)."""
     g = _transport.resolve(group, input)
     even = not splits[0] and not splits[1]
     ins, outs, err = _splits(g, input, output, *splits)

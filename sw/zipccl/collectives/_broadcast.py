@@ -91,8 +91,7 @@ def broadcast(
     if _agree.direct(group, tensor, "broadcast", nbytes, -1, verify):
         return dist.broadcast(_slots.as_wire(tensor), src, group, async_op)
     group_src = _group_rank(group, src)
-    key = _agree.signature("broadcast", group, verify, table, (tensor,), src)
-    agreed = _agree.repeat(key, tensor)
+    key, agreed = _agree.repeated("broadcast", group, verify, table, (tensor,), src)
     if agreed is None:
         g = _transport.resolve(group, tensor)
         err = 6 if not 0 <= group_src < g.world else _agree.check_pair(g, tensor, tensor, 0, 0)

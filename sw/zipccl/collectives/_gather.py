@@ -91,10 +91,8 @@ def all_gather_into_tensor(
         return _transport.native_all_gather(
             _slots.as_wire(output_tensor), _slots.as_wire(input_tensor), group, async_op
         )
-    key = _agree.signature("all_gather", group, verify, table, (input_tensor, output_tensor))
-    agreed = _agree.repeat(key, input_tensor) or _agreed(
-        output_tensor, input_tensor, group, table, verify, signature=key
-    )
+    key, agreed = _agree.repeated("all_gather", group, verify, table, (input_tensor, output_tensor))
+    agreed = agreed or _agreed(output_tensor, input_tensor, group, table, verify, signature=key)
     if agreed.carried is not None:
         nbytes = input_tensor.numel() * input_tensor.element_size()
         agreed.carried.stack_into(output_tensor, 0, nbytes)
@@ -118,7 +116,7 @@ def _agreed(
 ) -> _slots.Agreed:
     """The agreed all-gather of ``input`` into ``output``; ``err``: a local error the caller
     found (reported in the descriptor, so that every rank raises); ``signature``: the call's
-    (_agree.repeat)."""
+    (_agree.repeated)."""
     g = _transport.resolve(group, input)
     err = err or _agree.check_pair(g, input, output, output.numel(), input.numel() * g.world)
     return _agree.agree(

@@ -147,10 +147,9 @@ def reduce_scatter_tensor(
     nbytes = input.numel() * input.element_size()
     if _agree.direct(group, input, "reduce_scatter", nbytes, _agree.reduce_code(op), verify):
         return _transport.native_reduce_scatter(output, input, op, group, async_op)
-    key = _agree.signature(
+    key, agreed = _agree.repeated(
         "reduce_scatter", group, verify, table, (input, output), _agree.reduce_op_number(op)
     )
-    agreed = _agree.repeat(key, input)
     if agreed is None:
         g = _transport.resolve(group, input)
         err = _agree.check_pair(g, input, output, input.numel(), output.numel() * g.world)
@@ -336,10 +335,9 @@ def all_reduce(
     nbytes = tensor.numel() * tensor.element_size()
     if _agree.direct(group, tensor, "all_reduce", nbytes, _agree.reduce_code(op), verify):
         return dist.all_reduce(tensor, op, group, async_op)
-    key = _agree.signature(
+    key, agreed = _agree.repeated(
         "all_reduce", group, verify, table, (tensor,), _agree.reduce_op_number(op)
     )
-    agreed = _agree.repeat(key, tensor)
     if agreed is None:
         g = _transport.resolve(group, tensor)
         err = 4 if not tensor.is_contiguous() else 5 if tensor.device.type != g.device.type else 0
