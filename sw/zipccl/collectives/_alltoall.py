@@ -125,58 +125,41 @@ def all_to_all_single(
         if even  # the signature holds no splits
         else (None, None)
     )
-    agreed = agreed or _agreed(
-        output, input, group, (input_split_sizes, output_split_sizes), table, verify, key
-    )
+    if agreed is None:  # the whole way: the splits, computed once, fix the descriptor and pieces
+        g = _transport.resolve(group, input)
+        ins, outs, err = _splits(g, input, output, input_split_sizes, output_split_sizes)
+        inner = _inner(input)
+        agreed = _agree.agree(
+            g,
+            "all_to_all",
+            input.dtype,
+            input.numel() * input.element_size(),
+            err,
+            [*ins, *outs, inner],
+            table,
+            not even or _agree.verify_policy(verify) != "0",
+            sample=input,
+            check=lambda fields: _check_splits(fields, g.world),
+            sizes_differ=not even,
+            payload=_agree.carried_payload(g, input),
+            signature=key,
+        )
+        if agreed.strategy == switch.COMPRESSED:  # never a repeat's, nor carried
+            send = _slots.segments(_slots.flat(input), [s * inner for s in ins])
+            recv = _slots.segments(_slots.flat(output), [s * inner for s in outs])
+            _agree.keep(agreed.measured(_protocols.a2a_compressed(agreed, send, recv)))
+            return _transport.done(async_op)
     if agreed.carried is not None:
         c, rank = agreed.carried, agreed.g.rank
         _from_carried(c, rank, _slots.flat(output), input.dtype, _inner(input))
         return _transport.done(async_op)
-    if agreed.strategy != switch.COMPRESSED:
-        return dist.all_to_all_single(
-            _slots.as_wire(output),
-            _slots.as_wire(input),
-            output_split_sizes,
-            input_split_sizes,
-            group,
-            async_op,
-        )
-    ins, outs, _ = _splits(agreed.g, input, output, input_split_sizes, output_split_sizes)
-    inner = _inner(input)
-    send = _slots.segments(_slots.flat(input), [s * inner for s in ins])
-    recv = _slots.segments(_slots.flat(output), [s * inner for s in outs])
-    _agree.keep(agreed.measured(_protocols.a2a_compressed(agreed, send, recv)))
-    return _transport.done(async_op)
-
-
-def _agreed(
-    output: torch.Tensor,
-    input: torch.Tensor,
-    group: dist.ProcessGroup | None,
-    splits: tuple[list[int] | None, list[int] | None],
-    table: Codebook | None,
-    verify: bool | None,
-    signature: tuple[object, ...] | None,
-) -> _slots.Agreed:
-    """The agreed all-to-all; ``splits``: the caller's (input, output) split sizes, both None or
-    empty for even splits; ``signature``: the call's (_agree.repeated)."""
-    g = _transport.resolve(group, input)
-    even = not splits[0] and not splits[1]
-    ins, outs, err = _splits(g, input, output, *splits)
-    return _agree.agree(
-        g,
-        "all_to_all",
-        input.dtype,
-        input.numel() * input.element_size(),
-        err,
-        [*ins, *outs, _inner(input)],
-        table,
-        not even or _agree.verify_policy(verify) != "0",
-        sample=input,
-        check=lambda fields: _check_splits(fields, g.world),
-        sizes_differ=not even,
-        payload=_agree.carried_payload(g, input),
-        signature=signature,
+    return dist.all_to_all_single(
+        _slots.as_wire(output),
+        _slots.as_wire(input),
+        output_split_sizes,
+        input_split_sizes,
+        group,
+        async_op,
     )
 
 
