@@ -112,14 +112,7 @@ def all_to_all_single(
     even = not output_split_sizes and not input_split_sizes
     nbytes = input.numel() * input.element_size() if even else None
     if _agree.direct(group, input, "all_to_all", nbytes, -1, verify):
-        return dist.all_to_all_single(
-            _slots.as_wire(output),
-            _slots.as_wire(input),
-            output_split_sizes,
-            input_split_sizes,
-            group,
-            async_op,
-        )
+        return _torch_call(output, input, output_split_sizes, input_split_sizes, group, async_op)
     key, agreed = (
         _agree.repeated("all_to_all", group, verify, table, (input, output))
         if even  # the signature holds no splits
@@ -153,6 +146,18 @@ def all_to_all_single(
         c, rank = agreed.carried, agreed.g.rank
         _from_carried(c, rank, _slots.flat(output), input.dtype, _inner(input))
         return _transport.done(async_op)
+    return _torch_call(output, input, output_split_sizes, input_split_sizes, group, async_op)
+
+
+def _torch_call(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    output_split_sizes: list[int] | None,
+    input_split_sizes: list[int] | None,
+    group: dist.ProcessGroup | None,
+    async_op: bool,
+) -> dist.Work | None:
+    """The call as torch makes it (on the wire's view of the tensors)."""
     return dist.all_to_all_single(
         _slots.as_wire(output),
         _slots.as_wire(input),
