@@ -129,18 +129,33 @@ __device__ inline uint32_t load_word_within(const uint8_t* p, const uint8_t* lo,
   return w;
 }
 
-// Copy `len` bytes from `src` (16-byte aligned, readable up to 4 bytes past `len`) to `dst` (any
-// alignment) with one warp: whole 32-bit words where `dst` is aligned, bytes at its two ends.
-__device__ inline void warp_copy(uint8_t* dst, const uint8_t* src, uint32_t len) {
+// Copy `len` bytes from `src` (16-byte aligned, readable up to 16 bytes past `len`) to `dst` (any
+// alignment, not overlapping `src`) with one warp: 16-byte stores where `dst` is aligned, each a
+// lane's two 16-byte loads shifted by `dst`'s misalignment, bytes at its two ends. A payload is a
+// few KiB, so a lane's stores are few: the more bytes each one moves, the fewer trips to memory the
+// copy waits on (the finish kernel's moves are latency-bound).
+__device__ inline void warp_copy(uint8_t* __restrict__ dst, const uint8_t* __restrict__ src,
+                                 uint32_t len) {
   const uint32_t lane = threadIdx.x & 31;
   const uint32_t head =
-      min(len, static_cast<uint32_t>((4u - (reinterpret_cast<uintptr_t>(dst) & 3u)) & 3u));
-  const uint32_t words = (len - head) / 4;
+      min(len, static_cast<uint32_t>((16u - (reinterpret_cast<uintptr_t>(dst) & 15u)) & 15u));
+  const uint32_t vecs = (len - head) / 16, q = head >> 2, shift = 8u * (head & 3u);
   if (lane < head) dst[lane] = src[lane];
-  const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
-  uint32_t* d = reinterpret_cast<uint32_t*>(dst + head);
-  for (uint32_t k = lane; k < words; k += 32) d[k] = __funnelshift_r(s[k], s[k + 1], 8u * head);
-  for (uint32_t i = head + 4 * words + lane; i < len; i += 32) dst[i] = src[i];
+  const uint4* s = reinterpret_cast<const uint4*>(src);
+  uint4* d = reinterpret_cast<uint4*>(dst + head);
+#pragma unroll 4
+  for (uint32_t k = lane; k < vecs; k += 32) {
+    const uint4 a = __ldg(s + k), b = __ldg(s + k + 1);
+    // words q .. q + 4 of a:b (q is the same on every lane: selects, no local memory)
+    const uint32_t w0 = q == 0 ? a.x : q == 1 ? a.y : q == 2 ? a.z : a.w;
+    const uint32_t w1 = q == 0 ? a.y : q == 1 ? a.z : q == 2 ? a.w : b.x;
+    const uint32_t w2 = q == 0 ? a.z : q == 1 ? a.w : q == 2 ? b.x : b.y;
+    const uint32_t w3 = q == 0 ? a.w : q == 1 ? b.x : q == 2 ? b.y : b.z;
+    const uint32_t w4 = q == 0 ? b.x : q == 1 ? b.y : q == 2 ? b.z : b.w;
+    d[k] = make_uint4(__funnelshift_r(w0, w1, shift), __funnelshift_r(w1, w2, shift),
+                      __funnelshift_r(w2, w3, shift), __funnelshift_r(w3, w4, shift));
+  }
+  for (uint32_t i = head + 16 * vecs + lane; i < len; i += 32) dst[i] = src[i];
 }
 
 // `len` bytes from `src` to `dst` by the whole grid, 16 bytes a thread where both are aligned, else
