@@ -590,6 +590,7 @@ def test_training_three_four_ranks_is_the_rank_order_reduction(request, ranks, s
         ("ZIPCCL_VERIFY", "1", "ZIPCCL_VERIFY (rank 0: auto, rank 1: 1)"),
         ("ZIPCCL_NATIVE_REDUCE", "1", "ZIPCCL_NATIVE_REDUCE (rank 0: False, rank 1: True)"),
         ("ZIPCCL_CHECKSUM", "1", "ZIPCCL_CHECKSUM (rank 0: False, rank 1: True)"),
+        ("ZIPCCL_LANES", "2", "ZIPCCL_LANES (rank 0: 4, rank 1: 2)"),
         ("ZIPCCL_MODE", "Sometimes", "rank 1: invalid 'sometimes'"),
         ("ZIPCCL_MODE", "\udcff", "rank 1: invalid '\\\\xff'"),  # not UTF-8: the byte 0xff
     ],
@@ -616,6 +617,8 @@ def test_settings_parsed_once_per_variable(monkeypatch):
     with pytest.raises(ValueError, match="ZIPCCL_CHUNK_BYTES must be a positive integer"):
         settings.current()
     assert settings.value("ZIPCCL_MODE") == "always"  # one bad variable spoils only its own
+    monkeypatch.setenv("ZIPCCL_LANES", "0")
+    assert settings.value("ZIPCCL_LANES") == 0  # the staged transport's calls on the caller
 
 
 @pytest.mark.parametrize(
@@ -626,6 +629,7 @@ def test_settings_parsed_once_per_variable(monkeypatch):
         ("ZIPCCL_CHUNK_BYTES", "\u00b2"),  # a digit to str.isdigit, not to int()
         ("ZIPCCL_CHUNK_BYTES", "9" * 5000),  # past int()'s digit limit
         ("ZIPCCL_PLAN_CALLS", "\u0663"),
+        ("ZIPCCL_LANES", "-1"),
         ("ZIPCCL_BACKEND", "\udcff"),
     ],
 )

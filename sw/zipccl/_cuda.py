@@ -11,7 +11,6 @@ The build is cached per source hash and GPU architecture in a private directory
 
 from __future__ import annotations
 
-import collections
 import ctypes
 import enum
 import functools
@@ -227,24 +226,21 @@ def _kind(fmt: FloatFormat, table: Codebook | None, block: int) -> int:
 
 
 _KEPT = 64  # device copies kept per cache (the newest)
-_TABLES: collections.OrderedDict[tuple[int, torch.device], tuple[object, torch.Tensor]] = (
-    collections.OrderedDict()
-)
-_HEADERS: collections.OrderedDict[tuple[bytes, torch.device], tuple[object, torch.Tensor]] = (
-    collections.OrderedDict()
-)
 
 
 def _uploaded(
-    cache: collections.OrderedDict, key: tuple, owner: object, make: Callable[[], torch.Tensor]
+    name: str, key: tuple, owner: object, make: Callable[[], torch.Tensor]
 ) -> torch.Tensor:
-    """The device tensor ``make()`` cached under ``key``, remade when the entry belongs to
-    another ``owner`` object; only the newest ``_KEPT`` entries stay."""
+    """The device tensor ``make()`` cached under ``key`` in this host thread's cache ``name``,
+    remade when the entry belongs to another ``owner`` object; only the newest ``_KEPT``
+    entries stay. Per thread: the upload is queued on the thread's stream, which another
+    thread's streams (the backend's lanes) are not ordered after."""
+    cache = _kept(name)
     hit = cache.get(key)
     if hit is None or hit[0] is not owner:
         hit = cache[key] = (owner, make())
         if len(cache) > _KEPT:
-            cache.popitem(last=False)
+            del cache[next(iter(cache))]  # the oldest (a dict keeps insertion order)
     return hit[1]
 
 
@@ -259,7 +255,7 @@ def _table_tensor(table: Codebook, device: torch.device) -> torch.Tensor:
     """Device copy of the table image, per table object and device (an entry keeps its table
     alive, so the id cannot be reused while cached)."""
     return _uploaded(
-        _TABLES,
+        "tables",
         (id(table), device),
         table,
         lambda: _to_device(torch.tensor(_table_words(table), dtype=torch.int32), device),
@@ -269,23 +265,21 @@ def _table_tensor(table: Codebook, device: torch.device) -> torch.Tensor:
 def _header_tensor(header: bytes, device: torch.device) -> torch.Tensor:
     """Device copy of a header template: one upload per tensor shape and table."""
     return _uploaded(
-        _HEADERS,
+        "headers",
         (header, device),
         None,
         lambda: _to_device(torch.frombuffer(bytearray(header), dtype=torch.uint8), device),
     )
 
 
-_STAIRCASES: dict[torch.device, torch.Tensor] = {}
-
-
 def _staircases(device: torch.device) -> torch.Tensor:
     """golden.builders.staircase_layouts() on ``device`` (uint8, 8 widths a row): the family
-    the FP8 default table is chosen from on the device, uploaded once per device."""
-    rows = _STAIRCASES.get(device)
+    the FP8 default table is chosen from on the device, uploaded once per device and thread."""
+    staircases = _kept("staircases")
+    rows = staircases.get(device)
     if rows is None:
         host = torch.from_numpy(builders.staircase_layouts().astype("uint8").reshape(-1))
-        rows = _STAIRCASES[device] = _to_device(host, device)
+        rows = staircases[device] = _to_device(host, device)
     return rows
 
 
@@ -583,13 +577,14 @@ def plan(
     checksum: bool = False,
 ) -> Plan:
     """The Plan of ``fmt`` tensors of ``shape`` in blocks of ``block`` on ``device``, made once
-    (cached by the format's name: a FloatFormat hashes all its fields on every lookup)."""
-    return _plan(fmt.name, shape, block, device, checksum)
+    (cached by the format's name: a FloatFormat hashes all its fields on every lookup; and by
+    host thread, as the plan's header templates are uploads: _uploaded)."""
+    return _plan(fmt.name, shape, block, device, checksum, threading.get_ident())
 
 
 @functools.lru_cache(maxsize=256)
 def _plan(
-    name: str, shape: tuple[int, ...], block: int, device: torch.device, checksum: bool
+    name: str, shape: tuple[int, ...], block: int, device: torch.device, checksum: bool, thread: int
 ) -> Plan:
     fmt = get_format(name)
     n = 1

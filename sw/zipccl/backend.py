@@ -27,6 +27,7 @@ ranks started with different ones get a CollectiveMismatchError from ``init_proc
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions  # (torch.distributed does not export it)
 from torch.distributed import distributed_c10d as c10d
 
-from zipccl import accounting, collectives, settings, switch
+from zipccl import _lanes, accounting, collectives, settings, switch
 from zipccl._errors import CollectiveMismatchError, PeerError
 from zipccl._name import NAME
 from zipccl.collectives import DoneWork, Forwarding, ReduceOpArg, _agree, _profile
@@ -145,6 +146,7 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         self._coalescing = False
         self._name = options.name
         self._inner: dict[str, dist.ProcessGroup] = {}
+        self._lanes: _lanes.Lanes | None = None  # the staged transport's (ZIPCCL_LANES)
 
         def build() -> dict[str, str]:
             made: dict[str, dist.ProcessGroup] = {}
@@ -158,6 +160,10 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
                 self._register_backend(on, _KINDS[backend], pg._get_backend(on))  # (FSDP2, NCCL)
                 settings.mark_agreed(pg)
                 self._inner[device] = pg
+            if plan.get("cuda") == "gloo" and agreed.lanes:
+                self._lanes = _staged_lanes(
+                    agreed.lanes, store, rank, size, timeout, global_ranks, name, options
+                )
             return plan
 
         _together(store, rank, size, "inner", build)
@@ -189,6 +195,13 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
             )
         return self._inner[kind]
 
+    @property
+    def lanes(self) -> int:
+        """How many of this group's CUDA calls may be in flight at once on the host-staged
+        transport (``ZIPCCL_LANES``; zipccl._lanes); 0: each runs on the calling thread, as on
+        NCCL and for CPU tensors always."""
+        return len(self._lanes) if self._lanes is not None else 0
+
     # ----------------------------------------------------------------- compressed ops
 
     def allreduce(  # type: ignore[override]
@@ -203,14 +216,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
             return self._pass("allreduce", tensors, opts)
         (t,) = tensors
         op = _reduce_op(opts)
-        return _work(
-            tensors,
-            self._counted(
-                "all_reduce",
-                t,
-                lambda: collectives.all_reduce(t, op, self.inner(t.device), True),
-                reduce=op,
-            ),
+        return self._run(
+            "all_reduce", t, tensors, lambda g, a: collectives.all_reduce(t, op, g, a), reduce=op
         )
 
     def broadcast(  # type: ignore[override]
@@ -224,16 +231,13 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         if self._coalescing or len(tensors) != 1:
             return self._pass("broadcast", tensors, opts)
         (t,) = tensors
-        group = self.inner(t.device)
-        src = dist.get_global_rank(group, opts.rootRank)
-        return _work(
+        src = dist.get_global_rank(self.inner(t.device), opts.rootRank)  # a lane's too
+        return self._run(
+            "broadcast",
+            t,
             tensors,
-            self._counted(
-                "broadcast",
-                t,
-                lambda: collectives.broadcast(t, src, group, True),
-                source=opts.rootRank == self.rank(),
-            ),
+            lambda g, a: collectives.broadcast(t, src, g, a),
+            source=opts.rootRank == self.rank(),
         )
 
     def allgather(  # type: ignore[override]
@@ -248,12 +252,7 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         if self._coalescing or len(inputs) != 1:
             return self._pass("allgather", output_lists, inputs, opts)
         (t,), (outs,) = inputs, output_lists
-        return _work(
-            outs,
-            self._counted(
-                "all_gather", t, lambda: collectives.all_gather(outs, t, self.inner(t.device), True)
-            ),
-        )
+        return self._run("all_gather", t, outs, lambda g, a: collectives.all_gather(outs, t, g, a))
 
     def all_gather_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None
@@ -262,16 +261,11 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         window: the inner group's own)."""
         if self._coalescing:
             return self._pass("all_gather_single", output, input, opts or AllgatherOptions())
-        return _work([output], self._all_gather_single(output, input, True))
-
-    def _all_gather_single(
-        self, output: torch.Tensor, input: torch.Tensor, async_op: bool
-    ) -> dist.Work | None:
-        group = self.inner(input.device)
-        return self._counted(
+        return self._run(
             "all_gather",
             input,
-            lambda: collectives.all_gather_into_tensor(output, input, group, async_op),
+            [output],
+            lambda g, a: collectives.all_gather_into_tensor(output, input, g, a),
         )
 
     def all_gather_single_coalesced(
@@ -286,9 +280,16 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
             return self._pass(
                 "all_gather_single_coalesced", outputs, inputs, opts or AllgatherOptions()
             )
-        for out, inp in zip(outputs, inputs, strict=True):
-            self._all_gather_single(out, inp, False)
-        return DoneWork(outputs)
+
+        def each(g: dist.ProcessGroup) -> None:
+            for out, inp in zip(outputs, inputs, strict=True):
+                self._counted(
+                    "all_gather",
+                    inp,
+                    functools.partial(collectives.all_gather_into_tensor, out, inp, g),
+                )
+
+        return self._run_all("all_gather", outputs, inputs, each)
 
     def reduce_scatter_single(
         self,
@@ -301,16 +302,12 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         opts = opts or dist.ReduceScatterOptions()
         if self._coalescing:
             return self._pass("reduce_scatter_single", output, input, opts)
-        return _work([output], self._reduce_scatter(output, input, _reduce_op(opts), True))
-
-    def _reduce_scatter(
-        self, output: torch.Tensor, input: torch.Tensor, op: ReduceOpArg, async_op: bool
-    ) -> dist.Work | None:
-        group = self.inner(input.device)
-        return self._counted(
+        op = _reduce_op(opts)
+        return self._run(
             "reduce_scatter",
             input,
-            lambda: collectives.reduce_scatter_tensor(output, input, op, group, async_op),
+            [output],
+            lambda g, a: collectives.reduce_scatter_tensor(output, input, op, g, a),
             reduce=op,
         )
 
@@ -326,9 +323,17 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         if self._coalescing:
             return self._pass("reduce_scatter_single_coalesced", outputs, inputs, opts)
         op = _reduce_op(opts)
-        for out, inp in zip(outputs, inputs, strict=True):
-            self._reduce_scatter(out, inp, op, False)
-        return DoneWork(outputs)
+
+        def each(g: dist.ProcessGroup) -> None:
+            for out, inp in zip(outputs, inputs, strict=True):
+                self._counted(
+                    "reduce_scatter",
+                    inp,
+                    functools.partial(collectives.reduce_scatter_tensor, out, inp, op, g),
+                    reduce=op,
+                )
+
+        return self._run_all("reduce_scatter", outputs, inputs, each, reduce=op)
 
     def reduce_scatter(  # type: ignore[override]
         self,
@@ -343,8 +348,14 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
             return self._pass("reduce_scatter", outputs, input_lists, opts)
         (out,), (parts,) = outputs, input_lists
         flat = torch.cat([p.reshape(-1) for p in parts])
-        self._reduce_scatter(out, flat, _reduce_op(opts), False)
-        return DoneWork(outputs)
+        op = _reduce_op(opts)
+        return self._run(
+            "reduce_scatter",
+            flat,
+            outputs,
+            lambda g, a: collectives.reduce_scatter_tensor(out, flat, op, g, a),
+            reduce=op,
+        )
 
     def all_to_all_single(  # type: ignore[override]
         self,
@@ -365,26 +376,12 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
                 input_splits,
                 opts or dist.AllToAllOptions(),
             )
-        return _work(
-            [output],
-            self._all_to_all(output, input, list(output_splits), list(input_splits), True),
-        )
-
-    def _all_to_all(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_splits: list[int],
-        input_splits: list[int],
-        async_op: bool,
-    ) -> dist.Work | None:
-        group = self.inner(input.device)
-        return self._counted(
+        into, rows = list(output_splits) or None, list(input_splits) or None
+        return self._run(
             "all_to_all",
             input,
-            lambda: collectives.all_to_all_single(
-                output, input, output_splits or None, input_splits or None, group, async_op
-            ),
+            [output],
+            lambda g, a: collectives.all_to_all_single(output, input, into, rows, g, a),
         )
 
     def alltoall(  # type: ignore[override]
@@ -399,15 +396,19 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         if self._coalescing or len({(t.dtype, t.device) for t in [*outputs, *inputs]}) != 1:
             return self._pass("alltoall", outputs, inputs, opts)
         flat_in = torch.cat([t.reshape(-1) for t in inputs])
-        flat_out = torch.empty(
-            sum(t.numel() for t in outputs), dtype=flat_in.dtype, device=flat_in.device
-        )
-        self._all_to_all(
-            flat_out, flat_in, [t.numel() for t in outputs], [t.numel() for t in inputs], False
-        )
-        for out, part in zip(outputs, flat_out.split([t.numel() for t in outputs]), strict=True):
-            out.copy_(part.view(out.shape))
-        return DoneWork(outputs)
+        into, rows = [t.numel() for t in outputs], [t.numel() for t in inputs]
+        flat_out = torch.empty(sum(into), dtype=flat_in.dtype, device=flat_in.device)
+
+        def each(g: dist.ProcessGroup) -> None:
+            self._counted(
+                "all_to_all",
+                flat_in,
+                lambda: collectives.all_to_all_single(flat_out, flat_in, into, rows, g),
+            )
+            for out, part in zip(outputs, flat_out.split(into), strict=True):
+                out.copy_(part.view(out.shape))
+
+        return self._run_all("all_to_all", outputs, [flat_in, flat_out], each)
 
     # torch's older names for the same calls (still looked up by some callers)
     _allgather_base = all_gather_single
@@ -443,6 +444,59 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         self._coalescing = False
         return self.inner(device)._end_coalescing(device)
 
+    def _run(
+        self,
+        op: str,
+        t: torch.Tensor,
+        outputs: list[torch.Tensor],
+        call: Callable[[dist.ProcessGroup, bool], dist.Work | None],
+        *,
+        source: bool = True,
+        reduce: ReduceOpArg | None = None,
+    ) -> dist.Work:
+        """``call(group, async_op)``, one zipccl collective of ``op`` with the input ``t``,
+        counted (:meth:`_counted`): on the inner group of ``t``'s device, returning torch's Work
+        where zipccl handed the call to torch, else a completed one holding ``outputs``; or,
+        where that group has lanes, on the next lane, returning its Work at once."""
+        group = self.inner(t.device)
+        _measure_link_first(op, group, t, reduce, self._lanes_of(t))
+
+        def counted(g: dist.ProcessGroup, async_op: bool) -> dist.Work | None:
+            return self._counted(op, t, lambda: call(g, async_op), source=source, reduce=reduce)
+
+        def on_lane(g: dist.ProcessGroup) -> None:
+            counted(g, False)
+
+        lanes = self._lanes_of(t)
+        if lanes is None:
+            return _work(outputs, counted(group, True))
+        return lanes.submit(on_lane, outputs, [t, *outputs])
+
+    def _run_all(
+        self,
+        op: str,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        each: Callable[[dist.ProcessGroup], None],
+        *,
+        reduce: ReduceOpArg | None = None,
+    ) -> dist.Work:
+        """``each(group)``: several zipccl collectives, each counted and finished before the next
+        (the list and coalesced forms), on the inner group of the inputs' device or on one lane;
+        one Work for all."""
+        t = inputs[0] if inputs else outputs[0]
+        lanes = self._lanes_of(t)
+        _measure_link_first(op, self.inner(t.device), t, reduce, lanes)
+        if lanes is None:
+            each(self.inner(t.device))
+            return DoneWork(outputs)
+        return lanes.submit(each, outputs, [*inputs, *outputs])
+
+    def _lanes_of(self, t: torch.Tensor) -> _lanes.Lanes | None:
+        """The lanes that run a call on ``t``: this group's, for tensors on their device."""
+        lanes = self._lanes
+        return lanes if lanes is not None and t.device == lanes.device else None
+
     def _counted(
         self,
         op: str,
@@ -453,11 +507,11 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         reduce: ReduceOpArg | None = None,
     ) -> _R:
         """``call()``, one zipccl collective of ``op`` on this rank's input ``t``, counted in
-        :mod:`zipccl.accounting` with the strategy zipccl took (``collectives.STATS``: the last
-        call's strategy, unset where zipccl handed the call straight to torch) and the bytes it
-        sent (``STATS.sent``); ``source``: a broadcast's source; ``reduce``: a reduction's op."""
+        :mod:`zipccl.accounting` with the strategy zipccl took (``collectives.STATS``, this
+        thread's: the last call's strategy, unset where zipccl handed the call straight to
+        torch) and the bytes it sent (``STATS.sent``); ``source``: a broadcast's source;
+        ``reduce``: a reduction's op."""
         nbytes = t.numel() * t.element_size()
-        _measure_link_first(op, self.inner(t.device), t, nbytes, reduce)
         wire = collectives.STATS
         wire.strategy, sent = "", wire.sent
         start = time.perf_counter()
@@ -625,6 +679,28 @@ def _inner_group(
     return pg
 
 
+def _staged_lanes(
+    count: int,
+    store: dist.Store,
+    rank: int,
+    size: int,
+    timeout: timedelta,
+    global_ranks: list[int],
+    name: str,
+    options: Options,
+) -> _lanes.Lanes:
+    """``count`` lanes for CUDA tensors on the host-staged transport, each with a gloo group of
+    the same ranks (zipccl._lanes: why), on this rank's GPU."""
+    groups = []
+    for i in range(count):
+        lane = _inner_group(
+            "gloo", store, rank, size, timeout, global_ranks, f"{name}:lane{i}", options
+        )
+        settings.mark_agreed(lane)
+        groups.append(lane)
+    return _lanes.Lanes(groups, torch.device("cuda", torch.cuda.current_device()))
+
+
 def _reduce_op(opts: dist.AllreduceOptions | dist.ReduceScatterOptions) -> ReduceOpArg:
     """The reduce op as zipccl takes it: the plain op type, or PREMUL_SUM whole (with its
     factor), which zipccl leaves to the inner backend."""
@@ -634,20 +710,29 @@ def _reduce_op(opts: dist.AllreduceOptions | dist.ReduceScatterOptions) -> Reduc
 
 
 def _measure_link_first(
-    op: str, group: dist.ProcessGroup, t: torch.Tensor, nbytes: int, reduce: ReduceOpArg | None
+    op: str,
+    group: dist.ProcessGroup,
+    t: torch.Tensor,
+    reduce: ReduceOpArg | None,
+    lanes: _lanes.Lanes | None,
 ) -> None:
     """Where auto mode's switch would measure ``group``'s link inside this call (its first such
     call: _profile.profile_for, collectives on the group), measure it now, so that its traffic is
-    not counted as the call's bytes. Every rank takes the same branch: the conditions are the
-    plan's (collectives), on values the ranks share (an uneven all-to-all's sizes aside, which
-    the plan does not look at either)."""
+    not counted as the call's bytes; ``lanes`` (gloo groups of the same ranks over the same
+    link) take the same profile, not one measured per lane while the others run. Every rank
+    takes the same branch: the conditions are the plan's (collectives), on values the ranks
+    share (an uneven all-to-all's sizes aside, which the plan does not look at either)."""
+    nbytes = t.numel() * t.element_size()
     if (
         switch.mode() == "auto"
         and t.dtype in CODEC_DTYPES
         and (nbytes or op == "all_to_all")
         and (reduce is None or _agree.reduce_code(reduce) != 99)
     ):
-        _profile.profile_for(resolve(group, t))
+        g = resolve(group, t)
+        profile = _profile.profile_for(g)
+        for lane in lanes.groups if lanes is not None else ():
+            switch.PROFILES.setdefault(switch.profile_key(lane, g.staged), profile)
 
 
 def _why_native(dtype: torch.dtype, nbytes: int, reduce: ReduceOpArg | None) -> str:

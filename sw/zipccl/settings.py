@@ -41,6 +41,7 @@ KEYS = (
     "ZIPCCL_PLAN_CALLS",
     "ZIPCCL_CHECKSUM",
     "ZIPCCL_CUDA_TRANSPORT",
+    "ZIPCCL_LANES",
 )
 CUDA_TRANSPORTS = ("auto", "nccl", "gloo")  # what moves a zipccl group's CUDA tensors
 BACKENDS = ("auto", "torch", "triton")  # auto: the CUDA kernels on CUDA tensors, torch elsewhere
@@ -59,6 +60,7 @@ class Settings:
     plan_calls: int = 64  # ZIPCCL_PLAN_CALLS: calls one plan serves (0: no plan cache)
     checksum: bool = False  # ZIPCCL_CHECKSUM=1: compressed pieces carry a values checksum
     cuda_transport: str = "auto"  # ZIPCCL_CUDA_TRANSPORT: the zipccl backend's inner CUDA group
+    lanes: int = 4  # ZIPCCL_LANES: the backend's calls in flight on the staged transport (0: none)
 
 
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
@@ -133,6 +135,12 @@ def _chunk_bytes(value: str) -> int | None:
     return _count("ZIPCCL_CHUNK_BYTES", value, "positive", 1) if value else None
 
 
+def _lanes(value: str) -> int:
+    if not value:
+        return Settings.lanes
+    return _count("ZIPCCL_LANES", value, "non-negative", 0)
+
+
 def _plan_calls(value: str) -> int:
     if not value:
         return Settings.plan_calls
@@ -147,6 +155,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {  # KEYS order: Settings' fields
     "ZIPCCL_PLAN_CALLS": _plan_calls,
     "ZIPCCL_CHECKSUM": lambda v: _choice("ZIPCCL_CHECKSUM", v, ("0", "1")) == "1",
     "ZIPCCL_CUDA_TRANSPORT": lambda v: _choice("ZIPCCL_CUDA_TRANSPORT", v, CUDA_TRANSPORTS),
+    "ZIPCCL_LANES": _lanes,
     "ZIPCCL_BACKEND": lambda v: _choice("ZIPCCL_BACKEND", v, BACKENDS),
     "ZIPCCL_FAST": lambda v: _choice("ZIPCCL_FAST", v, ("1", "0")) == "1",  # BF16 fast path
     "ZIPCCL_LOG": lambda v: _choice("ZIPCCL_LOG", v, LOGS),

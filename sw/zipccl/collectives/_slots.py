@@ -9,6 +9,7 @@ data collective, reads what only the headers and the decoders can tell in one ho
 from __future__ import annotations
 
 import math
+import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,12 +38,14 @@ from zipccl.golden.formats import FloatFormat
 BYTE_VIEW = {torch.float8_e4m3fn, torch.float8_e5m2}  # gloo cannot move fp8: send the bytes
 
 
-@dataclass
-class WireStats:
-    """Bytes this rank handed to the transport for other ranks inside zipccl (benchmarks)."""
+class WireStats(threading.local):
+    """Bytes this rank handed to the transport for other ranks inside zipccl (benchmarks), and
+    the last top-level call's strategy; per thread, as calls run concurrently on the backend's
+    lanes (zipccl._lanes)."""
 
-    sent: int = 0
-    strategy: str = ""  # the last top-level call's strategy
+    def __init__(self) -> None:
+        self.sent = 0
+        self.strategy = ""
 
     def reset(self) -> None:
         self.sent, self.strategy = 0, ""

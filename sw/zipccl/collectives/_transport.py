@@ -158,15 +158,15 @@ class Streams:
         return _streams.on(stream)
 
 
-_STREAMS: dict[torch.device, Streams] = {}
-
-
 def streams_for(g: Group) -> Streams:
+    """This thread's side streams on ``g``'s device: calls on different threads (a backend's
+    lanes) pipeline independently instead of queueing behind each other's kernels."""
     if not g.cuda:
         return Streams(None, None)
-    if g.device not in _STREAMS:
-        _STREAMS[g.device] = Streams(torch.cuda.Stream(g.device), torch.cuda.Stream(g.device))
-    return _STREAMS[g.device]
+    return per_thread(
+        ("streams", g.device),
+        lambda: Streams(torch.cuda.Stream(g.device), torch.cuda.Stream(g.device)),
+    )
 
 
 @contextlib.contextmanager

@@ -1,0 +1,106 @@
+"""zipccl._lanes on host tensors: calls handed out round robin, run concurrently on their own
+gloo groups, their results and errors delivered through the Work (the backend uses them for
+CUDA tensors on the staged transport: tests/test_backend_gpu_staged.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+from zipccl._lanes import Lanes
+
+from tests._collectives_cluster import module_cluster
+
+pair = module_cluster(2)
+LANES = 3
+
+
+def _lanes() -> Lanes:
+    return Lanes([dist.new_group(backend="gloo") for _ in range(LANES)], torch.device("cpu"))
+
+
+def sc_round_robin(rank: int, world: int, calls: int) -> dict[str, object]:
+    """Every call issued before any is waited for: call i runs on lane i mod LANES, in order
+    within its lane, and sums what every rank gave it."""
+    lanes = _lanes()
+    seen: list[tuple[int, str]] = []
+    ts = [torch.full((1000,), float(i + rank)) for i in range(calls)]
+
+    def call(i: int):
+        def run(group: dist.ProcessGroup) -> None:
+            seen.append((i, threading.current_thread().name))
+            dist.all_reduce(ts[i], group=group)
+
+        return run
+
+    works = [lanes.submit(call(i), [ts[i]], [ts[i]]) for i in range(calls)]
+    results = [w.get_future().wait() for w in works]
+    names = dict(seen)
+    lanes.close()
+    return {
+        "sums": all(bool((t == 2 * i + 1).all()) for i, t in enumerate(ts)),
+        "results": all(r[0] is t for r, t in zip(results, ts, strict=True)),
+        "lanes": all(names[i] == f"zipccl-lane-{i % LANES}" for i in range(calls)),
+        "in_order": all(
+            [i for i, name in seen if name == f"zipccl-lane-{k}"] == list(range(k, calls, LANES))
+            for k in range(LANES)
+        ),
+        "success": all(w.is_completed() and w.is_success() for w in works),
+    }
+
+
+def test_calls_round_robin_exact(pair):
+    for found in pair.run(sc_round_robin, 8):
+        assert all(found.values()), found  # type: ignore[union-attr]
+
+
+def sc_error_reaches_the_waiter(rank: int, world: int) -> tuple[str, bool, bool]:
+    """A call that raises: wait() raises it, the Work reports no success, and its lane goes on
+    to the next call."""
+    lanes = _lanes()
+
+    def fail(group: dist.ProcessGroup) -> None:
+        raise ValueError(f"lane call failed on rank {rank}")
+
+    work = lanes.submit(fail, [], [])
+    try:
+        work.wait()
+        error = "no error"
+    except ValueError as exc:
+        error = str(exc)
+    failed = work.is_completed() and not work.is_success()
+    t = torch.ones(10)
+
+    def add(group: dist.ProcessGroup) -> None:
+        dist.all_reduce(t, group=group)
+
+    for _ in range(LANES):  # the failed lane's next call, and the others'
+        lanes.submit(add, [t], [t]).wait()
+    lanes.close()
+    return error, failed, bool((t == world**LANES).all())
+
+
+def test_error_reaches_the_waiter(pair):
+    for rank, (error, failed, after) in enumerate(pair.run(sc_error_reaches_the_waiter)):
+        assert error == f"lane call failed on rank {rank}"
+        assert failed and after
+
+
+def sc_close_joins(rank: int, world: int) -> bool:
+    lanes = _lanes()
+    before = {t.name for t in threading.enumerate()}
+    lanes.close()
+    after = {t.name for t in threading.enumerate()}
+    started = {f"zipccl-lane-{k}" for k in range(LANES)}
+    return started <= before and not started & after
+
+
+def test_close_stops_and_joins_every_lane(pair):
+    assert pair.run(sc_close_joins) == [True, True]
+
+
+def test_no_lanes_is_an_error():
+    with pytest.raises(ValueError, match="at least one lane"):
+        Lanes([], torch.device("cpu"))
