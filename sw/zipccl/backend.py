@@ -19,7 +19,9 @@ NCCL is missing, or ``ZIPCCL_CUDA_TRANSPORT=gloo`` asks for it (``auto``, the de
   ops of a coalescing window -- straight to the inner group, which returns its own Work.
 
 A compressed call returns a completed :class:`~zipccl.collectives.DoneWork` (its future holds the
-outputs, CUDA-aware); a call zipccl kept native returns the inner backend's own Work.
+outputs, CUDA-aware); a call zipccl kept native returns the inner backend's own Work. On the
+host-staged transport CUDA calls run on the group's *lanes* (``ZIPCCL_LANES``, zipccl._lanes):
+several in flight at once, each on a gloo group of its own, the call returning a Work at once.
 
 The group's ranks agree on their ZIPCCL_* settings when it is created (:mod:`zipccl.settings`):
 ranks started with different ones get a CollectiveMismatchError from ``init_process_group``.
@@ -95,7 +97,9 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
     functions on the inner group of their tensors' device (the switch, ``ZIPCCL_MODE`` and
     verification as on any group); everything else, and any op inside a coalescing window,
     goes to the inner group as it is. A compressed call returns a completed Work whose future
-    holds the outputs (CUDA-aware); a call zipccl kept native returns the inner backend's.
+    holds the outputs (CUDA-aware); a call zipccl kept native returns the inner backend's; a
+    CUDA call on the host-staged transport returns at once, running on one of the group's lanes
+    (:attr:`lanes`).
 
     Args:
         store (dist.Store): the group's store.

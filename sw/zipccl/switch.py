@@ -308,12 +308,10 @@ def best_chunks(p: Profile, call: Call) -> int:
 
 
 #  Auto keeps a host-staged group's all-reduce native where gloo's own reduction gives zipccl's
-#  bits (two ranks): DDP's gradient buckets arrive while the backward pass still runs, and gloo
-#  reduces them on its own threads, overlapped, where a compressed call holds the caller's
-#  thread and, on a GPU the ranks share, waits on the other rank's kernels at every host sync.
-#  Compressing them measured 0.68x of gloo's step (25 MB buckets) and 0.75x (256 MB), though the
-#  same all-reduce alone measured 1.02x (24 MiB) and 1.49x (256 MiB): BENCHMARKS.md section 6.
-#  ZIPCCL_MODE=always compresses them.
+#  bits (two ranks): DDP's gradient buckets, the calls that matter, run faster as gloo's own on
+#  the zipccl backend's lanes (zipccl._lanes) than compressed -- one H100, 2 ranks, 4 lanes: DDP
+#  step 245 ms native against 398 ms compressed -- though the same all-reduce alone compresses
+#  1.39x faster at 256 MiB (BENCHMARKS.md section 6). ZIPCCL_MODE=always compresses them.
 STAGED_ALL_REDUCE = NATIVE
 
 #  Auto's chunk size on a host-staged transport (CUDA tensors on gloo): see host_chunks
