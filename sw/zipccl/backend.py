@@ -462,8 +462,8 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         counted (:meth:`_counted`): on the inner group of ``t``'s device, returning torch's Work
         where zipccl handed the call to torch, else a completed one holding ``outputs``; or,
         where that group has lanes, on the next lane, returning its Work at once."""
-        group = self.inner(t.device)
-        _measure_link_first(op, group, t, reduce, self._lanes_of(t))
+        group, lanes = self.inner(t.device), self._lanes_of(t)
+        _measure_link_first(op, group, t, reduce, lanes)
 
         def counted(g: dist.ProcessGroup, async_op: bool) -> dist.Work | None:
             return self._counted(op, t, lambda: call(g, async_op), source=source, reduce=reduce)
@@ -471,7 +471,6 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         def on_lane(g: dist.ProcessGroup) -> None:
             counted(g, False)
 
-        lanes = self._lanes_of(t)
         if lanes is None:
             return _work(outputs, counted(group, True))
         return lanes.submit(on_lane, outputs, [t, *outputs])
@@ -488,7 +487,9 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         """``each(group)``: several zipccl collectives, each counted and finished before the next
         (the list and coalesced forms), on the inner group of the inputs' device or on one lane;
         one Work for all."""
-        t = inputs[0] if inputs else outputs[0]
+        if not inputs:  # nothing to move (an empty coalesced call)
+            return DoneWork(outputs)
+        t = inputs[0]
         lanes = self._lanes_of(t)
         _measure_link_first(op, self.inner(t.device), t, reduce, lanes)
         if lanes is None:
