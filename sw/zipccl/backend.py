@@ -166,7 +166,10 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
                 self._inner[device] = pg
             if plan.get("cuda") == "gloo" and agreed.lanes:
                 self._lanes = _staged_lanes(
-                    agreed.lanes, store, rank, size, timeout, global_ranks, name, options
+                    agreed.lanes,
+                    lambda lane: _inner_group(
+                        "gloo", store, rank, size, timeout, global_ranks, f"{name}:{lane}", options
+                    ),
                 )
             return plan
 
@@ -684,23 +687,12 @@ def _inner_group(
     return pg
 
 
-def _staged_lanes(
-    count: int,
-    store: dist.Store,
-    rank: int,
-    size: int,
-    timeout: timedelta,
-    global_ranks: list[int],
-    name: str,
-    options: Options,
-) -> _lanes.Lanes:
+def _staged_lanes(count: int, gloo_group: Callable[[str], dist.ProcessGroup]) -> _lanes.Lanes:
     """``count`` lanes for CUDA tensors on the host-staged transport, each with a gloo group of
-    the same ranks (zipccl._lanes: why), on this rank's GPU."""
+    the same ranks (``gloo_group(name)``; zipccl._lanes: why), on this rank's GPU."""
     groups = []
     for i in range(count):
-        lane = _inner_group(
-            "gloo", store, rank, size, timeout, global_ranks, f"{name}:lane{i}", options
-        )
+        lane = gloo_group(f"lane{i}")
         settings.mark_agreed(lane)
         groups.append(lane)
     return _lanes.Lanes(groups, torch.device("cuda", torch.cuda.current_device()))
