@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 
@@ -144,15 +145,17 @@ def _serve(jobs: queue.SimpleQueue[_Job | None], device: torch.device) -> None:
             job()
 
 
-_JOIN_S = 10.0  # at exit, how long a lane still inside a call (a peer gone) may hold it up
+_JOIN_S = 10.0  # at exit, how long lanes still inside calls (a peer gone) may hold it up, in all
 
 
 def _stop(queues: list[queue.SimpleQueue[_Job | None]], threads: list[threading.Thread]) -> None:
-    """Tell every lane to stop after the calls queued so far, and wait for each."""
+    """Tell every lane to stop after the calls queued so far, and wait for them (``_JOIN_S``
+    at most, for all of them together)."""
     for jobs in queues:
         jobs.put(None)
+    deadline = time.monotonic() + _JOIN_S
     for thread in threads:
-        thread.join(_JOIN_S)
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 __all__ = ["Call", "LaneWork", "Lanes"]
