@@ -6,7 +6,8 @@ writes ``qlc_encoder.v``, ``qlc_decoder.v``, ``qlc_loopback.v``, the multi-lane 
 ``qlc_encoder_x{N}.v`` (N = 2, 4, 8, 16, 32), ``qlc_decoder_x{N}.v`` and ``qlc_loopback_x{N}.v``
 (N = 2, 4, 8), the AXI4-Stream tops ``qlc_{encoder,decoder}_axis.v`` and
 ``qlc_{encoder,decoder}_axis_x{N}.v`` (hw/axis.py), the decoder pools (hw/pool.py)
-``qlc_decoder_pool_x{E}.v`` and ``qlc_decoder_pool_axis_x{E}.v`` (E = 2, 4, 8) -- their memories
+``qlc_decoder_pool_x{E}.v`` and ``qlc_decoder_pool_axis_x{E}.v`` (E = 2, 4, 8, 12), the 16-lane
+encoder into the 12-engine pool ``qlc_loopback_pool.v`` (hw/loopback.py) -- their memories
 initialised with the table, the reset-time default -- and ``{stem}_{enc,region,rank,count}.hex``
 of that table.
 
@@ -29,7 +30,7 @@ from zipccl.golden.codebook import Codebook
 from zipccl.hw.axis import AxisDecoder, AxisEncoder
 from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.encoder import QLCEncoder
-from zipccl.hw.loopback import QLCLoopback
+from zipccl.hw.loopback import LOOPBACK_POOL, QLCLoopback
 from zipccl.hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES, QLCDecoderN, QLCEncoderN
 from zipccl.hw.pool import POOL_ENGINES, QLCDecoderPool
 from zipccl.hw.tables import default_book
@@ -41,6 +42,7 @@ TOPS: dict[str, Callable[[Codebook | None], wiring.Component]] = {
     **{f"qlc_encoder_x{n}": partial(QLCEncoderN, n) for n in (*MULTI_LANES, *ENCODER_ONLY_LANES)},
     **{f"qlc_decoder_x{n}": partial(QLCDecoderN, n) for n in MULTI_LANES},
     **{f"qlc_loopback_x{n}": partial(QLCLoopback, lanes=n) for n in MULTI_LANES},
+    "qlc_loopback_pool": partial(QLCLoopback, lanes=LOOPBACK_POOL[0], engines=LOOPBACK_POOL[1]),
     **{f"qlc_decoder_pool_x{n}": partial(QLCDecoderPool, n) for n in POOL_ENGINES},
     "qlc_encoder_axis": partial(AxisEncoder, 1),
     "qlc_decoder_axis": partial(AxisDecoder, 1),

@@ -6,36 +6,61 @@ write applies to the packets whose count (``n``) comes after it: offer it betwee
 every packet begun has its count, and hold symbols back while it is offered (sim/formal.py's
 loopback checks prove that a write then lands with no symbol in flight and both blocks back in
 their reset state, the tables and stale data aside).
+
+With ``engines``, the decoder is hw/pool.py's pool of that many engines behind the N-lane
+encoder: both a billion symbols a second on an ECP5 (BENCHMARKS.md section 2) when N = 16 and
+E = 12 (``qlc_loopback_pool``), whose beats are both 8 words wide. The pool takes a packet
+padded to a word with the final beat's word count (``words``), where the encoder pads it to a
+beat and counts its bits: the final beat holds ceil(bits mod beat / 32) words (all of them
+where that is 0), every other beat all.
 """
 
 from __future__ import annotations
 
-from amaranth import Module
+from amaranth import Cat, Module, Mux, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from zipccl.golden.codebook import Codebook
 from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.encoder import QLCEncoder
 from zipccl.hw.multilane import QLCDecoderN, QLCEncoderN, lane_layout
-from zipccl.hw.tables import COUNT_BITS, SymbolLayout, TableWriteLayout
+from zipccl.hw.pool import QLCDecoderPool
+from zipccl.hw.tables import COUNT_BITS, WORD_BITS, SymbolLayout, TableWriteLayout, words_per_beat
+
+LOOPBACK_POOL = (16, 12)  # encoder lanes, decoder engines: qlc_loopback_pool
 
 
 class QLCLoopback(wiring.Component):
     """Symbols in (``i``), symbol counts (``n``), symbols out (``o``), shared table load;
-    single-lane blocks, or the N-lane ones of hw/multilane.py when ``lanes`` is given."""
+    single-lane blocks, or the N-lane ones of hw/multilane.py when ``lanes`` is given, or the
+    N-lane encoder and a pool of ``engines`` decoders (symbols out E to a beat)."""
 
-    def __init__(self, book: Codebook | None = None, lanes: int | None = None) -> None:
-        self.book, self.lanes = book, lanes
+    def __init__(
+        self, book: Codebook | None = None, lanes: int | None = None, engines: int | None = None
+    ) -> None:
+        self.book, self.lanes, self.engines = book, lanes, engines
+        self.enc: QLCEncoder | QLCEncoderN
+        self.dec: QLCDecoder | QLCDecoderN | QLCDecoderPool
         if lanes is None:
+            if engines is not None:
+                raise ValueError("a loopback with a decoder pool needs the encoder's lanes")
             self.enc, self.dec = QLCEncoder(book), QLCDecoder(book)
-        else:
+        elif engines is None:
             self.enc, self.dec = QLCEncoderN(lanes, book), QLCDecoderN(lanes, book)
+        else:
+            if words_per_beat(lanes) != words_per_beat(engines):
+                raise ValueError(
+                    f"a {lanes}-lane encoder's beats are {words_per_beat(lanes)} words, "
+                    f"a {engines}-engine pool's {words_per_beat(engines)}: they must match"
+                )
+            self.enc, self.dec = QLCEncoderN(lanes, book), QLCDecoderPool(engines, book)
         symbols = SymbolLayout if lanes is None else lane_layout(lanes)
+        out = symbols if engines is None else lane_layout(engines)
         super().__init__(
             {
                 "i": In(stream.Signature(symbols)),
                 "n": In(stream.Signature(COUNT_BITS)),
-                "o": Out(stream.Signature(symbols)),
+                "o": Out(stream.Signature(out)),
                 "tw": In(stream.Signature(TableWriteLayout)),
                 "error": Out(1),
             }
@@ -47,8 +72,11 @@ class QLCLoopback(wiring.Component):
         wiring.connect(m, wiring.flipped(self.i), enc.i)
         wiring.connect(m, wiring.flipped(self.n), dec.n)
         wiring.connect(m, dec.o, wiring.flipped(self.o))
+        if self.engines is None:
+            m.d.comb += dec.i.payload.eq(enc.o.payload.data)
+        else:
+            m.d.comb += dec.i.payload.eq(pool_beat(enc.o.payload, self.enc.words))
         m.d.comb += [
-            dec.i.payload.eq(enc.o.payload.data),
             dec.i.valid.eq(enc.o.valid),
             enc.o.ready.eq(dec.i.ready),
             enc.tw.payload.eq(self.tw.payload),
@@ -59,3 +87,13 @@ class QLCLoopback(wiring.Component):
             self.error.eq(dec.error),
         ]
         return m
+
+
+def pool_beat(beat, words: int) -> Value:
+    """The encoder's word beat (data, last, the packet's bit count) as the pool's (data, last,
+    the words it holds): the final beat's words from the count (module docstring)."""
+    tail = beat.bits[: (WORD_BITS * words).bit_length() - 1]  # the bits past whole beats
+    held = Mux(
+        beat.last & (tail != 0), (tail + WORD_BITS - 1) >> (WORD_BITS.bit_length() - 1), words
+    )
+    return Cat(beat.data, beat.last, held)

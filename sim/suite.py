@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from zipccl.golden.codebook import Codebook
 from zipccl.golden.streams import encode_codewords
+from zipccl.hw.loopback import LOOPBACK_POOL
 from zipccl.hw.multilane import ENCODER_ONLY_LANES, MULTI_LANES, words_per_beat
 from zipccl.hw.pool import POOL_ENGINES
 from zipccl.sim.bench import (
@@ -65,6 +66,7 @@ class Top:
     shape: Shape
     cap: str = "full"  # the highest level of a whole run (--level): lower when slow under Icarus
     packets: int = 1  # packets per code length in the throughput stage (a pool needs many)
+    out: Shape | None = None  # the output's beats where they differ from the input's
 
     @property
     def decodes_streams(self) -> bool:
@@ -88,6 +90,15 @@ def _tops() -> dict[str, Top]:
             tops[f"qlc_decoder_x{n}"] = Top(decode_packets, DEC_IN, shape, slow)
             # covered by its two blocks
             tops[f"qlc_loopback_x{n}"] = Top(loopback_packets, DEC_IN, shape, "smoke")
+    lanes, engines = LOOPBACK_POOL  # the encoder into a pool: 16 symbols a beat in, 12 out
+    tops["qlc_loopback_pool"] = Top(
+        loopback_packets,
+        DEC_IN,
+        Shape(lanes, words_per_beat(lanes), counted=True),
+        "smoke",
+        packets=4 * engines,
+        out=Shape.pool(engines),
+    )
     for n in POOL_ENGINES:  # E whole packets at once: the throughput stage gives it 4 E of them
         slow = "smoke" if n >= 8 else "quick"
         tops[f"qlc_decoder_pool_x{n}"] = Top(
@@ -163,7 +174,7 @@ async def run_suite(top: str, port: Port, level: str = "quick", seed: int = 1) -
         "datasets": {},
     }
 
-    bench = Bench.make(port, inputs, seed, 1.0, 1.0, shape)
+    bench = Bench.make(port, inputs, seed, 1.0, 1.0, shape, top_.out)
     for length in CODE_LENGTHS:
         ds = length_set(length, lv.length_symbols * top_.packets, seed)
         st = await run(bench, ds.book, packets_of(ds.symbols, lv.length_symbols))
@@ -179,14 +190,16 @@ async def run_suite(top: str, port: Port, level: str = "quick", seed: int = 1) -
         }
         total.add(st)
 
-    bench = Bench.make(port, inputs, seed + 1, BACKPRESSURE_RATE, BACKPRESSURE_RATE, shape)
+    bench = Bench.make(
+        port, inputs, seed + 1, BACKPRESSURE_RATE, BACKPRESSURE_RATE, shape, top_.out
+    )
     books = [ds.book for ds in sets] + [random_book(rng) for _ in range(lv.random_books)]
     real = data["fp8_ffn1"]
     for book in books:
         small = [rng.integers(0, 256, k).astype(np.uint8) for k in (1, 2, 3)]
         total.add(await run(bench, book, [symbol_mix(rng, real, lv.mix_symbols), *small]))
 
-    bench = Bench.make(port, inputs, seed + 2, 0.3, 0.9, shape)  # slow source: ends run dry
+    bench = Bench.make(port, inputs, seed + 2, 0.3, 0.9, shape, top_.out)  # slow source
     tiny = [rng.choice(data["fp8_ffn2"], int(rng.integers(1, 5))) for _ in range(lv.tiny_packets)]
     total.add(await run(bench, sets[4].book, tiny))
 

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from amaranth import Module, Signal
+from amaranth.sim import Simulator
 from zipccl.golden.codebook import Codebook
-from zipccl.hw.pool import QLCDecoderPool
-from zipccl.hw.tables import WORD_BITS, Mem
+from zipccl.hw.loopback import QLCLoopback, pool_beat
+from zipccl.hw.multilane import beat_layout
+from zipccl.hw.pool import QLCDecoderPool, pool_beat_layout
+from zipccl.hw.tables import WORD_BITS, Mem, words_per_beat
 from zipccl.sim.amaranth_port import run_amaranth
 from zipccl.sim.bench import (
     Bench,
@@ -19,6 +23,7 @@ from zipccl.sim.bench import (
     bad_padding_stream,
     decode_packets,
     illegal_stream,
+    loopback_packets,
     table_beats,
 )
 from zipccl.sim.cases import DataSet, builder_sets, illegal_book, length_set, load_data, symbol_mix
@@ -213,3 +218,67 @@ def test_words_past_a_beats_count_are_ignored() -> None:
         assert shape.symbols_of(bench.sink.got) == shape.symbols_of(want), f"seed {seed}"
 
     _run(4, seed, 0.7, 0.7, body)
+
+
+def test_loopback_into_a_pool_bad_parameters() -> None:
+    with pytest.raises(ValueError, match="must match"):
+        QLCLoopback(lanes=16, engines=4)  # 8-word beats into 2-word ones
+    with pytest.raises(ValueError, match="needs the encoder's lanes"):
+        QLCLoopback(engines=4)
+
+
+@pytest.mark.parametrize(("lanes", "engines"), [(4, 4), (8, 8)])
+def test_loopback_into_a_pool_round_trip(lanes: int, engines: int) -> None:
+    """The N-lane encoder into a pool (qlc_loopback_pool at small sizes): every symbol back in
+    order under random valid/ready and table reloads, packets whose codes fill their last beat
+    exactly (its word count then the whole beat) and packets that leave it part empty."""
+    seed = 21 + lanes
+    rng = np.random.default_rng(seed)
+    beat_bits = WORD_BITS * words_per_beat(lanes)
+    eight = length_set(8, 64)  # 8-bit codes: beat_bits / 8 symbols fill a beat
+    shape = Shape(lanes, words_per_beat(lanes), counted=True)
+
+    async def body(port):
+        bench = Bench.make(port, DEC_IN, seed, 0.6, 0.6, shape, Shape.pool(engines))
+        exact = beat_bits // 8
+        await loopback_packets(
+            bench,
+            eight.book,
+            [eight.symbols[:exact], eight.symbols[: 2 * exact], eight.symbols[:3]],
+        )
+        for ds in (SETS[1], SETS[4]):
+            sizes = [1, 2, lanes, engines + 1, *rng.integers(1, 120, 5)]
+            await loopback_packets(bench, ds.book, [symbol_mix(rng, ds.symbols, s) for s in sizes])
+
+    run_amaranth(QLCLoopback(lanes=lanes, engines=engines), body)
+
+
+@pytest.mark.parametrize(
+    ("bits", "last", "words"),
+    [
+        (3 * 256, 1, 8),  # codes fill the last beat: all of it
+        (3 * 256 + 1, 1, 1),
+        (256 + 32, 1, 1),
+        (256 + 33, 1, 2),
+        (255, 1, 8),
+        (100, 0, 8),  # not the last beat: all of it, whatever the running count
+    ],
+)
+def test_pool_beat_holds_the_words_of_the_bit_count(bits: int, last: int, words: int) -> None:
+    """The encoder's beat as the pool's: the final beat's word count from the packet's bits."""
+    enc = Signal(beat_layout(8))
+    pool = Signal(pool_beat_layout(8))
+    m = Module()
+    m.d.comb += pool.eq(pool_beat(enc, 8))
+    found = []
+
+    async def bench(ctx):
+        ctx.set(enc.data, 0x1234 << 200)
+        ctx.set(enc.bits, bits)
+        ctx.set(enc.last, last)
+        found.extend([ctx.get(pool.words), ctx.get(pool.last), ctx.get(pool.data)])
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    assert found == [words, last, 0x1234 << 200]
