@@ -694,3 +694,20 @@ def test_nccl_asked_by_a_script_shares_a_gpu(monkeypatch, asked, choice, gpus, w
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
     assert backend._plan(backend.Options(asked), choice, gpus) == want
+
+
+@pytest.mark.parametrize(
+    ("plan", "cuda", "want"),
+    [
+        ({"cpu": "gloo", "cuda": "gloo"}, True, 4),  # the staged transport on a GPU: lanes
+        ({"cpu": "gloo", "cuda": "nccl"}, True, 0),  # NCCL queues calls on streams itself
+        ({"cpu": "gloo", "cuda": "gloo"}, False, 0),  # CUDA tensors asked of gloo, no GPU here
+        ({"cpu": "gloo"}, True, 0),
+    ],
+)
+def test_lanes_only_for_the_staged_transport_on_a_gpu(monkeypatch, plan, cuda, want) -> None:
+    """The lane count rides in the plan's round, so ranks that differ raise there."""
+    from zipccl import backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert backend._with_lanes(plan, 4) == (plan, want)

@@ -142,8 +142,12 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         options = options or Options()
         # every rank's plan, checked before any rank blocks in an inner group's connect
         gpus = _round(store, rank, size, "gpus", _gpu_id())  # which ranks share a GPU
-        plan = _together(
-            store, rank, size, "plan", lambda: _plan(options, agreed.cuda_transport, gpus)
+        plan, lanes = _together(
+            store,
+            rank,
+            size,
+            "plan",
+            lambda: _with_lanes(_plan(options, agreed.cuda_transport, gpus), agreed.lanes),
         )
         # the binding's (rank, size) constructor, which torch's stub lacks (it has only the store's)
         super().__init__(rank, size)  # type: ignore[call-arg]
@@ -164,9 +168,9 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
                 self._register_backend(on, _KINDS[backend], pg._get_backend(on))  # (FSDP2, NCCL)
                 settings.mark_agreed(pg)
                 self._inner[device] = pg
-            if plan.get("cuda") == "gloo" and agreed.lanes:
+            if lanes:
                 self._lanes = _staged_lanes(
-                    agreed.lanes,
+                    lanes,
                     lambda lane: _inner_group(
                         "gloo", store, rank, size, timeout, global_ranks, f"{name}:{lane}", options
                     ),
@@ -591,6 +595,14 @@ def _plan(options: Options, cuda_transport: str, gpus: list[str]) -> dict[str, s
     if plan.get("cuda") == "nccl":
         plan["cuda"] = _cuda_backend(cuda_transport, gpus) or "nccl"  # (no GPU: NCCL's own error)
     return plan
+
+
+def _with_lanes(plan: dict[str, str], lanes: int) -> tuple[dict[str, str], int]:
+    """The plan and its lane count: ``ZIPCCL_LANES`` where CUDA tensors take the host-staged
+    transport on a GPU here, else 0 (ranks that differ, e.g. one without CUDA, raise in the plan's
+    round instead of one waiting in a lane group's connect)."""
+    staged = plan.get("cuda") == "gloo" and torch.cuda.is_available()
+    return plan, lanes if staged else 0
 
 
 _SEP = "\x1f"
