@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -121,6 +122,7 @@ def train(args: argparse.Namespace) -> dict:
         "loss_bits": [int(loss.float().view(torch.int32)) for loss in losses],
         "digest": weights,
         "torch": torch.__version__,
+        "zipccl_env": {k: v for k, v in os.environ.items() if k.startswith("ZIPCCL_")},
     }
 
 
