@@ -104,5 +104,5 @@ def sc_mismatch_on_a_lane(rank: int, world: int) -> tuple[str, bool]:
 
 def test_mismatch_on_a_lane_raises_on_every_rank(pair):
     for error, recovered in pair.run(sc_mismatch_on_a_lane, env=test_backend.ALWAYS):
-        assert "disagree on the input numel" in error, error
+        assert "disagree on the tensor numel" in error, error
         assert recovered
