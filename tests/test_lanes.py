@@ -1,6 +1,7 @@
 """zipccl._lanes on host tensors: calls handed out round robin, run concurrently on their own
-gloo groups, their results and errors delivered through the Work (the backend uses them for
-CUDA tensors on the staged transport: tests/test_backend_gpu_staged.py)."""
+gloo groups, their results and errors delivered through the Work; and the ``zipccl`` backend's
+calls on lanes, installed here on its host tensors (it makes them for CUDA tensors on the staged
+transport: tests/test_backend_gpu_staged.py runs the same scenarios there)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import threading
 import pytest
 import torch
 import torch.distributed as dist
+from zipccl import settings
 from zipccl._lanes import Lanes
 
+from tests import _lane_scenarios as scenarios
+from tests import test_backend
 from tests._collectives_cluster import module_cluster
 
 pair = module_cluster(2)
@@ -104,3 +108,46 @@ def test_close_stops_and_joins_every_lane(pair):
 def test_no_lanes_is_an_error():
     with pytest.raises(ValueError, match="at least one lane"):
         Lanes([], torch.device("cpu"))
+
+
+zipccl_pair = test_backend.pair  # 2 ranks on a zipccl default group
+
+
+def sc_host_lanes(rank: int, world: int, count: int) -> int:
+    """Give the zipccl default group ``count`` lanes for host tensors (0: take them away)."""
+    pg = dist.group.WORLD
+    if pg._lanes is not None:
+        pg._lanes.close()
+        pg._lanes = None
+    if count:
+        groups = [dist.new_group(backend="gloo") for _ in range(count)]
+        for g in groups:
+            settings.mark_agreed(g)
+        pg._lanes = Lanes(groups, torch.device("cpu"))
+    return pg.lanes
+
+
+@pytest.fixture(scope="module")
+def on_lanes(zipccl_pair):
+    assert zipccl_pair.run(sc_host_lanes, LANES) == [LANES, LANES]
+    yield zipccl_pair
+    assert zipccl_pair.run(sc_host_lanes, 0) == [0, 0]
+
+
+@pytest.mark.parametrize("mode", ["auto", "always"])
+def test_backend_buckets_in_flight_are_exact(on_lanes, mode):
+    for found in on_lanes.run(scenarios.sc_buckets_in_flight, "cpu", env={"ZIPCCL_MODE": mode}):
+        assert found == {"lanes": LANES, "works": {"LaneWork"}, "exact": True}, found
+
+
+@pytest.mark.parametrize("mode", ["auto", "always"])
+def test_backend_every_op_in_flight_is_exact(on_lanes, mode):
+    for found in on_lanes.run(scenarios.sc_every_op_in_flight, "cpu", env={"ZIPCCL_MODE": mode}):
+        assert all(found.values()), found  # type: ignore[union-attr]
+
+
+def test_backend_mismatch_on_a_lane_raises_on_every_rank(on_lanes):
+    env = test_backend.ALWAYS
+    for error, recovered in on_lanes.run(scenarios.sc_mismatch_on_a_lane, "cpu", env=env):
+        assert scenarios.MISMATCH in error, error
+        assert recovered
