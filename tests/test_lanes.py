@@ -101,6 +101,35 @@ def sc_close_joins(rank: int, world: int) -> bool:
     return started <= before and not started & after
 
 
+def sc_base_exception_reaches_the_waiter(rank: int, world: int) -> tuple[str, bool]:
+    """A call that raises SystemExit: the waiter gets a RuntimeError naming it, the lane lives."""
+    lanes = _lanes()
+
+    def leave(group: dist.ProcessGroup) -> None:
+        raise SystemExit(3)
+
+    try:
+        lanes.submit(leave, [], []).wait()
+        error = "no error"
+    except RuntimeError as exc:
+        error = str(exc)
+    t = torch.ones(4)
+
+    def add(group: dist.ProcessGroup) -> None:
+        dist.all_reduce(t, group=group)
+
+    for _ in range(LANES):
+        lanes.submit(add, [t], [t]).wait()
+    lanes.close()
+    return error, bool((t == world**LANES).all())
+
+
+def test_base_exception_reaches_the_waiter(pair):
+    for error, after in pair.run(sc_base_exception_reaches_the_waiter):
+        assert error == "zipccl lane: the call raised SystemExit(3)"
+        assert after
+
+
 def test_close_stops_and_joins_every_lane(pair):
     assert pair.run(sc_close_joins) == [True, True]
 

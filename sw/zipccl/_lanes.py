@@ -122,8 +122,8 @@ class Lanes:
                     t.record_stream(stream)
             try:
                 call(group)
-            except Exception as error:  # the waiting thread raises it
-                future.set_exception(error)  # type: ignore[arg-type]  # (stub: T, not an error)
+            except BaseException as error:  # the waiting thread raises it; the lane goes on
+                future.set_exception(_as_exception(error))  # type: ignore[arg-type]  # (stub: T)
                 return
             future.set_result(outputs)
 
@@ -132,6 +132,16 @@ class Lanes:
 
     def __len__(self) -> int:
         return len(self.groups)
+
+
+def _as_exception(error: BaseException) -> Exception:
+    """What a future can hold (an Exception): ``error``, or a RuntimeError that names a
+    BaseException such as SystemExit, so that the waiter raises instead of waiting forever."""
+    if isinstance(error, Exception):
+        return error
+    wrapped = RuntimeError(f"zipccl lane: the call raised {error!r}")
+    wrapped.__cause__ = error
+    return wrapped
 
 
 def _serve(jobs: queue.SimpleQueue[_Job | None], device: torch.device) -> None:
