@@ -275,12 +275,14 @@ def _header_tensor(header: bytes, device: torch.device) -> torch.Tensor:
 def _staircases(device: torch.device) -> torch.Tensor:
     """golden.builders.staircase_layouts() on ``device`` (uint8, 8 widths a row): the family
     the FP8 default table is chosen from on the device, uploaded once per device and thread."""
-    staircases = _kept("staircases")
-    rows = staircases.get(device)
-    if rows is None:
-        host = torch.from_numpy(builders.staircase_layouts().astype("uint8").reshape(-1))
-        rows = staircases[device] = _to_device(host, device)
-    return rows
+    return _uploaded(
+        "staircases",
+        (device,),
+        None,
+        lambda: _to_device(
+            torch.from_numpy(builders.staircase_layouts().astype("uint8").reshape(-1)), device
+        ),
+    )
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)

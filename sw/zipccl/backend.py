@@ -497,10 +497,10 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
         if not inputs:  # nothing to move (an empty coalesced call)
             return DoneWork(outputs)
         t = inputs[0]
-        lanes = self._lanes_of(t)
-        _measure_link_first(op, self.inner(t.device), t, reduce, lanes)
+        group, lanes = self.inner(t.device), self._lanes_of(t)
+        _measure_link_first(op, group, t, reduce, lanes)
         if lanes is None:
-            each(self.inner(t.device))
+            each(group)
             return DoneWork(outputs)
         return lanes.submit(each, outputs, [*inputs, *outputs])
 
