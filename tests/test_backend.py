@@ -590,7 +590,7 @@ def test_training_three_four_ranks_is_the_rank_order_reduction(request, ranks, s
         ("ZIPCCL_VERIFY", "1", "ZIPCCL_VERIFY (rank 0: auto, rank 1: 1)"),
         ("ZIPCCL_NATIVE_REDUCE", "1", "ZIPCCL_NATIVE_REDUCE (rank 0: False, rank 1: True)"),
         ("ZIPCCL_CHECKSUM", "1", "ZIPCCL_CHECKSUM (rank 0: False, rank 1: True)"),
-        ("ZIPCCL_LANES", "2", "ZIPCCL_LANES (rank 0: 4, rank 1: 2)"),
+        ("ZIPCCL_LANES", "2", "ZIPCCL_LANES (rank 0: 8, rank 1: 2)"),
         ("ZIPCCL_MODE", "Sometimes", "rank 1: invalid 'sometimes'"),
         ("ZIPCCL_MODE", "\udcff", "rank 1: invalid '\\\\xff'"),  # not UTF-8: the byte 0xff
     ],

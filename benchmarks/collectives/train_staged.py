@@ -8,6 +8,8 @@ One launch per (strategy, backend), from the repository root on a GPU machine::
         --backend gloo --out OUT
     torchrun --nproc-per-node 2 -m benchmarks.collectives.train_staged --strategy ddp \\
         --backend zipccl --out OUT
+    ZIPCCL_LANES=8 torchrun --nproc-per-node 2 -m benchmarks.collectives.train_staged \\
+        --strategy ddp --backend zipccl --label lanes8 --out OUT
     python -m benchmarks.collectives.train_staged --report OUT
 
 Every run trains the same seeded model on the same seeded batches: ``--warmup`` steps, then
@@ -15,8 +17,8 @@ Every run trains the same seeded model on the same seeded batches: ``--warmup`` 
 without gradient communication (DDP ``no_sync``: forward, backward and the optimizer on the
 shared GPU; for FSDP2 the DDP run's figure is the compute share, the rest of a step is exposed
 communication). It records every step's loss and a digest of the final weights; ``--report``
-prints each strategy's gloo and zipccl runs side by side and checks losses and weights bit for
-bit.
+prints each strategy's zipccl runs (one row per ``--label``ed launch) beside its unlabelled gloo
+run, checks losses and weights bit for bit, and lists every gloo launch's step time.
 """
 
 from __future__ import annotations
@@ -93,6 +95,13 @@ def digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def lanes_setting() -> int:
+    """The backend's lane count in effect (ZIPCCL_LANES, or its default)."""
+    from zipccl import settings
+
+    return settings.value("ZIPCCL_LANES")
+
+
 def train(args: argparse.Namespace) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = wrapped(args)
@@ -122,34 +131,51 @@ def train(args: argparse.Namespace) -> dict:
         "loss_bits": [int(loss.float().view(torch.int32)) for loss in losses],
         "digest": weights,
         "torch": torch.__version__,
+        "label": args.label,
         "zipccl_env": {k: v for k, v in os.environ.items() if k.startswith("ZIPCCL_")},
+        "zipccl_lanes": lanes_setting() if args.backend == "zipccl" else None,
     }
 
 
+def settings(run: dict) -> str:
+    """A zipccl run's lanes and the ZIPCCL_* settings it set, as one cell (less the kernel
+    cache's place, which changes nothing on the wire)."""
+    env = {k: v for k, v in (run.get("zipccl_env") or {}).items() if k != "ZIPCCL_CACHE_DIR"}
+    env.setdefault("ZIPCCL_LANES", f"{run['zipccl_lanes']} (default)")
+    return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+
+
 def report(out: Path) -> str:
-    runs = {}
+    """Each strategy's zipccl runs (one row per launch, by its settings) against its gloo run."""
+    runs: dict[tuple[str, str], list[dict]] = {}
     for path in sorted(out.glob("train-*.json")):
         doc = json.loads(path.read_text())
-        runs[doc["strategy"], doc["backend"]] = doc
+        runs.setdefault((doc["strategy"], doc["backend"]), []).append(doc)
     lines = [
-        "| strategy | params | gloo step ms | zipccl step ms | speed-up | compute ms | "
-        "exposed comm gloo / zipccl ms | losses, weights |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| strategy | zipccl settings | params | gloo step ms | zipccl step ms | speed-up | "
+        "compute ms | exposed comm gloo / zipccl ms | losses, weights |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-    compute = runs.get(("ddp", "gloo"), {}).get("compute_s") or 0.0
+    ddp_gloo = runs.get(("ddp", "gloo"), [{}])[0]
+    compute = ddp_gloo.get("compute_s") or 0.0
+    gloo_steps = []
     for strategy in ("ddp", "fsdp2"):
-        base, zc = runs.get((strategy, "gloo")), runs.get((strategy, "zipccl"))
-        if not (base and zc):
-            continue
-        same = base["loss_bits"] == zc["loss_bits"] and base["digests"] == zc["digests"]
-        exposed = [1e3 * (run["step_s"] - compute) for run in (base, zc)]
-        lines.append(
-            f"| {strategy} | {base['params'] / 1e6:.0f} M | {1e3 * base['step_s']:.0f} | "
-            f"{1e3 * zc['step_s']:.0f} | {base['step_s'] / zc['step_s']:.2f}x | "
-            f"{1e3 * compute:.0f} | {exposed[0]:.0f} / {exposed[1]:.0f} | "
-            f"{'bit-identical' if same else 'DIFFER'} |"
-        )
-    return "\n".join(lines)
+        glooes = sorted(runs.get((strategy, "gloo"), []), key=lambda run: run.get("label", ""))
+        if glooes:
+            ms = ", ".join(f"{1e3 * run['step_s']:.1f}" for run in glooes)
+            gloo_steps.append(f"{strategy} gloo launches: {ms} ms")
+        for base in glooes[:1]:
+            for zc in runs.get((strategy, "zipccl"), []):
+                same = base["loss_bits"] == zc["loss_bits"] and base["digests"] == zc["digests"]
+                exposed = [1e3 * (run["step_s"] - compute) for run in (base, zc)]
+                lines.append(
+                    f"| {strategy} | {settings(zc)} | {base['params'] / 1e6:.0f} M | "
+                    f"{1e3 * base['step_s']:.0f} | {1e3 * zc['step_s']:.0f} | "
+                    f"{base['step_s'] / zc['step_s']:.2f}x | {1e3 * compute:.0f} | "
+                    f"{exposed[0]:.0f} / {exposed[1]:.0f} | "
+                    f"{'bit-identical' if same else 'DIFFER'} |"
+                )
+    return "\n".join([*lines, "", *gloo_steps])
 
 
 def main() -> None:
@@ -159,7 +185,8 @@ def main() -> None:
     )
     ap.add_argument("--strategy", choices=["ddp", "fsdp2"], default="ddp")
     ap.add_argument("--backend", choices=["gloo", "zipccl"], default="gloo")
-    ap.add_argument("--out", type=Path, help="folder for train-STRATEGY-BACKEND.json")
+    ap.add_argument("--out", type=Path, help="folder for train-STRATEGY-BACKEND[-LABEL].json")
+    ap.add_argument("--label", default="", help="names this launch's file (e.g. lanes8)")
     ap.add_argument("--report", type=Path, help="print the comparison of the runs in a folder")
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--d-model", type=int, default=1024)
@@ -185,7 +212,8 @@ def main() -> None:
     result["digests"] = digests
     if dist.get_rank() == 0 and args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        name = f"train-{args.strategy}-{args.backend}.json"
+        label = f"-{args.label}" if args.label else ""
+        name = f"train-{args.strategy}-{args.backend}{label}.json"
         (args.out / name).write_text(json.dumps(result, indent=1))
         brief = {k: v for k, v in result.items() if k not in ("losses", "loss_bits", "steps_s")}
         print(json.dumps(brief), flush=True)

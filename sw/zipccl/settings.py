@@ -60,7 +60,7 @@ class Settings:
     plan_calls: int = 64  # ZIPCCL_PLAN_CALLS: calls one plan serves (0: no plan cache)
     checksum: bool = False  # ZIPCCL_CHECKSUM=1: compressed pieces carry a values checksum
     cuda_transport: str = "auto"  # ZIPCCL_CUDA_TRANSPORT: the zipccl backend's inner CUDA group
-    lanes: int = 4  # ZIPCCL_LANES: the backend's calls in flight on the staged transport (0: none)
+    lanes: int = 8  # ZIPCCL_LANES: the backend's calls in flight on the staged transport (0: none)
 
 
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
