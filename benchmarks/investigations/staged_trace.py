@@ -1,5 +1,6 @@
 """Where a compressed call's time goes on the host-staged transport (CUDA tensors on gloo, ranks
-sharing one GPU): torch.profiler over a few ``always`` calls, zipccl's protocol steps labelled.
+sharing one GPU): torch.profiler over a few calls in ``--mode`` (``always``, or ``auto`` to see
+what a call it keeps native or compresses pays), zipccl's protocol steps labelled.
 
 Run from the repository root on a GPU machine::
 
@@ -7,7 +8,7 @@ Run from the repository root on a GPU machine::
         --mib 24 --out OUT
 
 Prints rank 0's timeline of the last call (labelled host ranges, runtime calls over 20 us, GPU
-kernels and copies; microseconds from the call's start) beside the native and ``always`` wall
+kernels and copies; microseconds from the call's start) beside the native and zipccl wall
 times, and writes the chrome trace to ``OUT``.
 """
 
@@ -83,6 +84,7 @@ def main() -> None:
     ap.add_argument("--op", default="all_reduce", choices=common.OPS)
     ap.add_argument("--mib", type=int, default=24)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--mode", default="always", choices=["always", "auto"])
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.cuda.set_device(0)
@@ -92,9 +94,9 @@ def main() -> None:
     x = common.make_data("normal", args.mib * MIB, rank, Path(".data/minilm.npz"))
     native, _ = common.op_call(args.op, x, world, dist)
     zipped, _ = common.op_call(args.op, x, world, zipccl)
-    os.environ["ZIPCCL_MODE"] = "always"
-    zipped()
-    times = {"native": wall(native, args.reps), "always": wall(zipped, args.reps)}
+    os.environ["ZIPCCL_MODE"] = args.mode
+    zipped()  # auto: profiles the link first
+    times = {"native": wall(native, args.reps), args.mode: wall(zipped, args.reps)}
     labelled()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(3):
@@ -105,7 +107,7 @@ def main() -> None:
             torch.cuda.synchronize()
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"staged-{args.op}-{args.mib}mib-w{world}.json"
+        path = args.out / f"staged-{args.op}-{args.mib}mib-w{world}-{args.mode}.json"
         prof.export_chrome_trace(str(path))
         print({k: f"{1e3 * v:.2f} ms" for k, v in times.items()}, flush=True)
         print(timeline(json.loads(path.read_text())), flush=True)
