@@ -115,12 +115,13 @@ class Lanes:
         )
 
         def job() -> None:
-            if issued is not None:
-                stream = torch.cuda.current_stream(self.device)
-                stream.wait_event(issued)
-                for t in tensors:
-                    t.record_stream(stream)
-            try:
+            try:  # all of it: whatever raises, the waiter gets it and the lane goes on
+                if issued is not None:
+                    stream = torch.cuda.current_stream(self.device)
+                    stream.wait_event(issued)
+                    for t in tensors:  # one elsewhere is the call's to refuse, on every rank
+                        if t.device == self.device:
+                            t.record_stream(stream)
                 call(group)
             except BaseException as error:  # the waiting thread raises it; the lane goes on
                 future.set_exception(_as_exception(error))  # type: ignore[arg-type]  # (stub: T)
