@@ -119,7 +119,7 @@ class Lanes:
                 if issued is not None:
                     stream = torch.cuda.current_stream(self.device)
                     stream.wait_event(issued)
-                    for t in tensors:  # one elsewhere is the call's to refuse, on every rank
+                    for t in tensors:  # one elsewhere is the call's: refused or copied there
                         if t.device == self.device:
                             t.record_stream(stream)
                 call(group)
