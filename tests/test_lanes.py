@@ -60,6 +60,20 @@ def test_calls_round_robin_exact(pair):
         assert all(found.values()), found  # type: ignore[union-attr]
 
 
+def _every_lane_serves_a_call(lanes: Lanes, world: int) -> bool:
+    """One all-reduce on every lane (a failed lane's too), then the lanes closed: whether each
+    summed every rank's ones."""
+    t = torch.ones(10)
+
+    def add(group: dist.ProcessGroup) -> None:
+        dist.all_reduce(t, group=group)
+
+    for _ in range(LANES):
+        lanes.submit(add, [t], [t]).wait()
+    lanes.close()
+    return bool((t == world**LANES).all())
+
+
 def sc_error_reaches_the_waiter(rank: int, world: int) -> tuple[str, bool, bool]:
     """A call that raises: wait() raises it, the Work reports no success, and its lane goes on
     to the next call."""
@@ -75,15 +89,7 @@ def sc_error_reaches_the_waiter(rank: int, world: int) -> tuple[str, bool, bool]
     except ValueError as exc:
         error = str(exc)
     failed = work.is_completed() and not work.is_success()
-    t = torch.ones(10)
-
-    def add(group: dist.ProcessGroup) -> None:
-        dist.all_reduce(t, group=group)
-
-    for _ in range(LANES):  # the failed lane's next call, and the others'
-        lanes.submit(add, [t], [t]).wait()
-    lanes.close()
-    return error, failed, bool((t == world**LANES).all())
+    return error, failed, _every_lane_serves_a_call(lanes, world)
 
 
 def test_error_reaches_the_waiter(pair):
@@ -113,15 +119,7 @@ def sc_base_exception_reaches_the_waiter(rank: int, world: int) -> tuple[str, bo
         error = "no error"
     except RuntimeError as exc:
         error = str(exc)
-    t = torch.ones(4)
-
-    def add(group: dist.ProcessGroup) -> None:
-        dist.all_reduce(t, group=group)
-
-    for _ in range(LANES):
-        lanes.submit(add, [t], [t]).wait()
-    lanes.close()
-    return error, bool((t == world**LANES).all())
+    return error, _every_lane_serves_a_call(lanes, world)
 
 
 def test_base_exception_reaches_the_waiter(pair):
