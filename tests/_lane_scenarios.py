@@ -74,6 +74,16 @@ def sc_every_op_in_flight(rank: int, world: int, device: str) -> dict[str, bool]
     }
 
 
+def sc_gather_into_host_list(rank: int, world: int, device: str) -> bool:
+    """A list all-gather of a ``device`` input into host outputs, on a lane: the lane marks only
+    its own device's tensors in use, and the call copies into the others; the result is exact."""
+    n = 1 << 12
+    everyone = [_mine(r, 11, n) for r in range(world)]
+    pieces = [torch.empty(n, dtype=BF16) for _ in range(world)]
+    dist.all_gather(pieces, everyone[rank].to(_on(device)), async_op=True).wait()
+    return all(base.same_bits(p, e) for p, e in zip(pieces, everyone, strict=True))
+
+
 def sc_mismatch_on_a_lane(rank: int, world: int, device: str) -> tuple[str, bool]:
     """Ranks disagreeing on a call's size: wait() raises on both; every lane serves the next."""
     on = _on(device)

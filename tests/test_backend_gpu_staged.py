@@ -33,6 +33,10 @@ def test_every_op_in_flight_is_exact(pair, mode):
         assert all(found.values()), found  # type: ignore[union-attr]
 
 
+def test_gather_into_host_list_is_exact(pair):
+    assert all(pair.run(lanes.sc_gather_into_host_list, "cuda", env=test_backend.ALWAYS))
+
+
 def test_mismatch_on_a_lane_raises_on_every_rank(pair):
     for error, recovered in pair.run(lanes.sc_mismatch_on_a_lane, "cuda", env=test_backend.ALWAYS):
         assert lanes.MISMATCH in error, error

@@ -16,10 +16,13 @@ For every op, per-rank size and data (BF16 N(0,1); real MiniLM BF16 weights from
 * ``auto``: zipccl's switch (profiles this transport on first use);
 * ``always``: zipccl compressing every call.
 
-Every zipccl result is checked against native first (bit for bit for data moves; reductions
-against the fp32 rank-order reference). Host time per call: the calling thread's CPU time
+Every zipccl result is checked against native first, on a call's second run (the path a
+repeated call takes; bit for bit for data moves; reductions against the fp32 rank-order
+reference). Host time per call: the calling thread's CPU time
 (``time.thread_time``), beside the wall time. ``--probe`` first times gloo's own primitives on
-pinned host memory (what the staged transport can reach). Rows go to ``OUT/staged-wW.json``.
+pinned host memory (what the staged transport can reach). Each row also holds the switch's
+predicted seconds per strategy (``model_s``); the document, the profile they come from. Rows go to
+``OUT/staged-wW.json``.
 """
 
 from __future__ import annotations
@@ -31,12 +34,13 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import zipccl
-from zipccl import _plans
+from zipccl import _plans, switch
 from zipccl.collectives import STATS, _slots
 
 from benchmarks.collectives import common
@@ -155,6 +159,7 @@ def sweep(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
                 for mode in MODES:
                     fn, out = common.op_call(op, x, world, zipccl if mode != "native" else dist)
                     call = run_mode(mode, fn)
+                    call()  # checked on its second run: the path a repeated call takes
                     STATS.reset()
                     call()
                     torch.cuda.synchronize()
@@ -168,12 +173,30 @@ def sweep(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
                 for mode in MODES[1:]:
                     row[f"{mode}_x"] = row["native_s"] / row[f"{mode}_s"]  # type: ignore[operator]
                 row["compression_x"] = row["staged_raw_s"] / row["always_s"]  # type: ignore[operator]
+                row["model_s"] = model_view(op, x, world)
                 rows.append(row)
                 if rank == 0:
                     print(json.dumps(row), flush=True)
                 del calls
             del x
     return rows
+
+
+def staged_profile() -> switch.Profile | None:
+    """The switch's profile of the default group's staged transport, once ``auto`` measured it."""
+    return switch.PROFILES.get(switch.profile_key(None, staged=True))
+
+
+def model_view(op: str, x: torch.Tensor, world: int) -> dict[str, float]:
+    """The cost model's predicted seconds per strategy for this call, with the chunk count
+    ``auto`` decides with (switch.best_chunks): beside the measured times, where it errs."""
+    profile = staged_profile()
+    if profile is None:
+        return {}
+    native_ok = world == 2 if op in ("reduce_scatter", "all_reduce") else None
+    call = switch.Call(op, x.numel() * x.element_size(), x.dtype, world, 1, native_ok)
+    call = replace(call, chunks=switch.best_chunks(profile, call))
+    return {"chunks": call.chunks, **switch.predict(profile, call)}
 
 
 def table(rows: list[dict]) -> str:
@@ -212,7 +235,14 @@ def main() -> None:
     rows = sweep(args, rank, world)
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
-        doc = {"world": world, "torch": torch.__version__, "probe": probed, "rows": rows}
+        profile = staged_profile()
+        doc = {
+            "world": world,
+            "torch": torch.__version__,
+            "probe": probed,
+            "rows": rows,
+            "profile": None if profile is None else profile.vector(),
+        }
         (args.out / f"staged-w{world}.json").write_text(json.dumps(doc, indent=1))
         print(table(rows), flush=True)
     dist.destroy_process_group()
