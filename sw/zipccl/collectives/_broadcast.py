@@ -114,8 +114,7 @@ def broadcast(
         )
     if agreed.carried is not None:
         if agreed.g.rank != group_src:
-            c = agreed.carried
-            _slots.flat(tensor).copy_(c.piece(group_src, tensor.dtype, 0, tensor.numel()))
+            agreed.carried.copy_into(tensor, group_src, nbytes)
         return _transport.done(async_op)
     if agreed.down is not None:  # a native repeat, staged here: its copy down ran meanwhile
         _transport.broadcast(agreed.g, _slots.as_wire(tensor), group_src, agreed.down).wait()

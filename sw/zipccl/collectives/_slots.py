@@ -89,14 +89,23 @@ class Carried:
 
     def stack_into(self, out: torch.Tensor, start: int, nbytes: int) -> None:
         """Bytes ``start .. start + nbytes`` of every rank's input, rank after rank, into the
-        contiguous ``out`` (of world x nbytes bytes): one copy, in numpy on the host (a torch
-        copy of a few KiB costs several times more)."""
-        rows = self.data[:, start : start + nbytes]
-        flat = out.reshape(-1).view(torch.uint8)
-        if flat.device.type == "cpu":
-            flat.detach().numpy().reshape(rows.shape)[:] = rows
-        else:  # a staged group's device tensor
-            flat.copy_(torch.from_numpy(np.ascontiguousarray(rows)).view(-1))
+        contiguous ``out`` (of world x nbytes bytes)."""
+        _bytes_into(out, self.data[:, start : start + nbytes])
+
+    def copy_into(self, out: torch.Tensor, rank: int, nbytes: int) -> None:
+        """The first ``nbytes`` bytes of ``rank``'s input into the contiguous ``out`` (of as
+        many bytes)."""
+        _bytes_into(out, self.data[rank, :nbytes])
+
+
+def _bytes_into(out: torch.Tensor, data: np.ndarray) -> None:
+    """Carried bytes into the contiguous ``out`` (of as many bytes): one copy, in numpy on the
+    host (a torch copy of a few KiB, with the views it needs, costs several times more)."""
+    flat = out.reshape(-1).view(torch.uint8)
+    if flat.device.type == "cpu":
+        flat.detach().numpy().reshape(data.shape)[:] = data
+    else:  # a staged group's device tensor
+        flat.copy_(torch.from_numpy(np.ascontiguousarray(data)).view(-1))
 
 
 @dataclass(frozen=True)
