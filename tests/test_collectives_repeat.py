@@ -161,6 +161,57 @@ def test_a_mismatch_on_a_repeat_raises_on_every_rank(pair, trio, case):
         assert all(r.startswith("CollectiveMismatchError") for r in raised), raised
 
 
+def sc_uneven_repeats(rank: int, world: int, scale: int) -> list[str]:
+    """Three all-to-alls with explicit splits (each rank its own) on fresh inputs, against
+    torch's, then one with other splits: what differs, and which calls took the whole way."""
+    bad = []
+    with installed("native"), whole_ways() as log:
+        for seed, more in ((0, 0), (1, 0), (2, 0), (3, 1)):
+            ins = [scale * (1 + rank + 2 * j + more) for j in range(world)]
+            outs = [scale * (1 + i + 2 * rank + more) for i in range(world)]
+            gen = torch.Generator().manual_seed(1000 * seed + rank)
+            x = torch.randn(sum(ins), 3, generator=gen).to(torch.bfloat16)
+            got, want = (torch.empty(sum(outs), 3, dtype=x.dtype) for _ in range(2))
+            zipccl.all_to_all_single(got, x, outs, ins)
+            dist.all_to_all_single(want, x, outs, ins)
+            if not same_bits(got, want):
+                bad.append(f"call {seed}")
+    return bad + ([] if log == ["all_to_all"] * 2 else [f"whole ways {log}"])
+
+
+@pytest.mark.parametrize("scale", [1, 2000])  # in the exchange; beyond it, torch's call after
+def test_uneven_all_to_alls_repeat_and_give_torchs_bits(pair, trio, scale):
+    for ranks in (pair, trio):
+        for bad in ranks.run(sc_uneven_repeats, scale, env=AUTO):
+            assert not bad, (ranks.world, bad)
+
+
+def sc_uneven_mismatch_on_a_repeat(rank: int, world: int) -> str:
+    """Every rank repeats an all-to-all with explicit splits, then rank 1 sends rank 0 a row
+    more than rank 0 expects while the others repeat: what this rank raised; then a correct
+    call still works."""
+    even = [1] * world
+    with installed("native"):
+        for _ in range(2):
+            zipccl.all_to_all_single(torch.empty(world), torch.zeros(world), even, even)
+        ins = [2, *even[1:]] if rank == 1 else even
+        try:
+            zipccl.all_to_all_single(torch.empty(world), torch.zeros(sum(ins)), even, ins)
+            raised = "nothing"
+        except CollectiveMismatchError as exc:
+            raised = f"CollectiveMismatchError: {exc}"
+        out = torch.empty(world)
+        zipccl.all_to_all_single(out, torch.full((world,), float(rank)), even, even)
+        assert torch.equal(out, torch.arange(world, dtype=out.dtype))
+    return raised
+
+
+def test_an_uneven_mismatch_on_a_repeat_raises_on_every_rank(pair, trio):
+    for ranks in (pair, trio):
+        raised = ranks.run(sc_uneven_mismatch_on_a_repeat, env=AUTO)
+        assert all(r.startswith("CollectiveMismatchError") for r in raised), raised
+
+
 def sc_one_rank_forgets(rank: int, world: int) -> tuple[list[str], bool]:
     """Every rank repeats an all-reduce; rank 0 forgets its repeats (it takes the whole way, its
     peers repeat): which way this rank took, and whether the sum is right."""

@@ -223,8 +223,8 @@ def agree(
     from it without a second round.
 
     ``signature`` (:func:`repeated`): where the call's strategy did not depend on the
-    exchange (decided locally, uncompressed, every rank's row alike), its agreement is kept for
-    the signature's next calls.
+    exchange (decided locally, uncompressed, every rank's row alike; or an uneven all-to-all
+    native whatever its sizes), its agreement is kept for the signature's next calls.
     """
     mode = switch.mode()
     red_code = -1 if red is None else reduce_code(red)
@@ -277,9 +277,12 @@ def agree(
         strategy = switch.A2A_REDUCE if rank_order else switch.NATIVE
     _slots.STATS.strategy = strategy
     if strategy != switch.COMPRESSED:  # nothing to measure, so no plan to keep
-        if signature is not None and local is not None and alike and summarized is None:
+        # the strategy did not depend on the exchange: decided locally for the size every rank
+        # sent, or native whatever the sizes (an uneven call that no size could compress)
+        settled = (local is not None and alike) or (sizes_differ and not may_compress)
+        if signature is not None and settled and summarized is None:
             carries = payload is not None
-            kept = Repeat(g, name, row, check, dtype.itemsize, carries, strategy, chunks, nbytes)
+            kept = Repeat(g, name, row, check, dtype.itemsize, carries, strategy, chunks)
             _remember(signature, kept)
         return _uncompressed(
             g, name, strategy, table, chunks, rows, data, nbytes if alike else None
@@ -295,7 +298,8 @@ def agree(
 @dataclass(frozen=True)
 class Repeat:
     """The agreement of a call whose strategy did not depend on its exchange -- uncompressed
-    (native or a2a_reduce), decided locally from values every rank shares -- kept for its
+    (native or a2a_reduce), decided locally from values every rank shares, or native whatever
+    the ranks' sizes (an uneven all-to-all: ``chunks`` then unused) -- kept for its
     signature's next calls (:func:`repeated`), which repeat it without building or routing
     it again. A repeat still exchanges its row with every rank (the agreement, and the input of
     a call small enough to ride in it); rows unlike its own go through the checks every call's
@@ -309,7 +313,6 @@ class Repeat:
     carries: bool  # the call's input rides in the exchange
     strategy: str
     chunks: int
-    nbytes: int
 
     def stages(self) -> bool:
         """Whether this repeat stages its input itself (:class:`_transport.Prestaged`): native,
@@ -321,7 +324,7 @@ class Repeat:
         exchanged = (self.g, self.name, self.row, None, self.check, self.itemsize, payload)
         rows, _, data, alike = _planless(exchanged)
         _slots.STATS.strategy = self.strategy
-        nbytes = self.nbytes if alike else None
+        nbytes = self.row[_exchange.NBYTES] if alike else None  # every rank's, as this rank's
         return _uncompressed(
             self.g, self.name, self.strategy, None, self.chunks, rows, data, nbytes
         )

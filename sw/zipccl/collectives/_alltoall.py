@@ -113,10 +113,11 @@ def all_to_all_single(
     nbytes = input.numel() * input.element_size() if even else None
     if _agree.direct(group, input, "all_to_all", nbytes, -1, verify):
         return _torch_call(output, input, output_split_sizes, input_split_sizes, group, async_op)
-    stage = None if async_op else _slots.as_wire(input)
+    splits = _split_signature(output_split_sizes, input_split_sizes)
+    stage = None if async_op or not even else _slots.as_wire(input)  # its down path: even only
     key, agreed = (
-        _agree.repeated("all_to_all", group, verify, table, (input, output), stage=stage)
-        if even  # the signature holds no splits
+        _agree.repeated("all_to_all", group, verify, table, (input, output), *splits, stage=stage)
+        if splits is not None
         else (None, None)
     )
     if agreed is None:  # the whole way: the splits, computed once, fix the descriptor and pieces
@@ -189,6 +190,18 @@ def _from_carried(
         n = sends[rank] * inner
         out[at : at + n].copy_(c.piece(s, dtype, sum(sends[:rank]) * inner, n))
         at += n
+
+
+def _split_signature(
+    outs: list[int] | None, ins: list[int] | None
+) -> tuple[tuple[int, ...], ...] | None:
+    """The split sizes as a part of the call's signature (_agree.repeated): none for an even
+    call; None (no repeat: the whole way, which names what is wrong) where a size is not a plain
+    int -- a float, or a tensor whose value may change in place under the same identity."""
+    if not outs and not ins:
+        return ()
+    sizes = (tuple(outs or ()), tuple(ins or ()))
+    return sizes if all(type(n) is int for part in sizes for n in part) else None
 
 
 def _inner(t: torch.Tensor) -> int:
