@@ -77,7 +77,9 @@ def find(group: object, key: tuple) -> Plan | None:
 
 def exchanged(group: object) -> int:
     """Count one descriptor exchange of ``group`` (before it starts); the count so far."""
-    book = _BOOKS.setdefault(group, _Book())
+    book = _BOOKS.get(group)
+    if book is None:  # (not setdefault: every call would build a book to throw away)
+        book = _BOOKS[group] = _Book()
     book.exchanges += 1
     return book.exchanges
 

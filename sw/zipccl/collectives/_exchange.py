@@ -197,7 +197,8 @@ def _gather(
     call allocating and pinning its own cost more host time than the rest of the exchange).
     """
     head = len(fields)
-    room = 0 if carry is None else room_bytes(g)
+    rooms = None if carry is None else _rooms(g)
+    room = 0 if rooms is None else room_bytes(rooms)
     bufs = _rows(g, head + extra_words, room // 8)
     if bufs.uploaded is not None:
         bufs.uploaded.synchronize()  # the last call's upload of the host row is done (normally)
@@ -228,10 +229,10 @@ def _gather(
             bufs.host_row[head : head + extra_words].copy_(bufs.row[head:])
         _swap_rows(g, bufs)
     width = head + extra_words
-    if carry is None:
+    if rooms is None:  # no carry
         return bufs.gathered[:, :width].copy(), failed
     claimed = max(bufs.gathered[:, NBYTES].tolist())
-    _rooms(g).append(claimed if 0 < claimed <= inline_bytes(g.world) else 0)
+    rooms.append(claimed if 0 < claimed <= inline_bytes(g.world) else 0)
     return bufs.gathered[:, : width - (-min(max(claimed, 0), room) // 8)].copy(), failed
 
 
@@ -253,14 +254,14 @@ MIN_ROOM = 4 << 10  # bytes of input every carrying row has room for
 ROOM_WINDOW = 16  # a group's carrying exchanges whose claims size its next row's room
 
 
-def room_bytes(g: _transport.Group) -> int:
+def room_bytes(rooms: collections.deque[int]) -> int:
     """The room for the input in the group's next carrying row: the least power of two, at
     least MIN_ROOM, that holds the largest input any rank claimed in the group's last
-    ROOM_WINDOW carrying exchanges, where that input could ride (at most
-    :func:`inline_bytes`); MIN_ROOM where none could. A row as small as the calls allow (the
-    round's cost grows with it), and a function of what every rank exchanged alike, so the same
-    on every rank: a call larger than its predecessors rides from its second time on."""
-    largest = max(_rooms(g), default=0)
+    ROOM_WINDOW carrying exchanges (``rooms``: :func:`_rooms`), where that input could ride (at
+    most :func:`inline_bytes`); MIN_ROOM where none could. A row as small as the calls allow
+    (the round's cost grows with it), and a function of what every rank exchanged alike, so the
+    same on every rank: a call larger than its predecessors rides from its second time on."""
+    largest = max(rooms, default=0)
     return max(MIN_ROOM, 1 << (largest - 1).bit_length()) if largest else MIN_ROOM
 
 
