@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from zipccl import codec, switch
+from zipccl import codec
 from zipccl._errors import CollectiveMismatchError, PeerError
 from zipccl.collectives import _transport
 from zipccl.golden.formats import FORMATS
@@ -268,14 +268,14 @@ def room_bytes(rooms: collections.deque[int]) -> int:
 def _rooms(g: _transport.Group) -> collections.deque[int]:
     """The largest claim of each of the group's last ROOM_WINDOW carrying exchanges, 0 where
     it could not ride (more than :func:`inline_bytes`)."""
-    key = switch.group_key(g.pg)
+    key = g.handle  # switch.group_key(g.pg), which a resolved group keeps
     found = _ROOMS.get(key)
     if found is None:
         found = _ROOMS.setdefault(key, collections.deque(maxlen=ROOM_WINDOW))
     return found
 
 
-_ROOMS: dict[object, collections.deque[int]] = {}  # by group (switch.group_key)
+_ROOMS: dict[object, collections.deque[int]] = {}  # by group (Group.handle)
 
 
 @dataclass(frozen=True)
