@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 import zipccl
 from zipccl import _plans, switch
-from zipccl.collectives import STATS, _slots
+from zipccl.collectives import STATS, _agree, _slots, _transport
 
 from benchmarks.collectives import common
 
@@ -189,11 +189,13 @@ def staged_profile() -> switch.Profile | None:
 
 def model_view(op: str, x: torch.Tensor, world: int) -> dict[str, float]:
     """The cost model's predicted seconds per strategy for this call, with the chunk count
-    ``auto`` decides with (switch.best_chunks): beside the measured times, where it errs."""
+    ``auto`` decides with (switch.best_chunks; _agree.strategy_and_chunks): beside the measured
+    times, where it errs."""
     profile = staged_profile()
     if profile is None:
         return {}
-    native_ok = world == 2 if op in ("reduce_scatter", "all_reduce") else None
+    reduces = op in ("reduce_scatter", "all_reduce")
+    native_ok = _agree.native_reduce_ok(_transport.resolve(None, x), x.dtype) if reduces else None
     call = switch.Call(op, x.numel() * x.element_size(), x.dtype, world, 1, native_ok)
     call = replace(call, chunks=switch.best_chunks(profile, call))
     return {"chunks": call.chunks, **switch.predict(profile, call)}
