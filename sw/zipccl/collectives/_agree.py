@@ -435,7 +435,7 @@ def _exchanged(
     CollectiveMismatchError on every rank. Returns the rows, the exchange's number in its group
     (zipccl._plans.digest), on a host transport every rank's carried bytes, and whether every
     rank sent this rank's row."""
-    count = _plans.exchanged(g.handle)  # switch.group_key(g.pg), which a resolved group keeps
+    count = _plans.exchanged(g.handle)  # the key switch.group_key(g.pg) gives: the group, or WORLD
     carry = None if g.nccl else _exchange.Carry(payload)
     fill = packed.fill if packed is not None else _slots.summary_fill(sample)
     table, alike = _exchange.exchange(g, row, name, _exchange.TAIL_WORDS, fill, carry)

@@ -268,7 +268,7 @@ def room_bytes(rooms: collections.deque[int]) -> int:
 def _rooms(g: _transport.Group) -> collections.deque[int]:
     """The largest claim of each of the group's last ROOM_WINDOW carrying exchanges, 0 where
     it could not ride (more than :func:`inline_bytes`)."""
-    key = g.handle  # switch.group_key(g.pg), which a resolved group keeps
+    key = g.handle  # the key switch.group_key(g.pg) gives: the group, or WORLD
     found = _ROOMS.get(key)
     if found is None:
         found = _ROOMS.setdefault(key, collections.deque(maxlen=ROOM_WINDOW))
