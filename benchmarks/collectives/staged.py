@@ -34,7 +34,6 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -173,7 +172,7 @@ def sweep(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
                 for mode in MODES[1:]:
                     row[f"{mode}_x"] = row["native_s"] / row[f"{mode}_s"]  # type: ignore[operator]
                 row["compression_x"] = row["staged_raw_s"] / row["always_s"]  # type: ignore[operator]
-                row["model_s"] = model_view(op, x, world)
+                row["model_s"] = model_view(op, x)
                 rows.append(row)
                 if rank == 0:
                     print(json.dumps(row), flush=True)
@@ -187,17 +186,14 @@ def staged_profile() -> switch.Profile | None:
     return switch.PROFILES.get(switch.profile_key(None, staged=True))
 
 
-def model_view(op: str, x: torch.Tensor, world: int) -> dict[str, float]:
-    """The cost model's predicted seconds per strategy for this call, with the chunk count
-    ``auto`` decides with (switch.best_chunks; _agree.strategy_and_chunks): beside the measured
-    times, where it errs."""
+def model_view(op: str, x: torch.Tensor) -> dict[str, float]:
+    """The cost model's predicted seconds per strategy for this call, put to it as ``auto``
+    puts it (_agree.model_call): beside the measured times, where it errs."""
     profile = staged_profile()
     if profile is None:
         return {}
-    reduces = op in ("reduce_scatter", "all_reduce")
-    native_ok = _agree.native_reduce_ok(_transport.resolve(None, x), x.dtype) if reduces else None
-    call = switch.Call(op, x.numel() * x.element_size(), x.dtype, world, 1, native_ok)
-    call = replace(call, chunks=switch.best_chunks(profile, call))
+    g, nbytes = _transport.resolve(None, x), x.numel() * x.element_size()
+    call = _agree.model_call(g, op, x.dtype, nbytes, profile)
     return {"chunks": call.chunks, **switch.predict(profile, call)}
 
 

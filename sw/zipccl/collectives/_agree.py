@@ -598,16 +598,27 @@ def strategy_and_chunks(
     mode = switch.mode()
     if mode != "auto":
         return (switch.COMPRESSED if mode == "always" else switch.NATIVE), chunks
-    native_ok = native_reduce_ok(g, dtype) if name in ("reduce_scatter", "all_reduce") else None
-    call = switch.Call(name, nbytes, dtype, g.world, chunks, native_ok)
     profile = _profile.profile_for(g)
+    call = model_call(g, name, dtype, nbytes, profile)
+    if g.cuda and g.staged and not switch.chunks_given():
+        if name == "all_reduce" and call.native_ok:
+            return switch.STAGED_ALL_REDUCE, chunks
+        # decided as the model sees it, run in the chunks gloo moves fastest
+        return switch.choose(profile, call), switch.host_chunks(nbytes)
+    return switch.choose(profile, call), call.chunks
+
+
+def model_call(
+    g: _transport.Group, name: str, dtype: torch.dtype, nbytes: int, profile: switch.Profile
+) -> switch.Call:
+    """The call as ``auto`` puts it to the cost model (:func:`strategy_and_chunks`): whether a
+    reduction may go native, and on CUDA the model's own chunk count (switch.best_chunks)
+    unless ``ZIPCCL_CHUNK_BYTES`` fixes it."""
+    native_ok = native_reduce_ok(g, dtype) if name in ("reduce_scatter", "all_reduce") else None
+    call = switch.Call(name, nbytes, dtype, g.world, _chunks(g, nbytes), native_ok)
     if g.cuda and not switch.chunks_given():
         call = replace(call, chunks=switch.best_chunks(profile, call))
-        if g.staged and name == "all_reduce" and call.native_ok:
-            return switch.STAGED_ALL_REDUCE, chunks
-        if g.staged:  # decided as the model sees it, run in the chunks gloo moves fastest
-            return switch.choose(profile, call), switch.host_chunks(nbytes)
-    return switch.choose(profile, call), call.chunks
+    return call
 
 
 def all_reduce_strategy(
