@@ -15,6 +15,7 @@ import zipccl
 
 from tests import test_collectives as base
 from tests import test_collectives_inline as inline
+from tests import test_collectives_staged as staged
 
 pytestmark = [
     pytest.mark.gpu,
@@ -129,3 +130,7 @@ def test_small_calls_ride_in_the_exchange_on_a_shared_gpu(pair, trio, dtype_name
         for sc in (inline.sc_moves, inline.sc_reductions):
             for bad in ranks.run(sc, dtype_name, numel, "cuda", env=inline.AUTO):
                 assert not bad, (ranks.world, sc.__name__, bad)
+
+
+def test_native_repeats_stage_their_input_before_the_exchange(pair):
+    staged.check_native_repeats(pair.run(staged.sc_native_repeats, "cuda", env=inline.AUTO))

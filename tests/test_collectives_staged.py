@@ -10,14 +10,18 @@ against torch.distributed bit for bit; tests/test_collectives_gpu_staged.py runs
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
+import zipccl
 from zipccl.collectives import _protocols, _transport
 from zipccl.golden.theory import SAMPLE_SIZE
 
 from tests import test_collectives as base
 from tests._collectives_cluster import Cluster
+from tests.test_collectives_inline import AUTO, native_profiles, values
 
 DTYPES = base.DTYPES
 ALWAYS = base.ALWAYS
@@ -143,3 +147,91 @@ def test_pipelined_sends_ahead_on_host_transports() -> None:
     nccl = _transport.Group(None, 0, 2, torch.device("cuda", 0), "nccl")
     _protocols.pipelined(nccl, range(3), send, receive)
     assert order == ["s0", "r0", "s1", "r1", "s2", "r2"]
+
+
+NATIVE_REPEAT_NUMEL = 100_003 * 2  # BF16 values: more than any row carries, even over 2 ranks
+
+
+def _native_repeats(x: torch.Tensor, world: int) -> dict[str, Callable[..., torch.Tensor]]:
+    """Each op zipccl may stage itself when it repeats natively, as ``call(lib, async_op)``
+    returning its result: broadcast from rank 1, all-reduce (SUM), even all-to-all."""
+
+    def broadcast(lib: Any, async_op: bool) -> torch.Tensor:
+        buf = x.clone()
+        _waited(lib.broadcast(buf, src=1, async_op=async_op))
+        return buf
+
+    def all_reduce(lib: Any, async_op: bool) -> torch.Tensor:
+        buf = x.clone()
+        _waited(lib.all_reduce(buf, async_op=async_op))
+        return buf
+
+    def all_to_all(lib: Any, async_op: bool) -> torch.Tensor:
+        out = torch.empty_like(x)
+        _waited(lib.all_to_all_single(out, x, async_op=async_op))
+        return out
+
+    return {"broadcast": broadcast, "all_reduce": all_reduce, "all_to_all": all_to_all}
+
+
+def _waited(work: object) -> None:
+    if work is not None:
+        work.wait()  # type: ignore[attr-defined]
+
+
+def sc_native_repeats(rank: int, world: int, device: str = "cpu") -> dict[str, object]:
+    """Native calls on the staged transport (``device``'s tensors: host ones staged as CUDA ones
+    are), each made three times and then once with ``async_op``: every result must be torch's
+    bits on host tensors; the second and third calls (repeats) copy their input down before the
+    exchange (:class:`_transport.Prestaged`), the async one leaves the call to torch. Then a
+    repeat meeting a mismatched call raises on both ranks."""
+    counted: list[str] = []
+    real = _transport.Prestaged
+
+    class Counted(real):  # type: ignore[misc, valid-type]
+        def __init__(self, t: torch.Tensor, sends: bool = True) -> None:
+            counted.append(f"{op}:{'sends' if sends else 'receives'}")
+            super().__init__(t, sends)
+
+    if device == "cuda":
+        torch.cuda.set_device(0)  # the ranks share GPU 0
+    x = values(300 + rank, NATIVE_REPEAT_NUMEL, torch.bfloat16)
+    on = x.to(device)
+    exact, op = {}, ""
+    _transport.STAGE_HOST_TENSORS, _transport.Prestaged = device == "cpu", Counted
+    try:
+        with native_profiles():
+            wanted = _native_repeats(x, world)
+            for op, call in _native_repeats(on, world).items():
+                want = wanted[op](dist, False)
+                got = [call(zipccl, False) for _ in range(3)] + [call(zipccl, True)]
+                exact[op] = all(base.same_bits(g.cpu(), want) for g in got)
+            op = "mismatch"
+            bad = on[: NATIVE_REPEAT_NUMEL - 2 * rank].clone()
+            try:
+                zipccl.all_reduce(bad)
+                error = "no error"
+            except zipccl.CollectiveMismatchError as exc:
+                error = str(exc)
+    finally:
+        _transport.STAGE_HOST_TENSORS, _transport.Prestaged = False, real
+    return {"exact": exact, "prestaged": counted, "error": error}
+
+
+def test_native_repeats_stage_their_input_before_the_exchange(pair):
+    check_native_repeats(pair.run(sc_native_repeats, env=AUTO))
+
+
+def check_native_repeats(results: list[object]) -> None:
+    """sc_native_repeats' results: exact, the repeats prestaged, the mismatch raised."""
+    for rank, found in enumerate(results):
+        assert isinstance(found, dict)
+        assert all(found["exact"].values()), found
+        source = "sends" if rank == 1 else "receives"
+        assert found["prestaged"] == [  # the repeats, not the first or the async call
+            *[f"broadcast:{source}"] * 2,
+            *["all_reduce:sends"] * 2,
+            *["all_to_all:sends"] * 2,
+            *(["mismatch:sends"] if rank == 0 else []),  # rank 0's call repeats the last
+        ], found
+        assert "disagree on the tensor numel" in found["error"], found

@@ -314,6 +314,11 @@ class Repeat:
     strategy: str
     chunks: int
 
+    def stages(self) -> bool:
+        """Whether this repeat stages its input itself (:class:`_transport.Prestaged`): native,
+        on a staged group, too large to ride in the exchange."""
+        return self.strategy == switch.NATIVE and self.g.staged and not self.carries
+
     def agree(self, t: torch.Tensor) -> _slots.Agreed:
         payload = t.view(-1).view(torch.uint8) if self.carries else None
         exchanged = (self.g, self.name, self.row, None, self.check, self.itemsize, payload)
@@ -353,10 +358,18 @@ def repeated(
     table: Codebook | None,
     tensors: tuple[torch.Tensor, ...],
     *extra: object,
+    stage: torch.Tensor | None = None,
+    source: int | None = None,
 ) -> tuple[tuple[object, ...] | None, _slots.Agreed | None]:
     """A call's signature and, where an earlier call of it was kept (:class:`Repeat`), its
     agreement, whose exchange carries the first of ``tensors`` where the call carries its input.
     One call, so that an op cannot look up another key than the one it passes :func:`agree`.
+
+    ``stage``: the op's input (the wire's view), where the op may run a native repeat on a staged
+    group on host bytes itself (a call without ``async_op``): its copy down to pinned memory
+    then starts before the exchange and overlaps its round; ``source`` (a broadcast's, a group
+    rank): the only rank whose bytes travel, the others' get a host buffer only. The agreement's
+    ``down`` holds it (:class:`_transport.Prestaged`).
 
     The signature is what the call's descriptor row and strategy depend on -- the op, the group,
     the tensors' dtypes, shapes, devices and layouts, ``extra`` (an op's own arguments: src, or
@@ -374,7 +387,12 @@ def repeated(
         kept = REPEATS.get(signature)
     except TypeError:  # an unhashable argument (src, verify): the whole way, which names it
         return signature, None
-    return signature, None if kept is None else kept.agree(tensors[0])
+    if kept is None:
+        return signature, None
+    if stage is None or not kept.stages():
+        return signature, kept.agree(tensors[0])
+    down = _transport.Prestaged(stage, sends=source in (None, kept.g.rank))
+    return signature, replace(kept.agree(tensors[0]), down=down)
 
 
 def _remember(key: tuple[object, ...], kept: Repeat) -> None:

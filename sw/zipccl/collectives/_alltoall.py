@@ -114,8 +114,9 @@ def all_to_all_single(
     if _agree.direct(group, input, "all_to_all", nbytes, -1, verify):
         return _torch_call(output, input, output_split_sizes, input_split_sizes, group, async_op)
     splits = _split_signature(output_split_sizes, input_split_sizes)
+    stage = None if async_op or not even else _slots.as_wire(input)  # its down path: even only
     key, agreed = (
-        _agree.repeated("all_to_all", group, verify, table, (input, output), *splits)
+        _agree.repeated("all_to_all", group, verify, table, (input, output), *splits, stage=stage)
         if splits is not None
         else (None, None)
     )
@@ -146,6 +147,10 @@ def all_to_all_single(
     if agreed.carried is not None:
         c, rank = agreed.carried, agreed.g.rank
         _from_carried(c, rank, _slots.flat(output), input.dtype, _inner(input))
+        return _transport.done(async_op)
+    if agreed.down is not None:  # a native repeat, staged here: its copy down ran meanwhile
+        wire_out = _slots.as_wire(output)
+        _transport.all_to_all(agreed.g, wire_out, _slots.as_wire(input), down=agreed.down).wait()
         return _transport.done(async_op)
     return _torch_call(output, input, output_split_sizes, input_split_sizes, group, async_op)
 

@@ -91,7 +91,10 @@ def broadcast(
     if _agree.direct(group, tensor, "broadcast", nbytes, -1, verify):
         return dist.broadcast(_slots.as_wire(tensor), src, group, async_op)
     group_src = _group_rank(group, src)
-    key, agreed = _agree.repeated("broadcast", group, verify, table, (tensor,), src)
+    stage = None if async_op else _slots.as_wire(tensor)
+    key, agreed = _agree.repeated(
+        "broadcast", group, verify, table, (tensor,), src, stage=stage, source=group_src
+    )
     if agreed is None:
         g = _transport.resolve(group, tensor)
         err = 6 if not 0 <= group_src < g.world else _agree.check_pair(g, tensor, tensor, 0, 0)
@@ -112,6 +115,9 @@ def broadcast(
     if agreed.carried is not None:
         if agreed.g.rank != group_src:
             agreed.carried.copy_into(tensor, group_src, nbytes)
+        return _transport.done(async_op)
+    if agreed.down is not None:  # a native repeat, staged here: its copy down ran meanwhile
+        _transport.broadcast(agreed.g, _slots.as_wire(tensor), group_src, agreed.down).wait()
         return _transport.done(async_op)
     if agreed.strategy != switch.COMPRESSED:
         return dist.broadcast(_slots.as_wire(tensor), src, group, async_op)

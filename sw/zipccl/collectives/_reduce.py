@@ -336,7 +336,13 @@ def all_reduce(
     if _agree.direct(group, tensor, "all_reduce", nbytes, _agree.reduce_code(op), verify):
         return dist.all_reduce(tensor, op, group, async_op)
     key, agreed = _agree.repeated(
-        "all_reduce", group, verify, table, (tensor,), _agree.reduce_op_number(op)
+        "all_reduce",
+        group,
+        verify,
+        table,
+        (tensor,),
+        _agree.reduce_op_number(op),
+        stage=None if async_op else tensor,
     )
     if agreed is None:
         g = _transport.resolve(group, tensor)
@@ -359,6 +365,9 @@ def all_reduce(
             signature=key,
         )
     if _reduced_from_carried(agreed, _slots.flat(tensor), 0, op):
+        return _transport.done(async_op)
+    if agreed.down is not None:  # a native repeat, staged here: its copy down ran meanwhile
+        _transport.all_reduce(agreed.g, tensor, op, agreed.down).wait()
         return _transport.done(async_op)
     if agreed.strategy == switch.NATIVE:
         return dist.all_reduce(tensor, op, group, async_op)

@@ -128,6 +128,9 @@ class Agreed:
     payloads: Mapping[object, int] | None = None
     ticket: _plans.Ticket | None = None  # where a compressed call keeps what it measured
     carried: Carried | None = None  # every rank's input, where the exchange carried it
+    #  a native repeat's input on its way to pinned memory since before the exchange (a staged
+    #  group's call without async_op: the op then runs on the host bytes, _transport.Prestaged)
+    down: _transport.Prestaged | None = None
     #  a piece of the call outgrew its room on some rank (every rank knows it alike): where the
     #  call ran on a plan, the plan's tables no longer fit the data (zipccl._plans: drop)
     overflowed: bool = False

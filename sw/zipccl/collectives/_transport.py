@@ -306,25 +306,58 @@ def all_to_all(
     inp: torch.Tensor,
     out_splits: list[int] | None = None,
     in_splits: list[int] | None = None,
+    down: Prestaged | None = None,
 ) -> Pending:
     """all_to_all_single of ``inp`` into ``out`` (None splits: even), after the current
-    stream's queued work."""
+    stream's queued work (``down``: a staged group's ``inp`` already on its way to the host)."""
     if not g.staged:
         return Pending(
             dist.all_to_all_single(out, inp, out_splits, in_splits, group=g.pg, async_op=True)
         )
-    host = _pinned(out)
-    work = dist.all_to_all_single(
-        host, _down(inp), out_splits, in_splits, group=g.pg, async_op=True
-    )
+    host, sent = _pinned(out), _down(inp) if down is None else down.host()
+    work = dist.all_to_all_single(host, sent, out_splits, in_splits, group=g.pg, async_op=True)
     return _Staged(work, out, host)
 
 
-def broadcast(g: Group, buf: torch.Tensor, src: int) -> Pending:
+def broadcast(g: Group, buf: torch.Tensor, src: int, down: Prestaged | None = None) -> Pending:
     """Group rank ``src``'s ``buf`` into every other rank's ``buf``, after the current stream's
-    queued work."""
+    queued work (``down``: ``buf``'s host buffer, the source's bytes already on their way)."""
     if not g.staged:
         return Pending(dist.broadcast(buf, global_rank(g, src), group=g.pg, async_op=True))
-    host = _down(buf) if g.rank == src else _pinned(buf)
+    host = down.host() if down is not None else _down(buf) if g.rank == src else _pinned(buf)
     work = dist.broadcast(host, global_rank(g, src), group=g.pg, async_op=True)
     return _Staged(work, None if g.rank == src else buf, host)
+
+
+def all_reduce(
+    g: Group, buf: torch.Tensor, op: dist.ReduceOp | dist.ReduceOp.RedOpType, down: Prestaged
+) -> Pending:
+    """A staged group's native all-reduce of ``buf`` in place, its bytes ``down`` already on
+    their way to the host: gloo's own reduction of the host bytes, as its CUDA path runs it."""
+    host = down.host()
+    work = dist.all_reduce(host, op, group=g.pg, async_op=True)
+    return _Staged(work, buf, host)
+
+
+class Prestaged:
+    """A staged call's input copied down to pinned memory from before its agreement: the copy
+    runs while the host exchanges the descriptor, where gloo's own CUDA path would start it only
+    after. What a native call on a staged group then runs is gloo's own op on these host bytes,
+    with the result copied up on the current stream (:func:`broadcast`, :func:`all_reduce`,
+    :func:`all_to_all`)."""
+
+    def __init__(self, t: torch.Tensor, sends: bool = True) -> None:
+        """``t``'s bytes on their way down; ``sends`` False: a host buffer like ``t`` only (a
+        broadcast's receiver)."""
+        self._host = _pinned(t)
+        self._ready = torch.cuda.Event() if t.is_cuda and sends else None
+        if sends:
+            self._host.copy_(t, non_blocking=True)
+        if self._ready is not None:
+            self._ready.record(torch.cuda.current_stream(t.device))
+
+    def host(self) -> torch.Tensor:
+        """The host bytes, once the copy down is done (the host waits for that copy only)."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        return self._host
