@@ -292,3 +292,28 @@ def test_group_key_follows_the_default_group(tmp_path):
     finally:
         switch.set_profile(first, None)
         dist.destroy_process_group()
+
+
+def test_staged_two_rank_all_reduce_stays_native_below_the_threshold(monkeypatch):
+    """On a host-staged group auto keeps a two-rank all-reduce native below
+    STAGED_ALL_REDUCE_COMPRESS_FROM (DDP's buckets run faster native on the lanes) even where the
+    model says compressing wins; from it on the model decides, in host chunks; with four ranks
+    (no exact native reduction) and on a plain host group the rule does not apply."""
+    from zipccl.collectives import _agree, _profile, _transport
+
+    monkeypatch.delenv("ZIPCCL_MODE", raising=False)
+    monkeypatch.delenv("ZIPCCL_CHUNK_BYTES", raising=False)
+    monkeypatch.setattr(_profile, "profile_for", lambda g: profile(1.0))
+
+    def pick(nbytes: int, world: int = 2, staged: bool = True) -> tuple[str, int]:
+        device = torch.device("cuda" if staged else "cpu", 0)
+        g = _transport.Group(None, 0, world, device, "gloo", staged=staged)
+        return _agree.strategy_and_chunks(g, "all_reduce", torch.bfloat16, nbytes, 0)
+
+    edge = switch.STAGED_ALL_REDUCE_COMPRESS_FROM
+    assert pick(edge - 2)[0] == NATIVE
+    assert pick(64 << 20)[0] == NATIVE
+    assert pick(edge) == (COMPRESSED, switch.host_chunks(edge))
+    assert pick(256 << 20)[0] == COMPRESSED
+    assert pick(64 << 20, world=4)[0] == COMPRESSED
+    assert pick(64 << 20, staged=False)[0] == COMPRESSED

@@ -307,12 +307,21 @@ def best_chunks(p: Profile, call: Call) -> int:
     return min(c for c in options if times[c] <= CHUNK_GAIN * min(times.values()))
 
 
-#  Auto keeps a host-staged group's all-reduce native where gloo's own reduction gives zipccl's
-#  bits (two ranks): DDP's gradient buckets, the calls that matter, run faster as gloo's own on
-#  the zipccl backend's lanes (zipccl._lanes) than compressed -- one H100, 2 ranks, 4 lanes: DDP
-#  step 245 ms native against 398 ms compressed -- though the same all-reduce alone compresses
-#  1.39x faster at 256 MiB (BENCHMARKS.md section 6). ZIPCCL_MODE=always compresses them.
+#  Auto keeps a host-staged group's all-reduce native below STAGED_ALL_REDUCE_COMPRESS_FROM
+#  bytes where gloo's own reduction gives zipccl's bits (two ranks): DDP's gradient buckets (25 MB
+#  by default), the calls that matter, run faster as gloo's own on the zipccl backend's lanes
+#  (zipccl._lanes) than compressed -- one H100, 2 ranks, 4 lanes: DDP step 245 ms native against
+#  398 ms compressed -- and a lone call compresses no faster below 64 MiB (0.90x at 32 MiB). From
+#  128 MiB the model decides, as for the other ops: a lone 256 MiB all-reduce compresses 1.39x
+#  faster (BENCHMARKS.md section 6). ZIPCCL_MODE=always compresses them all.
 STAGED_ALL_REDUCE = NATIVE
+STAGED_ALL_REDUCE_COMPRESS_FROM = 128 << 20
+
+
+def staged_all_reduce_native(nbytes: int) -> bool:
+    """Whether auto keeps a host-staged two-rank all-reduce of ``nbytes`` native whatever the
+    model says (STAGED_ALL_REDUCE_COMPRESS_FROM)."""
+    return nbytes < STAGED_ALL_REDUCE_COMPRESS_FROM
 
 #  Auto's chunk size on a host-staged transport (CUDA tensors on gloo): see host_chunks
 HOST_CHUNK_BYTES = 4 << 20
