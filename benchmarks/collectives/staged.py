@@ -198,17 +198,21 @@ def model_view(op: str, x: torch.Tensor) -> dict[str, float]:
 
 
 def table(rows: list[dict]) -> str:
-    """A markdown table of speed-ups over native gloo."""
+    """A markdown table of speed-ups over native gloo. *exact*: zipccl's results (raw, auto,
+    always) equal the reference; *gloo exact*: gloo's own does (its reductions of more than two
+    ranks need not: they sum in another order)."""
     lines = [
-        "| op | MiB/rank | data | native ms | staged raw | auto | always | always/raw | exact |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| op | MiB/rank | data | native ms | staged raw | auto | always | always/raw | exact "
+        "| gloo exact |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for r in rows:
-        ok = all(r[f"{m}_ok"] for m in MODES)
+        ok = all(r[f"{m}_ok"] for m in MODES if m != "native")
         lines.append(
             f"| {r['op']} | {r['mib']} | {r['data']} | {1e3 * r['native_s']:.1f} | "
             f"{r['staged_raw_x']:.2f}x | {r['auto_x']:.2f}x ({r['auto_strategy']}) | "
-            f"{r['always_x']:.2f}x | {r['compression_x']:.2f}x | {'yes' if ok else 'NO'} |"
+            f"{r['always_x']:.2f}x | {r['compression_x']:.2f}x | {'yes' if ok else 'NO'} | "
+            f"{'yes' if r['native_ok'] else 'no'} |"
         )
     return "\n".join(lines)
 

@@ -311,11 +311,12 @@ def best_chunks(p: Profile, call: Call) -> int:
 #  bytes where gloo's own reduction gives zipccl's bits (two ranks): DDP's gradient buckets (25 MB
 #  by default), the calls that matter, run faster as gloo's own on the zipccl backend's lanes
 #  (zipccl._lanes) than compressed -- one H100, 2 ranks, 4 lanes: DDP step 245 ms native against
-#  398 ms compressed -- and a lone call compresses no faster below 64 MiB (0.90x at 32 MiB). From
-#  128 MiB the model decides, as for the other ops: a lone 256 MiB all-reduce compresses 1.39x
-#  faster (BENCHMARKS.md section 6). ZIPCCL_MODE=always compresses them all.
+#  398 ms compressed -- and a lone call of 32 MiB compresses slower (0.82-0.90x of gloo, native
+#  0.90-0.98x). From 64 MiB the model decides, as for the other ops: a lone 64 MiB all-reduce
+#  compresses 1.04-1.23x faster than gloo, one of 256 MiB 1.45-1.71x (BENCHMARKS.md section 6).
+#  ZIPCCL_MODE=always compresses them all.
 STAGED_ALL_REDUCE = NATIVE
-STAGED_ALL_REDUCE_COMPRESS_FROM = 128 << 20
+STAGED_ALL_REDUCE_COMPRESS_FROM = 64 << 20
 
 
 def staged_all_reduce_native(nbytes: int) -> bool:
