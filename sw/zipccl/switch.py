@@ -324,6 +324,7 @@ def staged_all_reduce_native(nbytes: int) -> bool:
     model says (STAGED_ALL_REDUCE_COMPRESS_FROM)."""
     return nbytes < STAGED_ALL_REDUCE_COMPRESS_FROM
 
+
 #  Auto's chunk size on a host-staged transport (CUDA tensors on gloo): see host_chunks
 HOST_CHUNK_BYTES = 4 << 20
 
