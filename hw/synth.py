@@ -390,7 +390,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{top}: generic yosys synth, {how}: {sum(cells.values())} cells ({kinds}, ...)",
                 flush=True,
             )
-    doc = {"device": device.name, "synth": device.synth, "blocks": [asdict(f) for f in rows], "generic": generic}
+    doc = {
+        "device": device.name,
+        "synth": device.synth,
+        "blocks": [asdict(f) for f in rows],
+        "generic": generic,
+    }
     (args.out / "figures.json").write_text(json.dumps(doc, indent=1))
     return 0
 
