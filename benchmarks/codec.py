@@ -126,7 +126,7 @@ def zipccl_row(x: torch.Tensor, runs: int, copy_bw: float) -> dict[str, object]:
             / 1e9
         )
         assert int(flag.item()) == 0
-        if _cuda._kind(fmt, table, c.block) == _cuda.FAST_BF16:  # generic kernels, same data
+        if _cuda._kind(fmt, table, c.block) in _cuda.FAST.values():  # generic kernels, same data
             os.environ["ZIPCCL_FAST"] = "0"
             try:
                 row["generic_compress_kernel_GBps"] = (

@@ -51,10 +51,13 @@ def test_gpu_checksum_is_golden(dtype: torch.dtype, n: int) -> None:
 
 
 @pytest.mark.parametrize("fast", ["1", "0"])
-def test_gpu_checksum_bf16_paths(fast: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The BF16 fast path and the generic kernels sum alike, aligned or not."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_checksum_fast_and_generic_paths(
+    dtype: torch.dtype, fast: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path and the generic kernels sum alike, aligned or not."""
     monkeypatch.setenv("ZIPCCL_FAST", fast)
-    x = gaussian(1_000_003, torch.bfloat16, seed=SEED, scale=0.01).to(CUDA)
+    x = gaussian(1_000_003, dtype, seed=SEED, scale=0.01).to(CUDA)
     for view in (x, x[1:], x[3:-2]):
         c = zipccl.compress(view, checksum=True)
         assert container.Header.unpack(c.header_bytes()).checksum == golden_checksum(view)

@@ -8,7 +8,7 @@ import torch
 import zipccl
 from zipccl.golden import container
 from zipccl.golden.codebook import Codebook
-from zipccl.golden.formats import BF16, E4M3
+from zipccl.golden.formats import BF16, E4M3, get_format
 
 from tests.test_codec import DTYPES, UINT, bits_np, corrupted, fitted, gaussian, random_bits
 
@@ -131,12 +131,14 @@ def assert_damage_verdicts_match_golden(buf: torch.Tensor, seed: int) -> None:
         assert np.array_equal(bits_np(zipccl.decompress(b).cpu()), want)
 
 
+@pytest.mark.parametrize("table", ["histogram", None])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_gpu_damage_verdicts_match_golden(dtype: torch.dtype) -> None:
-    """The exponent formats' decoders reject the damaged buffers golden rejects (ranks past the
+def test_gpu_damage_verdicts_match_golden(dtype: torch.dtype, table: str | None) -> None:
+    """The exponent formats' decoders, the generic one (a histogram table) and the fast path
+    (the theory table's byte escapes), reject the damaged buffers golden rejects (ranks past the
     table, FP16 symbols past 5 bits, sizes, padding) and decode the others to golden's values."""
     x = gaussian(60000, dtype, seed=15, scale=20.0)
-    buf = zipccl.compress(x.to(CUDA), "histogram", block=1024).buffer
+    buf = zipccl.compress(x.to(CUDA), table, block=1024).buffer
     assert_damage_verdicts_match_golden(buf, seed=1)
 
 
@@ -186,19 +188,26 @@ def assert_illegal(bad: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("fast", ["1", "0"])
 @pytest.mark.parametrize("literal", [0, 5])
-def test_gpu_byte_escape_tables(fast: str, literal: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """BF16 fast path and generic kernels on ZipCCL-layout tables, with a literal region that is
-    not prefix 0 and with prefixes that have no symbol (illegal in a stream)."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_byte_escape_tables(
+    dtype: torch.dtype, fast: str, literal: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path and the generic kernels on ZipCCL-layout tables, with a literal region that
+    is not prefix 0 and with prefixes that have no symbol (illegal in a stream)."""
     monkeypatch.setenv("ZIPCCL_FAST", fast)
+    fmt = get_format(str(dtype).removeprefix("torch."))
+    bias = fmt.exp_bias
     widths = [0] * 8
     widths[literal] = 8
-    book = Codebook(tuple(widths), literal, (127, 126, 128))  # three ranked symbols only
-    x = gaussian(50003, torch.bfloat16, seed=21)
+    ranked = (bias, bias - 1, bias + 1, bias - 2, bias - 3)  # five: prefixes without a symbol
+    book = Codebook(tuple(widths), literal, ranked)
+    x = gaussian(50003, dtype, seed=21)
     gpu_vs_cpu(x, table=book)  # block 4096: the fast path's block
     c = zipccl.compress(x.to(CUDA), book)
-    sec = container.Sections.of(BF16, x.numel(), c.block)
-    exps = (x.view(torch.int16).to(torch.int64) >> 7) & 0xFF
-    i = int(torch.nonzero((exps >= 126) & (exps <= 128))[0])  # not an escape: size unchanged
+    assert c.layout == "split"
+    sec = container.Sections.of(fmt, x.numel(), c.block)
+    exps = fmt.symbols(bits_np(x))
+    i = int(np.flatnonzero(np.isin(exps, ranked))[0])  # not an escape: size unchanged
     assert_illegal(with_prefix(c.buffer, sec, i, 7))  # prefix 7: a region with no symbol
 
 

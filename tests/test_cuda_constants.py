@@ -92,7 +92,7 @@ GOLDEN = {
     "kGaps": _cuda.GAPS,
     "kScratchWorkAt": _cuda.SCRATCH_WORK_AT,
     "kCapturing": _cuda.CAPTURING,
-    "kKinds": max(*_cuda.KIND.values(), _cuda.FAST_BF16) + 1,
+    "kKinds": max(*_cuda.KIND.values(), *_cuda.FAST.values()) + 1,
     "kErrOffsets": _cuda.DecodeError.OFFSETS,
     "kErrSize": _cuda.DecodeError.SIZE,
     "kErrRank": _cuda.DecodeError.RANK,

@@ -17,7 +17,7 @@ Every public name documents its dtypes, arguments, result, exceptions and settin
 Settings, environment variables parsed in :mod:`zipccl.settings`:
 
 * the codec's kernels (same bytes whichever): ``ZIPCCL_BACKEND`` (``auto`` | ``torch`` |
-  ``triton``) and ``ZIPCCL_FAST`` (``0`` turns off the CUDA kernels' BF16 fast path);
+  ``triton``) and ``ZIPCCL_FAST`` (``0`` turns off the CUDA kernels' byte-escape fast path);
 * what the collectives put on the wire, agreed across a group's ranks before its first zipccl
   call: ``ZIPCCL_MODE`` (``auto`` | ``always`` | ``never``), ``ZIPCCL_VERIFY`` (``auto`` | ``1``
   | ``0``), ``ZIPCCL_CHUNK_BYTES``, ``ZIPCCL_NATIVE_REDUCE`` (reductions only),

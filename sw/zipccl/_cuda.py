@@ -54,7 +54,8 @@ GAPS = 10
 # the kernel instantiation per format (codec.cu by_kind; both FP8 formats code whole bytes alike),
 # not a dtype code: those are golden.formats'
 KIND = {"bfloat16": 0, "float16": 1, "float32": 2, "float8_e4m3fn": 3, "float8_e5m2": 3}
-FAST_BF16 = 4  # BF16 under a byte-escape table (ZIPCCL_FAST=0 selects the generic kernels)
+#  the fast path's: an exponent format under a byte-escape table (ZIPCCL_FAST=0 selects KIND's)
+FAST = {"bfloat16": 4, "float16": 5, "float32": 6}
 
 
 class DecodeError(enum.IntFlag):
@@ -219,10 +220,10 @@ def _table_words(table: Codebook) -> tuple[int, ...]:
 
 
 def _kind(fmt: FloatFormat, table: Codebook | None, block: int) -> int:
-    """Kernel choice: BF16 under a byte-escape table (None: the theory table, always one) takes
-    the SIMD fast path."""
-    fast = fmt.name == "bfloat16" and (table is None or _byte_escape(table))
-    return FAST_BF16 if fast and settings.value("ZIPCCL_FAST") else KIND[fmt.name]
+    """Kernel choice: an exponent format under a byte-escape table (None: the theory table,
+    always one) takes the SIMD fast path."""
+    fast = fmt.name in FAST and (table is None or _byte_escape(table))
+    return FAST[fmt.name] if fast and settings.value("ZIPCCL_FAST") else KIND[fmt.name]
 
 
 _KEPT = 64  # device copies kept per cache (the newest)

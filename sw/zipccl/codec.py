@@ -899,8 +899,9 @@ def compress_into(
 
     Settings: ``ZIPCCL_BACKEND`` -- ``auto`` (default: the CUDA kernels on CUDA tensors, the
     torch ops elsewhere), ``torch`` (the torch ops everywhere) or ``triton`` (the Triton kernels;
-    on CPU under ``TRITON_INTERPRET=1``); ``ZIPCCL_FAST=0`` turns off the CUDA kernels' BF16 fast
-    path. Neither changes the bytes; a value they do not accept raises ValueError naming it.
+    on CPU under ``TRITON_INTERPRET=1``); ``ZIPCCL_FAST=0`` turns off the CUDA kernels'
+    byte-escape fast path. Neither changes the bytes; a value they do not accept raises
+    ValueError naming it.
 
     Args:
         tensor (Tensor): as for :func:`compress`: ``bfloat16``, ``float16``, ``float32``,
@@ -991,8 +992,9 @@ def compress(
 
     Settings: ``ZIPCCL_BACKEND`` -- ``auto`` (default: the CUDA kernels on CUDA tensors, the
     torch ops elsewhere), ``torch`` (the torch ops everywhere) or ``triton`` (the Triton kernels;
-    on CPU under ``TRITON_INTERPRET=1``); ``ZIPCCL_FAST=0`` turns off the CUDA kernels' BF16 fast
-    path. Neither changes the bytes; a value they do not accept raises ValueError naming it.
+    on CPU under ``TRITON_INTERPRET=1``); ``ZIPCCL_FAST=0`` turns off the CUDA kernels'
+    byte-escape fast path. Neither changes the bytes; a value they do not accept raises
+    ValueError naming it.
 
     Args:
         tensor (Tensor): ``torch.bfloat16``, ``torch.float16``, ``torch.float32``,

@@ -164,7 +164,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {  # KEYS order: Settings' fields
     "ZIPCCL_CUDA_TRANSPORT": lambda v: _choice("ZIPCCL_CUDA_TRANSPORT", v, CUDA_TRANSPORTS),
     "ZIPCCL_LANES": _lanes,
     "ZIPCCL_BACKEND": lambda v: _choice("ZIPCCL_BACKEND", v, BACKENDS),
-    "ZIPCCL_FAST": lambda v: _choice("ZIPCCL_FAST", v, ("1", "0")) == "1",  # BF16 fast path
+    "ZIPCCL_FAST": lambda v: _choice("ZIPCCL_FAST", v, ("1", "0")) == "1",  # byte-escape fast path
     "ZIPCCL_LOG": lambda v: _choice("ZIPCCL_LOG", v, LOGS),
 }
 

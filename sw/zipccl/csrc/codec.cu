@@ -1,7 +1,7 @@
 // zipccl split-layout codec kernels (golden/container.py bytes), built by zipccl/_cuda.py (nvcc).
 //
 // One warp codes one block of `block` elements, with no CTA-wide barrier and no waiting on other
-// blocks (the BF16 encoder gives a block to two warps of a CTA, each half its rounds, when a tensor
+// blocks (the fast-path encoder gives a block to two warps of a CTA, each half its rounds, when a tensor
 // has too few blocks to fill the GPU's warps: warp.cuh block_split). It walks the block in rounds
 // of 1024 elements: lane l owns 4 groups of 8 consecutive elements (group g starts at round element
 // 256*g + 8*l, so every warp access is contiguous). A group's 8 elements are one byte of every bit
@@ -25,18 +25,19 @@
 // problems through an error flag (and, for a validating call, a notice in host memory); a buffer
 // compress wrote is decoded by its own header (raw or split, payload size).
 //
-// BF16 under a byte-escape table (the ZipCCL exponent layout) has its own path (Z = true). Its
-// encoder gets bytes by permutes, and an element's three plane bytes and escape mask by one table
-// lookup and one add; the other encoders look each symbol up once (its spread plane bits and its
-// codeword, appended by one funnel shift). Every other decoder finds symbols by byte-permute width
-// lookups, byte-wise prefix sums of the widths and a (prefix, value) symbol table laid out so that
-// an entry's index is one funnel shift. The decoders take a fast path for the whole rounds of a
-// block whose raw bytes and output are aligned for vector access: plane bytes at immediate
-// offsets, a group's prefixes as one word of nibbles from three lookups, bare prmt lookups, BF16
-// escapes patched without a loop, and an L2 prefetch of the next round; partial rounds and
-// unaligned buffers take the general code. Their payloads (but BF16's escape bytes) are staged
-// with eight loads in flight per lane (the decoders are latency-bound). Measured numbers and the path that led here: BENCHMARKS.md §3
-// and benchmarks/results/codec.md.
+// An exponent format (BF16, FP16, FP32) under a byte-escape table (the ZipCCL exponent layout)
+// has its own path (Z = true). Its encoder gets symbol and raw bytes by permutes, and an
+// element's three plane bytes and escape mask by one table lookup and one add; the other encoders
+// look each symbol up once (its spread plane bits and its codeword, appended by one funnel
+// shift). Every other decoder finds symbols by byte-permute width lookups, byte-wise prefix sums
+// of the widths and a (prefix, value) symbol table laid out so that an entry's index is one
+// funnel shift. The decoders take a fast path for the whole rounds of a block whose raw bytes and
+// output are aligned for vector access: plane bytes at immediate offsets, a group's prefixes as
+// one word of nibbles from three lookups, bare prmt lookups, byte escapes patched without a
+// loop, and an L2 prefetch of the next round; partial rounds and unaligned buffers take the
+// general code. Their payloads (but the fast path's escape bytes) are staged with eight loads in
+// flight per lane (the decoders are latency-bound). Measured numbers and the path that led here:
+// BENCHMARKS.md §3 and benchmarks/results/codec.md.
 //
 // Files: layout.cuh (Layout, format traits, load/store helpers), table.cuh (device-side tables,
 // CRC-32, SHA-256), warp.cuh (warp primitives), encode.cuh, decode.cuh, sample.cuh (sample
@@ -99,10 +100,10 @@ int launch_decode(const void* buf, const void* pay, void* out, const Layout* L, 
   return cudaGetLastError();
 }
 
-// Calls `run(format, fast)` for a kernel kind (zipccl/_cuda.py KIND): 0 bfloat16, 1 float16,
-// 2 float32, 3 FP8 (both formats code the whole byte), 4 bfloat16 under a byte-escape table
-// (the fast path, fast = true).
-constexpr int kKinds = 5;
+// Calls `run(format, fast)` for a kernel kind (zipccl/_cuda.py KIND, FAST): 0 bfloat16, 1 float16,
+// 2 float32, 3 FP8 (both formats code the whole byte); 4 bfloat16, 5 float16, 6 float32 under a
+// byte-escape table (the fast path, fast = true).
+constexpr int kKinds = 7;
 template <class Run>
 int by_kind(int kind, Run&& run) {
   switch (kind) {
@@ -111,6 +112,8 @@ int by_kind(int kind, Run&& run) {
     case 2: return run(FP32{}, std::false_type{});
     case 3: return run(FP8{}, std::false_type{});
     case 4: return run(BF16{}, std::true_type{});
+    case 5: return run(FP16{}, std::true_type{});
+    case 6: return run(FP32{}, std::true_type{});
     default: return cudaErrorInvalidValue;
   }
 }

@@ -1,6 +1,8 @@
 // The decoder: one warp per block, checking every block's consistency. Included by codec.cu.
 #pragma once
 
+#include <type_traits>
+
 #include "warp.cuh"
 
 namespace {
@@ -43,6 +45,133 @@ __device__ __forceinline__ uint32_t raw_of(const DecRaw<F>& x, int k) {
   return raw;
 }
 
+// The four symbol bytes of element entries e[0..3] (low bytes) as one word.
+__device__ inline uint32_t pack4(const uint32_t e[4]) {
+  return __byte_perm(__byte_perm(e[0], e[1], 0x0040), __byte_perm(e[2], e[3], 0x0040), 0x5410);
+}
+
+// A group's symbols as pair words: pair i holds element 2i's symbol in byte 0 and element
+// 2i + 1's in byte 2, from its entries (an entry's byte 3 is 0; its bit 8, an error flag, is
+// left out) or from its 8 symbol bytes (ex: elements 0..3, 4..7).
+__device__ __forceinline__ void pairs_of_entries(const uint32_t ent[8], uint32_t sym2[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) sym2[i] = __byte_perm(ent[2 * i], ent[2 * i + 1], 0x3430);
+}
+__device__ __forceinline__ void pairs_of_bytes(uint32_t ex0, uint32_t ex1, uint32_t sym2[4]) {
+  sym2[0] = __byte_perm(ex0, 0u, 0x4140), sym2[1] = __byte_perm(ex0, 0u, 0x4342);
+  sym2[2] = __byte_perm(ex1, 0u, 0x4140), sym2[3] = __byte_perm(ex1, 0u, 0x4342);
+}
+
+// A 16-bit format's group of 8 elements, whole, as 4 words of 2 (element 2i in the low half):
+// F::join of each symbol with its raw bits, a pair at a time: the raw bytes by one byte permute
+// (BF16's bit 7, its sign, moved to bit 15), the pair's symbols (pairs_of_entries) shifted to
+// MANT, and each raw bit plane's two bits by one multiply and mask (x = b0 + 2 b1 times 2^t +
+// 2^(t + 15) puts b0 at bit t and b1 at t + 16, its other terms at t + 1, t + 15).
+template <class F>
+__device__ __forceinline__ void join_pairs16(const uint32_t sym2[4], const DecRaw<F>& raw,
+                                             uint32_t w[4]) {
+  constexpr int kMant = F::RAW - 1;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t rb = static_cast<uint32_t>(raw.rb[0] >> (32 * (i >> 1)));
+    const uint32_t b = __byte_perm(rb, 0u, (i & 1) ? 0x4342 : 0x4140);
+    uint32_t v = kMant >= 8 ? b : (b & 0x007f007fu) | (b & 0x00800080u) << 8;
+    v |= sym2[i] << kMant;
+#pragma unroll
+    for (int j = 0; j < F::RAWb; ++j) {
+      const int bit = 8 * F::RAWB + j, t = bit < kMant ? bit : 15;
+      const uint32_t x = (raw.tb >> (8 * j + 2 * i)) & 3u;
+      v |= (x * ((1u << t) + (1u << (t + 15)))) & (1u << t | 1u << (t + 16));
+    }
+    w[i] = v;
+  }
+}
+
+// FP32's group of 8 elements, whole, as 8 words: an element's high half is BF16's join of its
+// symbol (pair words, as join_pairs16's) with its raw byte plane 2 (mantissa bits 16..22 and the
+// sign), as join_pairs16 builds it for a pair; its low half is its bytes of raw byte planes 0
+// and 1, a pair by one permute.
+template <class F>
+__device__ __forceinline__ void join_words32(const uint32_t sym2[4], const DecRaw<F>& raw,
+                                             uint32_t w[8]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int h = 32 * (i >> 1);  // elements 2i, 2i + 1 are in the low or high half of a plane
+    const uint32_t r0 = static_cast<uint32_t>(raw.rb[0] >> h);
+    const uint32_t r1 = static_cast<uint32_t>(raw.rb[1] >> h);
+    const uint32_t r2 = static_cast<uint32_t>(raw.rb[2] >> h);
+    const uint32_t b = __byte_perm(r2, 0u, (i & 1) ? 0x4342 : 0x4140);
+    const uint32_t hi = (b & 0x007f007fu) | (b & 0x00800080u) << 8 | sym2[i] << 7;
+    const uint32_t lo = __byte_perm(r0, r1, (i & 1) ? 0x7362 : 0x5140);
+    w[2 * i] = __byte_perm(lo, hi, 0x5410), w[2 * i + 1] = __byte_perm(lo, hi, 0x7632);
+  }
+}
+
+// A whole group of an exponent format (all 8 elements, aligned for vector stores): its symbols'
+// pair words joined with its raw planes, stored to `o` and summed.
+template <class F, class S>
+__device__ __forceinline__ void put_joined(const uint32_t sym2[4], const DecRaw<F>& raw,
+                                           typename F::T* o, long long e0, S& sum) {
+  if constexpr (sizeof(typename F::T) == 2) {
+    uint32_t w[4];
+    join_pairs16<F>(sym2, raw, w);
+    *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
+    sum.template group<uint16_t>(e0, 8, w);
+  } else {
+    static_assert(F::RAWB == 3 && F::RAW == 24, "FP32's raw planes");
+    uint32_t w[8];
+    join_words32<F>(sym2, raw, w);
+    store_vec8(o, w);
+    sum.template group<uint32_t>(e0, 8, w);
+  }
+}
+
+// A group's decoded symbols joined with its raw planes (exponent formats) or packed as bytes
+// (FP8), stored to `o` (cnt elements; VEC: all 8, by vector stores) and summed. ent[k]: element
+// k's symbol table entry (or its symbol).
+template <class F, bool VEC, class S>
+__device__ __forceinline__ void dec_put(const uint32_t ent[8], const DecRaw<F>& raw,
+                                        typename F::T* o, long long e0, int cnt, S& sum) {
+  if constexpr (F::BYTE_CODED) {
+    const uint32_t word[2] = {pack4(ent), pack4(ent + 4)};
+    if constexpr (VEC)
+      *reinterpret_cast<uint2*>(o) = make_uint2(word[0], word[1]);
+    else
+      store_bytes(o, cnt, word[0] | static_cast<unsigned long long>(word[1]) << 32);
+    sum.template group<uint8_t>(e0, cnt, word);
+  } else if constexpr (VEC) {
+    uint32_t sym2[4];
+    pairs_of_entries(ent, sym2);
+    put_joined<F>(sym2, raw, o, e0, sum);
+  } else {
+    uint32_t v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = F::join(ent[k] & 0xffu, raw_of(raw, k));
+    store8(o, cnt, v);
+    sum.template values<typename F::T>(e0, cnt, v);
+  }
+}
+
+// FP16's error bit for symbol bytes (ORed together) past its 5-bit exponent field: a byte-escape
+// table's escapes and ranks are whole bytes. 0 for the 8-bit exponent formats.
+template <class F>
+__device__ __forceinline__ int symbol_errors(uint32_t bytes) {
+  if constexpr (!F::BYTE_CODED && F::EXP_BITS < 8)
+    return bytes & ~(((1u << F::EXP_BITS) - 1u) * 0x01010101u) ? kErrSymbol : 0;
+  return 0;
+}
+
+// The error bits of the OR of a round's entries (of its elements only): bit 8, a rank past the
+// table's count; for FP16, a symbol past its 5-bit exponent field (entries hold 8-bit symbols).
+template <class F>
+__device__ __forceinline__ int entry_errors(uint32_t bad) {
+  int err = bad & 0x100u ? kErrRank : 0;
+  if constexpr (!F::BYTE_CODED && F::EXP_BITS < 8) {
+    if (bad & 0xffu & ~((1u << F::EXP_BITS) - 1u)) err |= kErrSymbol;
+  }
+  return err;
+}
+
 // The 8 prefixes of a group as bytes (elements 0..3 in pre[0], 4..7 in pre[1]), by three lookups
 // in a table that spreads bit k of a plane byte to bit 0 of byte k.
 __device__ inline void prefix_bytes(uint32_t planes, const unsigned long long* s_spread8,
@@ -59,17 +188,16 @@ __device__ __forceinline__ uint32_t prefix_nibbles(uint32_t p0, uint32_t p1, uin
   return s_spread4[p0] + (s_spread4[p1] << 1) + (s_spread4[p2] << 2);
 }
 
-// BF16 under a byte-escape table, a group of a round that dec_round_z does not take: exponents by
-// a byte-permute lookup (8 prefixes -> 8 symbols), escapes (`esc`: bit k set for element k)
-// patched one by one from the stage from stream byte `at` on, output by permutes (to element e0
-// of `out`).
-template <class S>
-__device__ inline void dec_group_fast(const uint32_t pre[2], uint32_t esc,
-                                      unsigned long long rb, int cnt, uint32_t at,
-                                      const uint8_t* stage, const Fast& f, uint16_t* out,
-                                      long long e0, int& err, S& sum) {
+// A byte-escape table (the ZipCCL exponent layout: BF16, FP16, FP32), a group of a round that
+// dec_round_z does not take: symbols by a byte-permute lookup (8 prefixes -> 8 symbols), escapes
+// (`esc`: bit k set for element k) patched one by one from the stage from stream byte `at` on,
+// joined with the group's raw planes (BF16: by permutes) and stored to element e0 of `out`.
+template <class F, class S>
+__device__ inline void dec_group_fast(const uint32_t pre[2], uint32_t esc, const DecRaw<F>& raw,
+                                      int cnt, uint32_t at, const uint8_t* stage, const Fast& f,
+                                      typename F::T* out, long long e0, int& err, S& sum) {
   out += e0;
-  unsigned long long ex8 = 0;  // the 8 exponent bytes
+  unsigned long long ex8 = 0;  // the 8 symbol bytes
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const uint32_t sel = __byte_perm(pre[h] | (pre[h] >> 4), 0u, 0x4420);
@@ -81,20 +209,29 @@ __device__ inline void dec_group_fast(const uint32_t pre[2], uint32_t esc,
     ex8 = (ex8 & ~(0xffull << sh)) | static_cast<unsigned long long>(stage[at++ ^ 3u]) << sh;
   }
   const uint32_t ex[2] = {static_cast<uint32_t>(ex8), static_cast<uint32_t>(ex8 >> 32)};
-  const uint32_t raw[2] = {static_cast<uint32_t>(rb), static_cast<uint32_t>(rb >> 32)};
-  uint32_t v[4];
+  if constexpr (std::is_same_v<F, BF16>) {
+    const unsigned long long rb = raw.rb[0];
+    const uint32_t r[2] = {static_cast<uint32_t>(rb), static_cast<uint32_t>(rb >> 32)};
+    uint32_t v[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t t = __byte_perm(raw[i >> 1], ex[i >> 1], (i & 1) ? 0x7362 : 0x5140);
-    v[i] = ((t >> 1) & 0x7f807f80u) | (t & 0x007f007fu) | ((t & 0x00800080u) << 8);
-  }
-  sum.template group<uint16_t>(e0, cnt, v);
-  if (cnt == 8 && aligned(out, 16)) {
-    *reinterpret_cast<uint4*>(out) = make_uint4(v[0], v[1], v[2], v[3]);
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t t = __byte_perm(r[i >> 1], ex[i >> 1], (i & 1) ? 0x7362 : 0x5140);
+      v[i] = ((t >> 1) & 0x7f807f80u) | (t & 0x007f007fu) | ((t & 0x00800080u) << 8);
+    }
+    sum.template group<uint16_t>(e0, cnt, v);
+    if (cnt == 8 && aligned(out, 16)) {
+      *reinterpret_cast<uint4*>(out) = make_uint4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (k < cnt) out[k] = static_cast<uint16_t>(v[k >> 1] >> (16 * (k & 1)));
+    }
   } else {
+    err |= symbol_errors<F>((ex[0] & valid_bytes(cnt, false)) | (ex[1] & valid_bytes(cnt, true)));
+    uint32_t ent[8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
-      if (k < cnt) out[k] = static_cast<uint16_t>(v[k >> 1] >> (16 * (k & 1)));
+    for (int k = 0; k < 8; ++k) ent[k] = (ex[k >> 2] >> (8 * (k & 3))) & 0xffu;
+    dec_put<F, false>(ent, raw, out, e0, cnt, sum);
   }
 }
 
@@ -103,29 +240,26 @@ struct DecTab {
   uint8_t rank[256];
 };
 
-// BF16 under a byte-escape table, a round that dec_round_z does not take (a partial round, a
-// block not aligned for vectors); returns the round's payload bits. `bits` is where the round
-// starts in the block's stream.
-template <bool FULL, class S>
-__device__ inline uint32_t dec_round(const uint8_t* buf, uint16_t* out, const Layout& L,
+// A byte-escape table, a round that dec_round_z does not take (a partial round, a block not
+// aligned for vectors); returns the round's payload bits. `bits` is where the round starts in the
+// block's stream.
+template <class F, bool FULL, class S>
+__device__ inline uint32_t dec_round(const uint8_t* buf, typename F::T* out, const Layout& L,
                                      long long start, int r, const Fast& f,
                                      const unsigned long long* s_spread8, uint32_t bits,
                                      const uint32_t* stage, int& err, S& sum) {
   uint32_t planes[kGroups];
-  unsigned long long rb[kGroups];
   int cnt[kGroups];
   long long e0[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     cnt[g] = group_count<FULL>(L, start, r, g, e0[g]);
-    const long long e = cnt[g] ? e0[g] : 0;
     uint32_t pl = 0;
     if (cnt[g]) {
 #pragma unroll
-      for (int j = 0; j < 3; ++j) pl |= static_cast<uint32_t>(buf[L.prefix_at[j] + e / 8]) << (8 * j);
+      for (int j = 0; j < 3; ++j) pl |= static_cast<uint32_t>(buf[L.prefix_at[j] + e0[g] / 8]) << (8 * j);
     }
     planes[g] = pl;
-    rb[g] = load_bytes(buf + L.raw_byte_at[0] + e, cnt[g]);
   }
   uint32_t nbits[kGroups], pos[kGroups], esc[kGroups];
 #pragma unroll
@@ -141,8 +275,9 @@ __device__ inline uint32_t dec_round(const uint8_t* buf, uint16_t* out, const La
     if (!cnt[g]) continue;
     uint32_t pre[2];
     prefix_bytes(planes[g], s_spread8, pre);
-    dec_group_fast(pre, esc[g], rb[g], cnt[g], (bits + pos[g]) >> 3,
-                   reinterpret_cast<const uint8_t*>(stage), f, out, e0[g], err, sum);
+    const DecRaw<F> raw = dec_raw<F, false>(buf, L, e0[g], cnt[g]);
+    dec_group_fast<F>(pre, esc[g], raw, cnt[g], (bits + pos[g]) >> 3,
+                      reinterpret_cast<const uint8_t*>(stage), f, out, e0[g], err, sum);
   }
   return total;
 }
@@ -210,28 +345,36 @@ __device__ inline uint32_t round_escapes(const uint32_t n[kGroups], uint32_t pos
   return b3 + (t23 >> 16);
 }
 
-// BF16 under a byte-escape table, a whole round of an aligned block: vector loads and stores,
-// and every escape of a group patched at once. s[g] holds the prefix nibbles with bit 3 of nibble
-// k set where element k escapes (prefix == L); prmt's sign mode then replicates the msb of the
-// looked-up byte for those elements, which is harmless: their exponent byte is replaced by the
-// escape byte, and the literal prefix's bad byte is 0. pf: as in round_planes (raw bytes too).
-template <class S>
-__device__ inline uint32_t dec_round_z(const uint8_t* buf, uint16_t* out, const Layout& L,
+// A byte-escape table, a whole round of an aligned block: vector loads and stores, and every
+// escape of a group patched at once. s[g] holds the prefix nibbles with bit 3 of nibble k set
+// where element k escapes (prefix == L); prmt's sign mode then replicates the msb of the
+// looked-up byte for those elements, which is harmless: their symbol byte is replaced by the
+// escape byte, and the literal prefix's bad byte is 0. The symbols are then joined with the raw
+// planes: BF16's by permutes from its one raw byte plane, loaded before the scan; FP16's and
+// FP32's as the generic decoder joins them (put_joined). pf: as in round_planes (raw planes too).
+template <class F, class S>
+__device__ inline uint32_t dec_round_z(const uint8_t* buf, typename F::T* out, const Layout& L,
                                        long long start, int r, const Fast& f,
                                        const uint32_t* s_spread4, uint32_t bits,
                                        const uint32_t* stage, int& err, bool pf, S& sum) {
+  constexpr bool kBF16 = std::is_same_v<F, BF16>;
   const long long e = start + static_cast<long long>(r) * kRound + 8 * (threadIdx.x & 31);
-  const unsigned long long* rw =
-      reinterpret_cast<const unsigned long long*>(buf + L.raw_byte_at[0] + e);
-  if (pf) {  // the next round's raw bytes into L2
+  if (pf) {  // the next round's raw planes into L2
 #pragma unroll
-    for (int g = 0; g < kGroups; ++g) prefetch_l2(rw + kRound / 8 + 32 * g);
+    for (int j = 0; j < F::RAWB; ++j)
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) prefetch_l2(buf + L.raw_byte_at[j] + e + kRound + 256 * g);
+#pragma unroll
+    for (int j = 0; j < F::RAWb; ++j)
+      prefetch_l2(buf + L.raw_bit_at[j] + (e >> 3) + kRound / 8 + 32 * (threadIdx.x & 3));
   }
   uint32_t s[kGroups], nbits[kGroups], pos[kGroups], b[kGroups][3];
   round_planes(buf, L, e, pf, b);
-  unsigned long long rb[kGroups];
+  DecRaw<F> early[kBF16 ? kGroups : 1];
+  if constexpr (kBF16) {
 #pragma unroll
-  for (int g = 0; g < kGroups; ++g) rb[g] = rw[32 * g];
+    for (int g = 0; g < kGroups; ++g) early[g] = dec_raw<F, true>(buf, L, e + 256 * g, 8);
+  }
   const uint32_t lit = f.lit_rep;  // L in every nibble
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
@@ -243,8 +386,8 @@ __device__ inline uint32_t dec_round_z(const uint8_t* buf, uint16_t* out, const 
   }
   const uint32_t total = 8 * round_escapes(nbits, pos);  // pos[g]: in escape bytes
   const uint32_t base = bits >> 3;  // bits: whole bytes here
-  uint32_t bad = 0;
-  uint16_t* o = out + e;
+  uint32_t bad = 0, symbols = 0;
+  typename F::T* o = out + e;
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     const uint32_t sv = s[g], esc = sv & 0x88888888u;
@@ -263,20 +406,29 @@ __device__ inline uint32_t dec_round_z(const uint8_t* buf, uint16_t* out, const 
       ex0 = prmt(prmt(a, bb, src), ex0, mix);
       ex1 = prmt(prmt(a, bb, src >> 16), ex1, mix >> 16);
     }
-    // BF16 of element k: high byte sign | exponent >> 1, low byte exponent << 7 | mantissa.
-    const uint32_t r0 = static_cast<uint32_t>(rb[g]), r1 = static_cast<uint32_t>(rb[g] >> 32);
-    const uint32_t h0 = bitsel<0x7f7f7f7fu>(ex0 >> 1, r0), l0 = bitsel<0x80808080u>(ex0 << 7, r0);
-    const uint32_t h1 = bitsel<0x7f7f7f7fu>(ex1 >> 1, r1), l1 = bitsel<0x80808080u>(ex1 << 7, r1);
-    const uint32_t v[4] = {prmt(l0, h0, 0x5140), prmt(l0, h0, 0x7362), prmt(l1, h1, 0x5140),
-                           prmt(l1, h1, 0x7362)};
-    *reinterpret_cast<uint4*>(o + 256 * g) = make_uint4(v[0], v[1], v[2], v[3]);
-    sum.template group<uint16_t>(e + 256 * g, 8, v);
+    if constexpr (kBF16) {
+      // BF16 of element k: high byte sign | exponent >> 1, low byte exponent << 7 | mantissa.
+      const unsigned long long rb = early[g].rb[0];
+      const uint32_t r0 = static_cast<uint32_t>(rb), r1 = static_cast<uint32_t>(rb >> 32);
+      const uint32_t h0 = bitsel<0x7f7f7f7fu>(ex0 >> 1, r0), l0 = bitsel<0x80808080u>(ex0 << 7, r0);
+      const uint32_t h1 = bitsel<0x7f7f7f7fu>(ex1 >> 1, r1), l1 = bitsel<0x80808080u>(ex1 << 7, r1);
+      const uint32_t v[4] = {prmt(l0, h0, 0x5140), prmt(l0, h0, 0x7362), prmt(l1, h1, 0x5140),
+                             prmt(l1, h1, 0x7362)};
+      *reinterpret_cast<uint4*>(o + 256 * g) = make_uint4(v[0], v[1], v[2], v[3]);
+      sum.template group<uint16_t>(e + 256 * g, 8, v);
+    } else {
+      symbols |= ex0 | ex1;
+      uint32_t sym2[4];
+      pairs_of_bytes(ex0, ex1, sym2);
+      put_joined<F>(sym2, dec_raw<F, true>(buf, L, e + 256 * g, 8), o + 256 * g, e + 256 * g, sum);
+    }
   }
   if (bad) err |= kErrRank;
+  err |= symbol_errors<F>(symbols);
   return total;
 }
 
-// Every format but BF16's fast path (FP8, FP16, FP32, BF16 under other tables): per-prefix widths
+// Every format but the fast path (FP8; BF16, FP16, FP32 under other tables): per-prefix widths
 // in registers, looked up four elements at a time by byte permutes; each element's bit offset in
 // its half group by one multiply (a byte-wise prefix sum of the widths); one shared table, in the
 // compact layout of region_off, maps (prefix, payload value) to the symbol (FP8: the byte; else
@@ -311,109 +463,12 @@ __device__ inline uint32_t width_bytes(const int32_t* tab, int first) {
   return w;
 }
 
-// The four symbol bytes of element entries e[0..3] (low bytes) as one word.
-__device__ inline uint32_t pack4(const uint32_t e[4]) {
-  return __byte_perm(__byte_perm(e[0], e[1], 0x0040), __byte_perm(e[2], e[3], 0x0040), 0x5410);
-}
-
 // The width bytes of a half group (0 past the group's count); volatile: recomputed after the
 // scan instead of held across it.
 __device__ inline uint32_t width_of(uint32_t w_lo, uint32_t w_hi, uint32_t sel, int cnt, bool hi) {
   uint32_t d;
   asm volatile("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(w_lo), "r"(w_hi), "r"(sel & 0x7777u));
   return d & valid_bytes(cnt, hi);
-}
-
-// A 16-bit format's group of 8 elements, whole, as 4 words of 2 (element 2i in the low half):
-// F::join of each symbol with its raw bits, a pair at a time: the raw bytes by one byte permute
-// (BF16's bit 7, its sign, moved to bit 15), the two symbols by another (an entry's byte 3 is 0)
-// shifted to MANT, and each raw bit plane's two bits by one multiply and mask (x = b0 + 2 b1
-// times 2^t + 2^(t + 15) puts b0 at bit t and b1 at t + 16, its other terms at t + 1, t + 15).
-template <class F>
-__device__ __forceinline__ void join_pairs16(const uint32_t ent[8], const DecRaw<F>& raw,
-                                             uint32_t w[4]) {
-  constexpr int kMant = F::RAW - 1;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t rb = static_cast<uint32_t>(raw.rb[0] >> (32 * (i >> 1)));
-    const uint32_t b = __byte_perm(rb, 0u, (i & 1) ? 0x4342 : 0x4140);
-    uint32_t v = kMant >= 8 ? b : (b & 0x007f007fu) | (b & 0x00800080u) << 8;
-    v |= __byte_perm(ent[2 * i], ent[2 * i + 1], 0x3430) << kMant;
-#pragma unroll
-    for (int j = 0; j < F::RAWb; ++j) {
-      const int bit = 8 * F::RAWB + j, t = bit < kMant ? bit : 15;
-      const uint32_t x = (raw.tb >> (8 * j + 2 * i)) & 3u;
-      v |= (x * ((1u << t) + (1u << (t + 15)))) & (1u << t | 1u << (t + 16));
-    }
-    w[i] = v;
-  }
-}
-
-// FP32's group of 8 elements, whole, as 8 words: an element's high half is BF16's join of its
-// symbol with its raw byte plane 2 (mantissa bits 16..22 and the sign), as join_pairs16 builds
-// it for a pair; its low half is its bytes of raw byte planes 0 and 1, a pair by one permute.
-template <class F>
-__device__ __forceinline__ void join_words32(const uint32_t ent[8], const DecRaw<F>& raw,
-                                             uint32_t w[8]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int h = 32 * (i >> 1);  // elements 2i, 2i + 1 are in the low or high half of a plane
-    const uint32_t r0 = static_cast<uint32_t>(raw.rb[0] >> h);
-    const uint32_t r1 = static_cast<uint32_t>(raw.rb[1] >> h);
-    const uint32_t r2 = static_cast<uint32_t>(raw.rb[2] >> h);
-    const uint32_t b = __byte_perm(r2, 0u, (i & 1) ? 0x4342 : 0x4140);
-    const uint32_t hi = (b & 0x007f007fu) | (b & 0x00800080u) << 8 |
-                        __byte_perm(ent[2 * i], ent[2 * i + 1], 0x3430) << 7;
-    const uint32_t lo = __byte_perm(r0, r1, (i & 1) ? 0x7362 : 0x5140);
-    w[2 * i] = __byte_perm(lo, hi, 0x5410), w[2 * i + 1] = __byte_perm(lo, hi, 0x7632);
-  }
-}
-
-// A group's decoded symbols joined with its raw planes (exponent formats) or packed as bytes
-// (FP8), stored to `o` (cnt elements; VEC: all 8, by vector stores) and summed. ent[k]: element
-// k's symbol table entry.
-template <class F, bool VEC, class S>
-__device__ __forceinline__ void dec_put(const uint32_t ent[8], const DecRaw<F>& raw,
-                                        typename F::T* o, long long e0, int cnt, S& sum) {
-  if constexpr (F::BYTE_CODED) {
-    const uint32_t word[2] = {pack4(ent), pack4(ent + 4)};
-    if constexpr (VEC)
-      *reinterpret_cast<uint2*>(o) = make_uint2(word[0], word[1]);
-    else
-      store_bytes(o, cnt, word[0] | static_cast<unsigned long long>(word[1]) << 32);
-    sum.template group<uint8_t>(e0, cnt, word);
-  } else if constexpr (VEC && sizeof(typename F::T) == 2) {
-    uint32_t w[4];
-    join_pairs16<F>(ent, raw, w);
-    *reinterpret_cast<uint4*>(o) = make_uint4(w[0], w[1], w[2], w[3]);
-    sum.template group<uint16_t>(e0, 8, w);
-  } else if constexpr (VEC && sizeof(typename F::T) == 4) {
-    static_assert(F::RAWB == 3 && F::RAW == 24, "FP32's raw planes");
-    uint32_t w[8];
-    join_words32<F>(ent, raw, w);
-    store_vec8(o, w);
-    sum.template group<uint32_t>(e0, 8, w);
-  } else {
-    uint32_t v[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = F::join(ent[k] & 0xffu, raw_of(raw, k));
-    if constexpr (VEC)
-      store_vec8(o, v);
-    else
-      store8(o, cnt, v);
-    sum.template values<typename F::T>(e0, cnt, v);
-  }
-}
-
-// The error bits of the OR of a round's entries (of its elements only): bit 8, a rank past the
-// table's count; for FP16, a symbol past its 5-bit exponent field (entries hold 8-bit symbols).
-template <class F>
-__device__ __forceinline__ int entry_errors(uint32_t bad) {
-  int err = bad & 0x100u ? kErrRank : 0;
-  if constexpr (!F::BYTE_CODED && F::EXP_BITS < 8) {
-    if (bad & 0xffu & ~((1u << F::EXP_BITS) - 1u)) err |= kErrSymbol;
-  }
-  return err;
 }
 
 // Every format but BF16's fast path, any round: a group's prefixes from its plane bytes, the
@@ -593,22 +648,28 @@ __device__ inline void stage_payload_wide(uint32_t* stage, const uint8_t* src, u
   stage_payload(stage, src, len, lo, hi);
 }
 
+// CTAs per SM a decoder is compiled for (its register budget): the byte-coded and the 16-bit
+// fast-path decoders are held to 64 registers (four CTAs per SM instead of two or three, which
+// the latency-bound decoders need), the others to 80 (three CTAs; they spill nothing there).
+template <class F, bool Z>
+__host__ __device__ constexpr int decode_ctas() {
+  return F::BYTE_CODED || (Z && sizeof(typename F::T) == 2) ? 4 : 3;
+}
+
 // Each warp decodes whole blocks. The payload stream is `pay` (payload_cap bytes): the
-// container's own payload section, or a separate buffer. BF16 under a byte-escape table (Z) takes
-// dec_round_z for the whole rounds of an aligned block (round_aligned) and dec_round for the rest;
-// every other format the compact symbol table: dec_round_sym_z for those whole rounds,
-// dec_round_sym for the rest. The byte-coded and BF16 fast-path decoders are held to 64 registers
-// (four CTAs per SM instead of two or three, which the latency-bound decoders need), the exponent
-// formats' to 80 (three CTAs; they spill nothing there). CK: the decoded values' checksum is summed
-// on the way and checked against the header's at buf + kChecksumAt (verify_sum; `acc` its zeroed
+// container's own payload section, or a separate buffer. An exponent format under a byte-escape
+// table (Z) takes dec_round_z for the whole rounds of an aligned block (round_aligned) and
+// dec_round for the rest; every other table and FP8 the compact symbol table: dec_round_sym_z for
+// those whole rounds, dec_round_sym for the rest. CK: the decoded values' checksum is summed on
+// the way and checked against the header's at buf + kChecksumAt (verify_sum; `acc` its zeroed
 // accumulator).
 template <class F, bool Z, bool CK>
-__global__ void __launch_bounds__(32 * kMaxWarps, (F::BYTE_CODED || Z) ? 4 : 3)
+__global__ void __launch_bounds__(32 * kMaxWarps, decode_ctas<F, Z>())
 decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
               typename F::T* __restrict__ out, const Layout L, const int32_t* __restrict__ tab,
               const Report report, SumAcc* __restrict__ acc) {
   __shared__ DecTab t;
-  constexpr bool kSym = !Z;  // the compact symbol table (every format but BF16's fast path)
+  constexpr bool kSym = !Z;  // the compact symbol table (every decoder but the fast path)
   __shared__ uint16_t s_sym2[kSym ? kSym2 : 1];
   __shared__ unsigned long long s_spread8[256];  // bit k of a plane byte -> byte k
   __shared__ uint32_t s_spread4[256];  // bit k of a plane byte -> nibble k
@@ -713,14 +774,12 @@ decode_kernel(const uint8_t* __restrict__ buf, const uint8_t* __restrict__ pay,
           bits += dec_round_sym<F, false>(buf, out, L, start, r, w_lo, w_hi, hb_lo, hb_hi, s_sym2,
                                           s_spread8, bits, stage, err, sum);
       } else if (full && fast) {
-        bits += dec_round_z(buf, reinterpret_cast<uint16_t*>(out), L, start, r, f, s_spread4, bits,
-                            stage, err, r + 1 < rounds(L) && full_round(L, start, r + 1), sum);
+        bits += dec_round_z<F>(buf, out, L, start, r, f, s_spread4, bits, stage, err,
+                               r + 1 < rounds(L) && full_round(L, start, r + 1), sum);
       } else if (full) {
-        bits += dec_round<true>(buf, reinterpret_cast<uint16_t*>(out), L, start, r, f, s_spread8,
-                                bits, stage, err, sum);
+        bits += dec_round<F, true>(buf, out, L, start, r, f, s_spread8, bits, stage, err, sum);
       } else {
-        bits += dec_round<false>(buf, reinterpret_cast<uint16_t*>(out), L, start, r, f, s_spread8,
-                                 bits, stage, err, sum);
+        bits += dec_round<F, false>(buf, out, L, start, r, f, s_spread8, bits, stage, err, sum);
       }
     }
     if (lane == 0) {

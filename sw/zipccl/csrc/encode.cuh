@@ -34,50 +34,6 @@ __device__ inline uint32_t spread_word(int32_t code) {
          (code >> kEncWidthShift ? 1u << 24 : 0u);
 }
 
-// One round of BF16 under a byte-escape table: exponent and raw bytes by byte permutes, the three
-// plane bytes and the escape mask by one table lookup and one add per element; escape bytes into
-// the stage. Returns the round's payload bits.
-template <bool FULL>
-__device__ inline uint32_t enc_round_fast(const EncIn<BF16>& x, const int cnt[kGroups],
-                                          const long long e0[kGroups], uint8_t* out,
-                                          const Layout& L, const uint32_t* s_spread, uint32_t bits,
-                                          uint8_t* stage) {
-  uint32_t ex[kGroups][2], acc[kGroups], nbits[kGroups], pos[kGroups];
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    const uint32_t* w = x.w[g];
-    uint32_t e2[4], r2[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      e2[i] = (w[i] >> 7) & 0x00ff00ffu;
-      r2[i] = (w[i] & 0x007f007fu) | ((w[i] >> 8) & 0x00800080u);
-    }
-    ex[g][0] = __byte_perm(e2[0], e2[1], 0x6420), ex[g][1] = __byte_perm(e2[2], e2[3], 0x6420);
-    acc[g] = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-      if (FULL || k < cnt[g]) acc[g] += s_spread[(ex[g][k >> 2] >> (8 * (k & 3))) & 0xffu] << k;
-    if (cnt[g]) {
-      const uint32_t raw_lo = __byte_perm(r2[0], r2[1], 0x6420);
-      const uint32_t raw_hi = __byte_perm(r2[2], r2[3], 0x6420);
-      const long long e = e0[g];
-      store_bytes(out + L.raw_byte_at[0] + e, cnt[g],
-                  raw_lo | static_cast<unsigned long long>(raw_hi) << 32);
-#pragma unroll
-      for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e / 8] = static_cast<uint8_t>(acc[g] >> (8 * j));
-    }
-    nbits[g] = 8 * __popc(acc[g] >> 24);
-  }
-  const uint32_t total = round_positions(nbits, pos);
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    uint32_t at = (bits + pos[g]) >> 3;
-    for (uint32_t m = acc[g] >> 24; m; m &= m - 1)
-      stage[at++ ^ 3u] = static_cast<uint8_t>(__byte_perm(ex[g][0], ex[g][1], __ffs(m) - 1));
-  }
-  return total;
-}
-
 // A group's raw planes (its 8 elements' raw bits, F::RAW) from its packed words, a plane at a
 // time: raw byte plane j is byte j of the elements (raw bits 8j..8j+7 are element bits where they
 // are below MANT), but for the byte that ends at the sign (MANT = 8j + 7: BF16, FP32's third),
@@ -104,6 +60,68 @@ __device__ __forceinline__ void raw_planes(const uint32_t* w, unsigned long long
     const int bit = 8 * F::RAWB + j;
     if constexpr (sizeof(T) == 2) tbits[j] = bit_plane16(w, bit < kMant ? bit : F::BITS - 1);
   }
+}
+
+// A group's 8 symbols (exponent fields) as bytes, elements 0..3 in ex[0] and 4..7 in ex[1], by
+// shifts and byte permutes of its packed words.
+template <class F>
+__device__ __forceinline__ void symbol_bytes(const uint32_t* w, uint32_t ex[2]) {
+  constexpr int kMant = F::RAW - 1;
+  if constexpr (sizeof(typename F::T) == 2) {  // word i: elements 2i, 2i + 1
+    constexpr uint32_t kMask = ((1u << F::EXP_BITS) - 1u) * 0x00010001u;
+    uint32_t e2[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) e2[i] = (w[i] >> kMant) & kMask;
+    ex[0] = __byte_perm(e2[0], e2[1], 0x6420), ex[1] = __byte_perm(e2[2], e2[3], 0x6420);
+  } else {  // word k: element k, its exponent byte 0 of the word shifted by kMant
+    static_assert(F::EXP_BITS == 8, "FP32's exponent is a byte");
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t* q = w + 4 * h;
+      ex[h] = __byte_perm(__byte_perm(q[0] >> kMant, q[1] >> kMant, 0x0040),
+                          __byte_perm(q[2] >> kMant, q[3] >> kMant, 0x0040), 0x5410);
+    }
+  }
+}
+
+// One round of an exponent format under a byte-escape table: symbol bytes and raw planes by byte
+// permutes, the three plane bytes and the escape mask by one table lookup and one add per
+// element; escape bytes into the stage. Returns the round's payload bits.
+template <class F, bool FULL>
+__device__ inline uint32_t enc_round_fast(const EncIn<F>& x, const int cnt[kGroups],
+                                          const long long e0[kGroups], uint8_t* out,
+                                          const Layout& L, const uint32_t* s_spread, uint32_t bits,
+                                          uint8_t* stage) {
+  uint32_t ex[kGroups][2], acc[kGroups], nbits[kGroups], pos[kGroups];
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    symbol_bytes<F>(x.w[g], ex[g]);
+    acc[g] = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (FULL || k < cnt[g]) acc[g] += s_spread[(ex[g][k >> 2] >> (8 * (k & 3))) & 0xffu] << k;
+    if (cnt[g]) {
+      unsigned long long rbytes[F::RAWB];
+      uint32_t tbits[F::RAWb > 0 ? F::RAWb : 1];
+      raw_planes<F>(x.w[g], rbytes, tbits);
+      const long long e = e0[g];
+#pragma unroll
+      for (int j = 0; j < F::RAWB; ++j) store_bytes(out + L.raw_byte_at[j] + e, cnt[g], rbytes[j]);
+#pragma unroll
+      for (int j = 0; j < F::RAWb; ++j) out[L.raw_bit_at[j] + e / 8] = tbits[j];
+#pragma unroll
+      for (int j = 0; j < 3; ++j) out[L.prefix_at[j] + e / 8] = static_cast<uint8_t>(acc[g] >> (8 * j));
+    }
+    nbits[g] = 8 * __popc(acc[g] >> 24);
+  }
+  const uint32_t total = round_positions(nbits, pos);
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    uint32_t at = (bits + pos[g]) >> 3;
+    for (uint32_t m = acc[g] >> 24; m; m &= m - 1)
+      stage[at++ ^ 3u] = static_cast<uint8_t>(__byte_perm(ex[g][0], ex[g][1], __ffs(m) - 1));
+  }
+  return total;
 }
 
 // The generic path's per-symbol words (s_enc), from the encoder word `code`: x has prefix bits 0,
@@ -197,7 +215,8 @@ __device__ inline uint32_t enc_round_at(const typename F::T* in, uint8_t* out, c
   for (int g = 0; g < kGroups; ++g)
     if (cnt[g]) sum.template group<typename F::T>(e0[g], cnt[g], x.w[g]);
   if constexpr (Z)
-    return enc_round_fast<FULL>(x, cnt, e0, out, L, s_lut, bits, reinterpret_cast<uint8_t*>(stage));
+    return enc_round_fast<F, FULL>(x, cnt, e0, out, L, s_lut, bits,
+                                   reinterpret_cast<uint8_t*>(stage));
   else
     return enc_round<F, FULL>(x, cnt, e0, out, L, s_enc, bits, stage);
 }
@@ -260,17 +279,16 @@ __device__ inline void append_stage(uint8_t* dst, uint32_t at, const uint8_t* sr
   for (uint32_t i = threadIdx.x & 31; i < bytes; i += 32) dst[(at + i) ^ 3u] = src[i ^ 3u];
 }
 
-// Each warp codes whole blocks (or, where block_split says two, the BF16 fast path's pairs of warps
+// Each warp codes whole blocks (or, where block_split says two, the fast path's pairs of warps
 // code them, each half the rounds): planes into the container, the payload into the block's scratch
 // slot, its byte count into `counts` and the tile's sum. `head_to_hash`: a header stage whose table
 // hash is still to be written (a default table's, see theory_kernel and staircase_kernel); CTA 0
 // then computes it and the stage's CRC-32 (seal_stage) while the other CTAs encode. CK: the values
-// checksum is summed into `work.sum` on the way. The BF16 fast path and the 16-bit formats are held
-// to 64 registers (four CTAs an SM), FP32 to 80 (three), where they spill nothing; FP8 keeps the
-// compiler's own choice, below 64 (asking for at least one CTA an SM is not the same: it made
-// FP8's encoder 6 % slower).
+// checksum is summed into `work.sum` on the way. The 16-bit formats are held to 64 registers (four
+// CTAs an SM), FP32 to 80 (three), where they spill nothing; FP8 keeps the compiler's own choice,
+// below 64 (asking for at least one CTA an SM is not the same: it made FP8's encoder 6 % slower).
 template <class F, bool Z, bool CK>
-__global__ void __launch_bounds__(32 * kMaxWarps, Z ? 4 : sizeof(typename F::T) == 2 ? 4
+__global__ void __launch_bounds__(32 * kMaxWarps, sizeof(typename F::T) == 2 ? 4
                                                   : sizeof(typename F::T) == 4 ? 3 : 0)
 encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, const Layout L,
               const int32_t* __restrict__ tab, Work work, uint8_t* __restrict__ head_to_hash) {
@@ -322,7 +340,7 @@ encode_kernel(const typename F::T* __restrict__ in, uint8_t* __restrict__ out, c
       if constexpr (!Z)  // the next round: this block's, else the first of the warp's next block
         prefetch_round<F>(in, L, r + 1 < r0 + per ? start + (r + 1) * kRound : after);
       // Whole rounds: by vector loads only where the input is aligned for them (an unaligned
-      // input's rounds take the general code; BF16's fast path keeps its loads' fallback).
+      // input's rounds take the general code; the fast path keeps its loads' fallback).
       if (full_round(L, start, r) && (Z || vec))
         bits += enc_round_at<F, Z, true, !Z>(in, out, L, start, r, s_lut, s_enc, bits, stage, sum);
       else

@@ -97,7 +97,7 @@ __host__ __device__ inline int rounds(const Layout& L) {
   return static_cast<int>((L.block + kRound - 1) / kRound);
 }
 
-// Warps that code one block in the encoder: two for the BF16 fast path (Z), each half of the
+// Warps that code one block in the encoder: two for the fast path (Z), each half of the
 // rounds, where the rounds and the CTA's warps split evenly (a block's payload is whole escape
 // bytes there, so the second half's bytes follow the first's whatever their count) and the grid
 // holds two warps for every block, else one. Two halve a block's latency where a tensor has fewer
