@@ -65,8 +65,11 @@ __device__ __forceinline__ void pairs_of_bytes(uint32_t ex0, uint32_t ex1, uint3
 // A 16-bit format's group of 8 elements, whole, as 4 words of 2 (element 2i in the low half):
 // F::join of each symbol with its raw bits, a pair at a time: the raw bytes by one byte permute
 // (BF16's bit 7, its sign, moved to bit 15), the pair's symbols (pairs_of_entries) shifted to
-// MANT, and each raw bit plane's two bits by one multiply and mask (x = b0 + 2 b1 times 2^t +
-// 2^(t + 15) puts b0 at bit t and b1 at t + 16, its other terms at t + 1, t + 15).
+// MANT, and FP16's three raw bit planes together: the pair's bits of plane j (8j + 2i and
+// 8j + 2i + 1 of tb) go to element bits t_j = 8, 9 (mantissa) and 15 (the sign) of either half.
+// The even ones, a_j at bit 8j of y, times 0x205 = 2^9 + 2^2 + 1 land at 8j + {0, 2, 9}: nine
+// distinct bits (no carries), among them a_0 at 9, a_1 at 10 and a_2 at 16, which are t_j + 1;
+// the odd ones the same after a shift, then both to their half.
 template <class F>
 __device__ __forceinline__ void join_pairs16(const uint32_t sym2[4], const DecRaw<F>& raw,
                                              uint32_t w[4]) {
@@ -77,11 +80,11 @@ __device__ __forceinline__ void join_pairs16(const uint32_t sym2[4], const DecRa
     const uint32_t b = __byte_perm(rb, 0u, (i & 1) ? 0x4342 : 0x4140);
     uint32_t v = kMant >= 8 ? b : (b & 0x007f007fu) | (b & 0x00800080u) << 8;
     v |= sym2[i] << kMant;
-#pragma unroll
-    for (int j = 0; j < F::RAWb; ++j) {
-      const int bit = 8 * F::RAWB + j, t = bit < kMant ? bit : 15;
-      const uint32_t x = (raw.tb >> (8 * j + 2 * i)) & 3u;
-      v |= (x * ((1u << t) + (1u << (t + 15)))) & (1u << t | 1u << (t + 16));
+    if constexpr (F::RAWb > 0) {
+      static_assert(F::RAWb == 3 && F::RAWB == 1 && kMant == 10, "FP16's raw bit planes");
+      const uint32_t y = raw.tb >> (2 * i);
+      const uint32_t a = (y & 0x010101u) * 0x205u, b = ((y >> 1) & 0x010101u) * 0x205u;
+      v |= ((a >> 1) & 0x8300u) | ((b << 15) & 0x83000000u);
     }
     w[i] = v;
   }
