@@ -13,9 +13,11 @@ import re
 import struct
 from collections.abc import Iterable
 
+import pytest
 from zipccl import _cuda
 from zipccl.golden import codebook, container, theory
 from zipccl.golden.codebook import Codebook
+from zipccl.golden.formats import get_format
 
 DEFINITION = re.compile(r"constexpr\s+(?:int|long long|unsigned|uint8_t|uint32_t)\s+([^;(]+);")
 LITERAL_SUFFIX = re.compile(r"\b(0x[0-9a-fA-F]+|\d+)(?:ull|ll|u)?\b")
@@ -154,3 +156,22 @@ def test_table_words_are_laid_out_as_the_kernels_read_them() -> None:
     assert list(words[CUDA["kRankAt"] : CUDA["kRankAt"] + 7]) == list(book.ranks)
     assert words[CUDA["kCountAt"]] == book.num_ranked
     assert words[CUDA["kFastAt"]] == book.literal
+
+
+def test_every_exponent_format_takes_the_fast_path_under_byte_escapes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernel kind per format and table (codec.cu by_kind): the theory table and any other
+    byte-escape table take the fast path for BF16, FP16 and FP32; FP8, other tables and
+    ZIPCCL_FAST=0 the generic kernels."""
+    escapes = Codebook((0, 0, 8, 0, 0, 0, 0, 0), 2, (15, 14, 16))
+    mixed = Codebook((8, 1, 0, 0, 0, 0, 0, 0), 0, (15, 14, 16))
+    for name in ("bfloat16", "float16", "float32"):
+        fmt = get_format(name)
+        assert _cuda._kind(fmt, None, 4096) == _cuda._kind(fmt, escapes, 4096) == _cuda.FAST[name]
+        assert _cuda._kind(fmt, mixed, 4096) == _cuda.KIND[name]
+    for name in ("float8_e4m3fn", "float8_e5m2"):
+        assert _cuda._kind(get_format(name), escapes, 4096) == _cuda.KIND[name]
+    assert len({*_cuda.KIND.values(), *_cuda.FAST.values()}) == CUDA["kKinds"]
+    monkeypatch.setenv("ZIPCCL_FAST", "0")
+    assert _cuda._kind(get_format("float16"), None, 4096) == _cuda.KIND["float16"]
