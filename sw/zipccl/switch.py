@@ -307,22 +307,23 @@ def best_chunks(p: Profile, call: Call) -> int:
     return min(c for c in options if times[c] <= CHUNK_GAIN * min(times.values()))
 
 
-#  Auto keeps a host-staged group's all-reduce native below STAGED_ALL_REDUCE_COMPRESS_FROM
-#  bytes where gloo's own reduction gives zipccl's bits (two ranks): DDP's gradient buckets (25 MB
-#  by default), the calls that matter, run faster as gloo's own on the zipccl backend's lanes
-#  (zipccl._lanes) than compressed -- one H100, 2 ranks, 4 lanes: DDP step 245 ms native against
-#  398 ms compressed -- and a lone call of 32 MiB compresses slower (0.82-0.90x of gloo, native
-#  0.90-0.98x). From 64 MiB the model decides, as for the other ops: a lone 64 MiB all-reduce
-#  compresses 1.04-1.23x faster than gloo, one of 256 MiB 1.45-1.71x (BENCHMARKS.md section 6).
-#  ZIPCCL_MODE=always compresses them all.
-STAGED_ALL_REDUCE = NATIVE
+#  Auto decides a host-staged group's all-reduce by its size where gloo's own reduction gives
+#  zipccl's bits (two ranks), not by the model: native below STAGED_ALL_REDUCE_COMPRESS_FROM
+#  bytes, compressed from it. DDP's gradient buckets (25 MB by default), the calls that matter,
+#  run faster as gloo's own on the zipccl backend's lanes (zipccl._lanes) than compressed -- one
+#  H100, 2 ranks, 4 lanes: DDP step 245 ms native against 398 ms compressed -- and a lone call of
+#  32 MiB compresses slower (0.82-0.90x of gloo, native 0.90-1.03x). From 64 MiB a lone call
+#  compresses faster in every launch measured (64 MiB 1.18-1.38x of gloo, 96 MiB 1.16-1.18x,
+#  256 MiB 1.45-1.71x), where the model, whose native line runs low there (64 MiB: 35 ms
+#  predicted, 50 ms measured), kept 64 MiB native (BENCHMARKS.md section 6). ZIPCCL_MODE=always
+#  compresses them all.
 STAGED_ALL_REDUCE_COMPRESS_FROM = 64 << 20
 
 
-def staged_all_reduce_native(nbytes: int) -> bool:
-    """Whether auto keeps a host-staged two-rank all-reduce of ``nbytes`` native whatever the
-    model says (STAGED_ALL_REDUCE_COMPRESS_FROM)."""
-    return nbytes < STAGED_ALL_REDUCE_COMPRESS_FROM
+def staged_all_reduce(nbytes: int) -> str:
+    """Auto's strategy for a host-staged two-rank all-reduce of ``nbytes``
+    (STAGED_ALL_REDUCE_COMPRESS_FROM)."""
+    return NATIVE if nbytes < STAGED_ALL_REDUCE_COMPRESS_FROM else COMPRESSED
 
 
 #  Auto's chunk size on a host-staged transport (CUDA tensors on gloo): see host_chunks

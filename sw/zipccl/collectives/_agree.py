@@ -604,9 +604,9 @@ def strategy_and_chunks(
 ) -> tuple[str, int]:
     """Strategy and chunk count, the same on every rank: they depend only on agreed values and
     the agreed profile. Auto mode on CUDA takes the model's chunk count (switch.best_chunks;
-    on a host-staged group switch.host_chunks) unless ``ZIPCCL_CHUNK_BYTES`` is set; it keeps
-    a host-staged group's all-reduce native where the backend's reduction is exact, below
-    switch.STAGED_ALL_REDUCE_COMPRESS_FROM."""
+    on a host-staged group switch.host_chunks) unless ``ZIPCCL_CHUNK_BYTES`` is set; a
+    host-staged group's all-reduce where the backend's reduction is exact goes by its size
+    (switch.staged_all_reduce)."""
     chunks = _chunks(g, nbytes)
     if dtype not in _exchange.CODEC_DTYPES or red_code == 99:
         return switch.NATIVE, chunks  # nothing to compress, or an op only the backend implements
@@ -619,8 +619,9 @@ def strategy_and_chunks(
     profile = _profile.profile_for(g)
     call = model_call(g, name, dtype, nbytes, profile)
     if g.cuda and g.staged and not switch.chunks_given():
-        if name == "all_reduce" and call.native_ok and switch.staged_all_reduce_native(nbytes):
-            return switch.STAGED_ALL_REDUCE, chunks
+        if name == "all_reduce" and call.native_ok:  # by its size, not the model
+            strategy = switch.staged_all_reduce(nbytes)
+            return strategy, (chunks if strategy == switch.NATIVE else switch.host_chunks(nbytes))
         # decided as the model sees it, run in the chunks gloo moves fastest
         return switch.choose(profile, call), switch.host_chunks(nbytes)
     return switch.choose(profile, call), call.chunks
