@@ -100,6 +100,13 @@ int launch_decode(const void* buf, const void* pay, void* out, const Layout* L, 
   return cudaGetLastError();
 }
 
+// Whether a fast-path kind encodes on the fast path: FP16's is slower there than its generic
+// encoder at 256 MiB (one H200: 1,286 against 1,391 GB/s; one H100: 3 %), though faster at 16
+// MiB, so FP16 under byte escapes encodes generically and decodes on the fast path (1,520
+// against 1,393 GB/s at 256 MiB; BENCHMARKS.md §3b).
+template <class F, bool Z>
+constexpr bool encode_fast = Z && !std::is_same_v<F, FP16>;
+
 // Calls `run(format, fast)` for a kernel kind (zipccl/_cuda.py KIND, FAST): 0 bfloat16, 1 float16,
 // 2 float32, 3 FP8 (both formats code the whole byte); 4 bfloat16, 5 float16, 6 float32 under a
 // byte-escape table (the fast path, fast = true).
@@ -136,8 +143,9 @@ extern "C" int zipccl_encode(int device, int kind, const void* in, void* out, co
   const uint8_t* h = static_cast<const uint8_t*>(head);
   Chain chain(s);
   return by_kind(kind, [&](auto f, auto z) {
-    return launch_encode<decltype(f), decltype(z)::value>(chain, in, out, L, tab, work, h,
-                                                         nullptr, nullptr);
+    using F = decltype(f);
+    return launch_encode<F, encode_fast<F, decltype(z)::value>>(chain, in, out, L, tab, work, h,
+                                                                nullptr, nullptr);
   });
 }
 
@@ -219,9 +227,9 @@ extern "C" int zipccl_compress(const CompressPlan* P, int kind, const void* in, 
                          P->count, h, stage, words, counts, count_words);
       }
       if (t != cudaSuccess) return t;
-      return launch_encode<F, decltype(z)::value>(chain, in, out, L, tab ? tab : words, work,
-                                                  tab ? h : stage, rh, size,
-                                                  tab ? nullptr : stage, !tab);
+      constexpr bool fast = encode_fast<F, decltype(z)::value>;
+      return launch_encode<F, fast>(chain, in, out, L, tab ? tab : words, work, tab ? h : stage,
+                                    rh, size, tab ? nullptr : stage, !tab);
     }));
   };
   if (capture != cudaStreamCaptureStatusNone) {
