@@ -26,18 +26,18 @@
 // compress wrote is decoded by its own header (raw or split, payload size).
 //
 // An exponent format (BF16, FP16, FP32) under a byte-escape table (the ZipCCL exponent layout)
-// has its own path (Z = true). Its encoder gets symbol and raw bytes by permutes, and an
-// element's three plane bytes and escape mask by one table lookup and one add; the other encoders
-// look each symbol up once (its spread plane bits and its codeword, appended by one funnel
-// shift). Every other decoder finds symbols by byte-permute width lookups, byte-wise prefix sums
-// of the widths and a (prefix, value) symbol table laid out so that an entry's index is one
-// funnel shift. The decoders take a fast path for the whole rounds of a block whose raw bytes and
-// output are aligned for vector access: plane bytes at immediate offsets, a group's prefixes as
-// one word of nibbles from three lookups, bare prmt lookups, byte escapes patched without a
-// loop, and an L2 prefetch of the next round; partial rounds and unaligned buffers take the
-// general code. Their payloads (but the fast path's escape bytes) are staged with eight loads in
-// flight per lane (the decoders are latency-bound). Measured numbers and the path that led here:
-// BENCHMARKS.md §3 and benchmarks/results/codec.md.
+// has its own path (Z = true; FP16 decodes on it only, see encode_fast). Its encoder gets symbol
+// and raw bytes by permutes, and an element's three plane bytes and escape mask by one table
+// lookup and one add; the other encoders look each symbol up once (its spread plane bits and its
+// codeword, appended by one funnel shift). Every other decoder finds symbols by byte-permute
+// width lookups, byte-wise prefix sums of the widths and a (prefix, value) symbol table laid out
+// so that an entry's index is one funnel shift. The decoders take a fast path for the whole
+// rounds of a block whose raw bytes and output are aligned for vector access: plane bytes at
+// immediate offsets, a group's prefixes as one word of nibbles from three lookups, bare prmt
+// lookups, byte escapes patched without a loop, and an L2 prefetch of the next round; partial
+// rounds and unaligned buffers take the general code. Their payloads (but the fast path's escape
+// bytes) are staged with eight loads in flight per lane (the decoders are latency-bound).
+// Measured numbers and the path that led here: BENCHMARKS.md §3 and benchmarks/results/codec.md.
 //
 // Files: layout.cuh (Layout, format traits, load/store helpers), table.cuh (device-side tables,
 // CRC-32, SHA-256), warp.cuh (warp primitives), encode.cuh, decode.cuh, sample.cuh (sample
