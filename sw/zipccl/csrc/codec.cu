@@ -1,8 +1,8 @@
 // zipccl split-layout codec kernels (golden/container.py bytes), built by zipccl/_cuda.py (nvcc).
 //
 // One warp codes one block of `block` elements, with no CTA-wide barrier and no waiting on other
-// blocks (the fast-path encoder gives a block to two warps of a CTA, each half its rounds, when a tensor
-// has too few blocks to fill the GPU's warps: warp.cuh block_split). It walks the block in rounds
+// blocks (the fast-path encoder gives a block to two warps of a CTA, each half its rounds, when a
+// tensor has too few blocks to fill the GPU's warps: warp.cuh block_split). It walks the block in rounds
 // of 1024 elements: lane l owns 4 groups of 8 consecutive elements (group g starts at round element
 // 256*g + 8*l, so every warp access is contiguous). A group's 8 elements are one byte of every bit
 // plane (prefix planes, FP16's raw bit planes) and one 8-byte store per raw byte plane. Payload bit

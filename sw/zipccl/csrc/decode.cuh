@@ -260,7 +260,8 @@ __device__ inline uint32_t dec_round(const uint8_t* buf, typename F::T* out, con
     uint32_t pl = 0;
     if (cnt[g]) {
 #pragma unroll
-      for (int j = 0; j < 3; ++j) pl |= static_cast<uint32_t>(buf[L.prefix_at[j] + e0[g] / 8]) << (8 * j);
+      for (int j = 0; j < 3; ++j)
+        pl |= static_cast<uint32_t>(buf[L.prefix_at[j] + e0[g] / 8]) << (8 * j);
     }
     planes[g] = pl;
   }
