@@ -2,13 +2,13 @@
 //
 // One warp codes one block of `block` elements, with no CTA-wide barrier and no waiting on other
 // blocks (the fast-path encoder gives a block to two warps of a CTA, each half its rounds, when a
-// tensor has too few blocks to fill the GPU's warps: warp.cuh block_split). It walks the block in rounds
-// of 1024 elements: lane l owns 4 groups of 8 consecutive elements (group g starts at round element
-// 256*g + 8*l, so every warp access is contiguous). A group's 8 elements are one byte of every bit
-// plane (prefix planes, FP16's raw bit planes) and one 8-byte store per raw byte plane. Payload bit
-// positions come from one warp scan per round of packed per-group bit counts; the payload is
-// assembled in the warp's slice of shared memory (the *stage*, big-endian 32-bit words: stream byte
-// i at stage byte i ^ 3) and copied out.
+// tensor has too few blocks to fill the GPU's warps: warp.cuh block_split). It walks the block in
+// rounds of 1024 elements: lane l owns 4 groups of 8 consecutive elements (group g starts at round
+// element 256*g + 8*l, so every warp access is contiguous). A group's 8 elements are one byte of
+// every bit plane (prefix planes, FP16's raw bit planes) and one 8-byte store per raw byte plane.
+// Payload bit positions come from one warp scan per round of packed per-group bit counts; the
+// payload is assembled in the warp's slice of shared memory (the *stage*, big-endian 32-bit words:
+// stream byte i at stage byte i ^ 3) and copied out.
 //
 // Compress (zipccl_compress) is three launches (a memset and two with a given table), none of which
 // waits for the host or for another block, queued as one cached CUDA graph whose parameters each
