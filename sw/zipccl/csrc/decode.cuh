@@ -83,8 +83,8 @@ __device__ __forceinline__ void join_pairs16(const uint32_t sym2[4], const DecRa
     if constexpr (F::RAWb > 0) {
       static_assert(F::RAWb == 3 && F::RAWB == 1 && kMant == 10, "FP16's raw bit planes");
       const uint32_t y = raw.tb >> (2 * i);
-      const uint32_t a = (y & 0x010101u) * 0x205u, b = ((y >> 1) & 0x010101u) * 0x205u;
-      v |= ((a >> 1) & 0x8300u) | ((b << 15) & 0x83000000u);
+      const uint32_t even = (y & 0x010101u) * 0x205u, odd = ((y >> 1) & 0x010101u) * 0x205u;
+      v |= ((even >> 1) & 0x8300u) | ((odd << 15) & 0x83000000u);
     }
     w[i] = v;
   }
