@@ -313,10 +313,10 @@ def best_chunks(p: Profile, call: Call) -> int:
 #  run faster as gloo's own on the zipccl backend's lanes (zipccl._lanes) than compressed -- one
 #  H100, 2 ranks, 4 lanes: DDP step 245 ms native against 398 ms compressed -- and a lone call of
 #  32 MiB compresses slower (0.82-0.90x of gloo, native 0.90-1.03x). From 64 MiB a lone call
-#  compresses faster in every launch measured (64 MiB 1.18-1.38x of gloo, 96 MiB 1.16-1.18x,
-#  256 MiB 1.45-1.71x), where the model, whose native line runs low there (64 MiB: 35 ms
-#  predicted, 50 ms measured), kept 64 MiB native (BENCHMARKS.md section 6). ZIPCCL_MODE=always
-#  compresses them all.
+#  compresses faster in every launch measured, on an H100 and an H200 (64 MiB 1.16-1.57x of
+#  gloo, 96 MiB 1.16-1.71x, 256 MiB 1.45-1.71x), where the model, whose native line runs low
+#  there (64 MiB: 35 ms predicted, 50 ms measured), kept 64 MiB native (BENCHMARKS.md section
+#  6). ZIPCCL_MODE=always compresses them all.
 STAGED_ALL_REDUCE_COMPRESS_FROM = 64 << 20
 
 
