@@ -55,17 +55,26 @@ namespace {
 
 // ------------------------------------------------------------------------------ launchers
 
+// Whether a fast-path kind encodes on the fast path: FP16's is slower there than its generic
+// encoder at 256 MiB (one H200: 1,286 against 1,391 GB/s; one H100: 3 %), though faster at 16
+// MiB, so FP16 under byte escapes encodes generically and decodes on the fast path (1,520
+// against 1,393 GB/s at 256 MiB; BENCHMARKS.md §3b).
+template <class F, bool Z>
+constexpr bool encode_fast = Z && !std::is_same_v<F, FP16>;
+
 // The encoder's launches once its table is ready (and its tile sums zero): encode, finish.
 // `head_to_hash`: the header stage `head` when its table hash is still to be computed (one more
 // encode CTA does it), else null. `after_table`: a table kernel runs just before (the encode may
-// start before it ends); else a memset does.
-template <class F, bool Z>
+// start before it ends); else a memset does. `fast`: the kind's (by_kind), which encode_fast
+// narrows.
+template <class F, bool fast>
 cudaError_t launch_encode(Chain& chain, const void* in, void* out, const Layout* L,
                           const int32_t* tab, void* work, const uint8_t* head,
                           const uint8_t* raw_head, long long* size,
                           uint8_t* head_to_hash = nullptr, bool after_table = false) {
   const int warps = warps_for(L->block), threads = 32 * warps;
   const size_t smem = static_cast<size_t>(warps) * stage_words(L->block) * 4 + enc_table_bytes<F>();
+  constexpr bool Z = encode_fast<F, fast>;
   const int want = block_split(Z, *L, warps, LLONG_MAX);  // warps a block, given the room
   const long long ctas = (L->nb * want + warps - 1) / warps;
   const Work w = work_of(work, L->nb);
@@ -99,13 +108,6 @@ int launch_decode(const void* buf, const void* pay, void* out, const Layout* L, 
       static_cast<typename F::T*>(out), *L, tab, report, acc);
   return cudaGetLastError();
 }
-
-// Whether a fast-path kind encodes on the fast path: FP16's is slower there than its generic
-// encoder at 256 MiB (one H200: 1,286 against 1,391 GB/s; one H100: 3 %), though faster at 16
-// MiB, so FP16 under byte escapes encodes generically and decodes on the fast path (1,520
-// against 1,393 GB/s at 256 MiB; BENCHMARKS.md §3b).
-template <class F, bool Z>
-constexpr bool encode_fast = Z && !std::is_same_v<F, FP16>;
 
 // Calls `run(format, fast)` for a kernel kind (zipccl/_cuda.py KIND, FAST): 0 bfloat16, 1 float16,
 // 2 float32, 3 FP8 (both formats code the whole byte); 4 bfloat16, 5 float16, 6 float32 under a
@@ -143,9 +145,8 @@ extern "C" int zipccl_encode(int device, int kind, const void* in, void* out, co
   const uint8_t* h = static_cast<const uint8_t*>(head);
   Chain chain(s);
   return by_kind(kind, [&](auto f, auto z) {
-    using F = decltype(f);
-    return launch_encode<F, encode_fast<F, decltype(z)::value>>(chain, in, out, L, tab, work, h,
-                                                                nullptr, nullptr);
+    return launch_encode<decltype(f), decltype(z)::value>(chain, in, out, L, tab, work, h,
+                                                         nullptr, nullptr);
   });
 }
 
@@ -227,9 +228,9 @@ extern "C" int zipccl_compress(const CompressPlan* P, int kind, const void* in, 
                          P->count, h, stage, words, counts, count_words);
       }
       if (t != cudaSuccess) return t;
-      constexpr bool fast = encode_fast<F, decltype(z)::value>;
-      return launch_encode<F, fast>(chain, in, out, L, tab ? tab : words, work, tab ? h : stage,
-                                    rh, size, tab ? nullptr : stage, !tab);
+      return launch_encode<F, decltype(z)::value>(chain, in, out, L, tab ? tab : words, work,
+                                                  tab ? h : stage, rh, size,
+                                                  tab ? nullptr : stage, !tab);
     }));
   };
   if (capture != cudaStreamCaptureStatusNone) {

@@ -168,11 +168,7 @@ __device__ __forceinline__ int symbol_errors(uint32_t bytes) {
 // table's count; for FP16, a symbol past its 5-bit exponent field (entries hold 8-bit symbols).
 template <class F>
 __device__ __forceinline__ int entry_errors(uint32_t bad) {
-  int err = bad & 0x100u ? kErrRank : 0;
-  if constexpr (!F::BYTE_CODED && F::EXP_BITS < 8) {
-    if (bad & 0xffu & ~((1u << F::EXP_BITS) - 1u)) err |= kErrSymbol;
-  }
-  return err;
+  return (bad & 0x100u ? kErrRank : 0) | symbol_errors<F>(bad & 0xffu);
 }
 
 // The 8 prefixes of a group as bytes (elements 0..3 in pre[0], 4..7 in pre[1]), by three lookups
