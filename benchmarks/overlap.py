@@ -7,10 +7,12 @@ two run one after the other?
 Per dtype: ``--gemms`` BF16 8192 x 8192 matmuls on one stream, and on another ``--calls``
 back-to-back ``zipccl.compress(x)`` of ``--mib`` MiB (N(0,1); FP8 absmax-scaled, as
 benchmarks/calls.py makes them), then the same with ``decompress(c, out=y, sync=False)``: each
-alone, then both started together. ``sequential_ms`` is the sum of the two alone; ``overlap`` the
-share of the shorter one hidden behind the other (1: fully hidden, 0: none, below 0: the pair is
-slower than running them one after the other). Times: median of ``--runs``, CUDA events on the
-current stream, which both streams wait on and then join. Writes OUT/overlap.json.
+alone, then both started together, the three interleaved in every run so that a drift of the
+GPU's clocks over the run (a GEMM this size runs near the card's power limit) reaches all three
+alike. ``sequential_ms`` is the sum of the two alone; ``overlap`` the share of the shorter one
+hidden behind the other (1: fully hidden, 0: none, below 0: the pair is slower than running them
+one after the other), the median of the runs' own overlaps. Times: medians of ``--runs``, CUDA
+events on the current stream, which both streams wait on and then join. Writes OUT/overlap.json.
 """
 
 from __future__ import annotations
@@ -31,38 +33,42 @@ WARMUP = 2
 Job = tuple[torch.cuda.Stream, Callable[[], object]]
 
 
-def span(jobs: list[Job], runs: int) -> float:
-    """Median seconds from a common start until every job (a function queued on its own stream)
-    has ended."""
+def once(jobs: list[Job]) -> float:
+    """Seconds from a common start until every job (a function queued on its own stream) has
+    ended."""
     main = torch.cuda.current_stream()
-    times = []
-    for i in range(WARMUP + runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(main)
-        for stream, _ in jobs:
-            stream.wait_stream(main)
-        for stream, fn in jobs:
-            with torch.cuda.stream(stream):
-                fn()
-        for stream, _ in jobs:
-            main.wait_stream(stream)
-        end.record(main)
-        end.synchronize()
-        if i >= WARMUP:
-            times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(main)
+    for stream, _ in jobs:
+        stream.wait_stream(main)
+    for stream, fn in jobs:
+        with torch.cuda.stream(stream):
+            fn()
+    for stream, _ in jobs:
+        main.wait_stream(stream)
+    end.record(main)
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
 
 
-def pair_row(gemm: Job, codec: Job, gemm_s: float, runs: int) -> dict[str, float]:
-    """The codec's time alone and beside the GEMMs, in ms, and the overlap."""
-    codec_s = span([codec], runs)
-    both_s = span([gemm, codec], runs)
-    sequential_s = gemm_s + codec_s
+def pair_row(gemm: Job, codec: Job, runs: int) -> dict[str, float]:
+    """The GEMMs alone, the codec alone and both together, interleaved run by run, in ms (medians),
+    and the runs' overlaps: median, least and most."""
+    cases = ([gemm], [codec], [gemm, codec])
+    for _ in range(WARMUP):
+        for jobs in cases:
+            once(jobs)
+    runs_s = [[once(jobs) for jobs in cases] for _ in range(runs)]  # per run: gemm, codec, both
+    overlaps = [(g + c - b) / min(g, c) for g, c, b in runs_s]
+    gemm_s, codec_s, both_s = (statistics.median(col) for col in zip(*runs_s, strict=True))
     return {
+        "gemm_ms": gemm_s * 1e3,
         "alone_ms": codec_s * 1e3,
         "with_gemm_ms": both_s * 1e3,
-        "sequential_ms": sequential_s * 1e3,
-        "overlap": (sequential_s - both_s) / min(gemm_s, codec_s),
+        "sequential_ms": (gemm_s + codec_s) * 1e3,
+        "overlap": statistics.median(overlaps),
+        "overlap_min": min(overlaps),
+        "overlap_max": max(overlaps),
     }
 
 
@@ -90,7 +96,6 @@ def main() -> None:
             torch.matmul(a, b, out=product)
 
     gemm: Job = (torch.cuda.Stream(), gemms)
-    gemm_s = span([gemm], args.runs)
     codec_stream = torch.cuda.Stream()
     rows = []
     for name in args.dtypes.split(","):
@@ -107,9 +112,8 @@ def main() -> None:
                 zipccl.decompress(c, out=y, sync=False)
 
         row: dict[str, object] = {"dtype": name, "MiB": args.mib, "calls": args.calls}
-        row["gemm_ms"] = gemm_s * 1e3
-        row["compress"] = pair_row(gemm, (codec_stream, compress), gemm_s, args.runs)
-        row["decompress"] = pair_row(gemm, (codec_stream, decompress), gemm_s, args.runs)
+        row["compress"] = pair_row(gemm, (codec_stream, compress), args.runs)
+        row["decompress"] = pair_row(gemm, (codec_stream, decompress), args.runs)
         zipccl.check_errors()
         torch.cuda.synchronize()
         row["roundtrip_ok"] = torch.equal(y.view(torch.uint8), x.view(torch.uint8))
