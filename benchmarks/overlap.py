@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import zipccl
 from calls import make
-from timing import MIB
+from timing import MIB, recorded
 
 GEMM_N = 8192
 WARMUP = 2
@@ -37,8 +37,7 @@ def once(jobs: list[Job]) -> float:
     """Seconds from a common start until every job (a function queued on its own stream) has
     ended."""
     main = torch.cuda.current_stream()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record(main)
+    start = recorded()
     for stream, _ in jobs:
         stream.wait_stream(main)
     for stream, fn in jobs:
@@ -46,7 +45,7 @@ def once(jobs: list[Job]) -> float:
             fn()
     for stream, _ in jobs:
         main.wait_stream(stream)
-    end.record(main)
+    end = recorded()
     end.synchronize()
     return start.elapsed_time(end) / 1e3
 
