@@ -32,7 +32,7 @@ from benchmarks.collectives.phases import timeline
 
 MIB = 1 << 20
 STEPS = {
-    "zipccl.collectives._agree": ["agree", "_exchanged"],
+    "zipccl.collectives._agree": ["agree", "_exchanged", "strategy_and_chunks", "_summaries"],
     "zipccl.collectives._exchange": ["exchange"],
     "zipccl.collectives._reduce": ["_reduce_scatter", "_gather_half", "_reduce_into"],
     "zipccl.collectives._protocols": [
@@ -43,7 +43,7 @@ STEPS = {
         "swap",
     ],
     "zipccl.collectives._transport": ["all_gather", "all_to_all", "broadcast", "_down"],
-    "zipccl.collectives._slots": ["shared_sources"],
+    "zipccl.collectives._slots": ["shared_sources", "sources", "buffers", "pack", "summary_fill"],
 }
 
 
