@@ -320,3 +320,30 @@ def test_staged_two_rank_all_reduce_goes_by_its_size(monkeypatch, gbps: float):
     slow = gbps < 10  # the model: compress; else gloo's own reduction, or where that is not
     assert pick(24 << 20, world=4)[0] == (COMPRESSED if slow else switch.A2A_REDUCE)  # exact
     assert pick(24 << 20, staged=False)[0] == (COMPRESSED if slow else NATIVE)
+
+
+@pytest.mark.parametrize("gbps", [1.0, 1000.0])
+def test_staged_broadcast_below_its_threshold_stays_native(monkeypatch, gbps: float):
+    """On a host-staged group auto keeps a broadcast below STAGED_BROADCAST_COMPRESS_FROM native
+    even where the model would compress it (a slow link); from there the model decides, as it
+    does on a plain host group at every size."""
+    from zipccl.collectives import _agree, _profile, _transport
+
+    monkeypatch.delenv("ZIPCCL_MODE", raising=False)
+    monkeypatch.delenv("ZIPCCL_CHUNK_BYTES", raising=False)
+    monkeypatch.setattr(_profile, "profile_for", lambda g: profile(gbps))
+
+    def pick(nbytes: int, world: int = 2, staged: bool = True) -> tuple[str, int]:
+        device = torch.device("cuda" if staged else "cpu", 0)
+        g = _transport.Group(None, 0, world, device, "gloo", staged=staged)
+        return _agree.strategy_and_chunks(g, "broadcast", torch.bfloat16, nbytes, -1)
+
+    edge = switch.STAGED_BROADCAST_COMPRESS_FROM
+    slow = gbps < 10  # the model: compress every size; else nothing
+    for world in (2, 4):
+        assert pick(16 << 20, world)[0] == NATIVE
+        assert pick(edge - 2, world)[0] == NATIVE
+        assert pick(edge, world) == (
+            (COMPRESSED, switch.host_chunks(edge)) if slow else (NATIVE, switch.host_chunks(edge))
+        )
+    assert pick(16 << 20, staged=False)[0] == (COMPRESSED if slow else NATIVE)

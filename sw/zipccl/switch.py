@@ -326,6 +326,16 @@ def staged_all_reduce(nbytes: int) -> str:
     return NATIVE if nbytes < STAGED_ALL_REDUCE_COMPRESS_FROM else COMPRESSED
 
 
+#  Auto keeps a host-staged broadcast native below STAGED_BROADCAST_COMPRESS_FROM bytes whatever
+#  the model predicts; from there the model decides. A compressed broadcast pays the source's
+#  encode and copy down before its wire starts and two agreement rounds, against gloo's one-way
+#  broadcast: at 16 MiB it measured 0.69-0.89x of gloo's in eight launches on H100 hosts
+#  (``always``), and the model, whose lines are the fastest of few timings, once predicted 0.82x
+#  of native time and compressed it: 0.66x; at 32 MiB 0.96-1.14x (in 4 MiB chunks, three
+#  launches); from 64 MiB 1.23-1.59x (BENCHMARKS.md section 6).
+STAGED_BROADCAST_COMPRESS_FROM = 64 << 20
+
+
 #  Auto's chunk size on a host-staged transport (CUDA tensors on gloo): see host_chunks
 HOST_CHUNK_BYTES = 4 << 20
 

@@ -606,7 +606,8 @@ def strategy_and_chunks(
     the agreed profile. Auto mode on CUDA takes the model's chunk count (switch.best_chunks;
     on a host-staged group switch.host_chunks) unless ``ZIPCCL_CHUNK_BYTES`` is set; a
     host-staged group's all-reduce where the backend's reduction is exact goes by its size
-    (switch.staged_all_reduce)."""
+    (switch.staged_all_reduce), and its broadcasts below switch.STAGED_BROADCAST_COMPRESS_FROM
+    stay native."""
     chunks = _chunks(g, nbytes)
     if dtype not in _exchange.CODEC_DTYPES or red_code == 99:
         return switch.NATIVE, chunks  # nothing to compress, or an op only the backend implements
@@ -622,6 +623,8 @@ def strategy_and_chunks(
         if name == "all_reduce" and call.native_ok:  # by its size, not the model
             strategy = switch.staged_all_reduce(nbytes)
             return strategy, (chunks if strategy == switch.NATIVE else switch.host_chunks(nbytes))
+        if name == "broadcast" and nbytes < switch.STAGED_BROADCAST_COMPRESS_FROM:
+            return switch.NATIVE, chunks
         # decided as the model sees it, run in the chunks gloo moves fastest
         return switch.choose(profile, call), switch.host_chunks(nbytes)
     return switch.choose(profile, call), call.chunks
