@@ -6,8 +6,8 @@ writes ``qlc_encoder.v``, ``qlc_decoder.v``, ``qlc_loopback.v``, the multi-lane 
 ``qlc_encoder_x{N}.v`` (N = 2, 4, 8, 16, 32), ``qlc_decoder_x{N}.v`` and ``qlc_loopback_x{N}.v``
 (N = 2, 4, 8), the AXI4-Stream tops ``qlc_{encoder,decoder}_axis.v`` and
 ``qlc_{encoder,decoder}_axis_x{N}.v`` (hw/axis.py), the decoder pools (hw/pool.py)
-``qlc_decoder_pool_x{E}.v`` and ``qlc_decoder_pool_axis_x{E}.v`` (E = 2, 4, 8, 12), the 16-lane
-encoder into the 12-engine pool ``qlc_loopback_pool.v`` (hw/loopback.py) -- their memories
+``qlc_decoder_pool_x{E}.v`` and ``qlc_decoder_pool_axis_x{E}.v`` (E = 2, 4, 8, 12, 13), the 16-lane
+encoder into the 13-engine pool ``qlc_loopback_pool.v`` (hw/loopback.py) -- their memories
 initialised with the table, the reset-time default -- and ``{stem}_{enc,region,rank,count}.hex``
 of that table.
 

@@ -27,7 +27,7 @@ from zipccl.hw.multilane import QLCDecoderN, QLCEncoderN, lane_layout
 from zipccl.hw.pool import QLCDecoderPool
 from zipccl.hw.tables import COUNT_BITS, WORD_BITS, SymbolLayout, TableWriteLayout, words_per_beat
 
-LOOPBACK_POOL = (16, 12)  # encoder lanes, decoder engines: qlc_loopback_pool
+LOOPBACK_POOL = (16, 13)  # encoder lanes, decoder engines: qlc_loopback_pool
 
 
 class QLCLoopback(wiring.Component):

