@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -294,13 +295,9 @@ def test_group_key_follows_the_default_group(tmp_path):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("gbps", [1.0, 1000.0])
-def test_staged_two_rank_all_reduce_goes_by_its_size(monkeypatch, gbps: float):
-    """On a host-staged group auto keeps a two-rank all-reduce native below
-    STAGED_ALL_REDUCE_COMPRESS_FROM (DDP's buckets run faster native on the lanes) and compresses
-    it from there on, in host chunks, whatever the model says (a slow link, where it would
-    compress everything, or a fast one, where it would compress nothing); with four ranks (no
-    exact native reduction) and on a plain host group the rule does not apply."""
+def _auto_picks(monkeypatch, gbps: float, op: str, red_code: int) -> Callable[..., tuple[str, int]]:
+    """Auto's (strategy, chunks) for ``op`` of BF16 on a gloo group -- host-staged (CUDA) or a
+    plain host one -- under the synthetic profile of a ``gbps`` link."""
     from zipccl.collectives import _agree, _profile, _transport
 
     monkeypatch.delenv("ZIPCCL_MODE", raising=False)
@@ -310,8 +307,19 @@ def test_staged_two_rank_all_reduce_goes_by_its_size(monkeypatch, gbps: float):
     def pick(nbytes: int, world: int = 2, staged: bool = True) -> tuple[str, int]:
         device = torch.device("cuda" if staged else "cpu", 0)
         g = _transport.Group(None, 0, world, device, "gloo", staged=staged)
-        return _agree.strategy_and_chunks(g, "all_reduce", torch.bfloat16, nbytes, 0)
+        return _agree.strategy_and_chunks(g, op, torch.bfloat16, nbytes, red_code)
 
+    return pick
+
+
+@pytest.mark.parametrize("gbps", [1.0, 1000.0])
+def test_staged_two_rank_all_reduce_goes_by_its_size(monkeypatch, gbps: float):
+    """On a host-staged group auto keeps a two-rank all-reduce native below
+    STAGED_ALL_REDUCE_COMPRESS_FROM (DDP's buckets run faster native on the lanes) and compresses
+    it from there on, in host chunks, whatever the model says (a slow link, where it would
+    compress everything, or a fast one, where it would compress nothing); with four ranks (no
+    exact native reduction) and on a plain host group the rule does not apply."""
+    pick = _auto_picks(monkeypatch, gbps, "all_reduce", 0)
     edge = switch.STAGED_ALL_REDUCE_COMPRESS_FROM
     assert pick(edge - 2)[0] == NATIVE
     assert pick(24 << 20)[0] == NATIVE  # DDP's default bucket
@@ -327,17 +335,7 @@ def test_staged_broadcast_below_its_threshold_stays_native(monkeypatch, gbps: fl
     """On a host-staged group auto keeps a broadcast below STAGED_BROADCAST_COMPRESS_FROM native
     even where the model would compress it (a slow link); from there the model decides, as it
     does on a plain host group at every size."""
-    from zipccl.collectives import _agree, _profile, _transport
-
-    monkeypatch.delenv("ZIPCCL_MODE", raising=False)
-    monkeypatch.delenv("ZIPCCL_CHUNK_BYTES", raising=False)
-    monkeypatch.setattr(_profile, "profile_for", lambda g: profile(gbps))
-
-    def pick(nbytes: int, world: int = 2, staged: bool = True) -> tuple[str, int]:
-        device = torch.device("cuda" if staged else "cpu", 0)
-        g = _transport.Group(None, 0, world, device, "gloo", staged=staged)
-        return _agree.strategy_and_chunks(g, "broadcast", torch.bfloat16, nbytes, -1)
-
+    pick = _auto_picks(monkeypatch, gbps, "broadcast", -1)
     edge = switch.STAGED_BROADCAST_COMPRESS_FROM
     slow = gbps < 10  # the model: compress every size; else nothing
     for world in (2, 4):
