@@ -179,19 +179,19 @@ class Codebook:
         if self.literal is not None:
             prefix[:] = self.literal
             payload[:] = np.arange(ALPHABET, dtype=np.uint8)
-        bases = self.bases
-        for rank, sym in enumerate(self.ranks):
-            p = self._region_of_rank(rank)
-            prefix[sym] = p
-            payload[sym] = rank - bases[p]
+        ranks = np.arange(self.num_ranked)
+        region = self._rank_regions()[ranks]
+        symbols = np.asarray(self.ranks, np.int64)
+        prefix[symbols] = region
+        payload[symbols] = ranks - np.asarray(self.bases)[region]
         width = np.asarray(self.widths, np.uint8)[prefix]
         return prefix, payload, (PREFIX_BITS + width).astype(np.uint8)
 
-    def _region_of_rank(self, rank: int) -> int:
-        for p, (w, base) in enumerate(zip(self.widths, self.bases, strict=True)):
-            if self.ranked[p] and base <= rank < base + (1 << w):
-                return p
-        raise AssertionError("validated tables place every rank in a region")
+    def _rank_regions(self) -> np.ndarray:
+        """rank -> its region, for every rank the ranked regions hold (they take consecutive
+        ranks in prefix order)."""
+        sizes = [1 << w if r else 0 for w, r in zip(self.widths, self.ranked, strict=True)]
+        return np.repeat(np.arange(NUM_REGIONS), sizes)
 
     def region_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """prefix -> (width, base saturated at 256, literal flag): the decoder's 8-entry table."""

@@ -9,6 +9,7 @@ half the memory traffic of int64; block offsets, which span the tensor, are int6
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
 import torch
@@ -129,6 +130,13 @@ class Luts:
         self.num_ranked = table.num_ranked
 
 
+@functools.lru_cache(maxsize=64)
+def _luts(table: Codebook, device: torch.device) -> Luts:
+    """A table's Luts, built once per device: a small call spends more building them than
+    coding."""
+    return Luts(table, device)
+
+
 CHUNK = 1 << 16  # elements coded at once (whole blocks): bounds the temporaries, ~50 B each
 
 
@@ -187,7 +195,7 @@ def encode_into(
     whatever the tensor's size."""
     n = x.numel()
     sec = Sections.of(fmt, n, block)
-    luts = Luts(table, x.device)
+    luts = _luts(table, x.device)
     out[: sec.payload].zero_()  # the alignment gaps
     flat, step, total = x.reshape(-1), _step(block), 0
     for start in range(0, n, step):
@@ -268,7 +276,7 @@ def decode_into(
     padding."""
     n = out.numel()
     sec = Sections.of(fmt, n, block)
-    luts = Luts(table, buf.device)
+    luts = _luts(table, buf.device)
     step = _step(block)
     check_plane_padding(buf, sec.prefix, n, "prefix")
     bits = torch.cat(
