@@ -450,7 +450,7 @@ def sc_ddp(rank: int, world: int, hooked: bool) -> list[float]:
 
 
 def sc_fsdp_comms(rank: int, world: int) -> bool:
-    from zipccl.hooks import ZipAllGather, ZipReduceScatter
+    from zipccl._fsdp2 import ZipAllGather, ZipReduceScatter
 
     x = data(800 + rank, 3000, torch.bfloat16)
     out = ZipAllGather().allocate((world * 3000,), dtype=x.dtype, device=x.device)

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import zipccl
-from zipccl import _plans, codec, settings
+from zipccl import _groups, _plans, codec, settings
 from zipccl.collectives import STATS, _exchange, _protocols, _slots
 
 from tests._collectives_cluster import Cluster, short_timeout_cluster
@@ -450,7 +450,7 @@ def test_plan_tags_follow_the_plans_state(monkeypatch):
     is dropped once it has served ZIPCCL_PLAN_CALLS calls; forgetting the plans keeps the
     group's exchange count, which every rank shares whatever its plans."""
     monkeypatch.setenv("ZIPCCL_PLAN_CALLS", "2")
-    group, key = object(), ("all_gather", 1)
+    group, key = _groups.GroupKey(), ("all_gather", 1)
     first = _plans.Ticket(group, key, digest=_plans.digest(_plans.exchanged(group), b"rows"))
     _plans.keep(first, "outcome")
     plan = _plans.find(group, key)

@@ -195,3 +195,36 @@ def test_a_byte_count_that_disagrees_with_the_fields_is_refused(claim: int) -> N
     a2a[0, 6] = claim
     with pytest.raises(zipccl.CollectiveMismatchError, match="rank 0 reported"):
         _agree._check_sizes(a2a, "all_to_all", world, 2)
+
+
+def sc_destroyed_group_is_freed(rank: int, world: int) -> list[bool]:
+    """zipccl's calls on a new gloo group in every mode (native, compressed, the switch), a
+    repeat of each too (plans, routes, resolved groups, row rooms); then the group destroyed:
+    whether nothing of zipccl's kept it alive."""
+    import gc
+    import os
+    import weakref
+
+    import torch.distributed as dist
+
+    group = dist.new_group(backend="gloo")
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(rank)).to(torch.bfloat16)
+    out = torch.empty(world * x.numel(), dtype=x.dtype)
+    for mode in ("never", "always", "auto"):
+        os.environ["ZIPCCL_MODE"] = mode
+        for _ in range(2):
+            zipccl.all_gather_into_tensor(out, x, group)
+            zipccl.all_reduce(x.clone(), group=group)
+            zipccl.all_to_all_single(torch.empty_like(x), x, group=group)
+    freed = weakref.ref(group)
+    dist.destroy_process_group(group)
+    del group
+    gc.collect()
+    return [freed() is None]
+
+
+def test_a_destroyed_group_is_freed(pair) -> None:
+    """zipccl's caches hold groups weakly (zipccl._groups): a group the script destroys is freed,
+    its gloo threads stopped, as without zipccl (held into interpreter shutdown, gloo can abort
+    the process there: 'terminate called without an active exception')."""
+    assert pair.run(sc_destroyed_group_is_freed) == [[True], [True]]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -9,7 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from zipccl import switch
+from zipccl import _groups, switch
 from zipccl.collectives import _profile
 from zipccl.switch import COMPRESSED, NATIVE, Call, Line, Profile
 
@@ -271,8 +273,9 @@ def test_timed_together_interleaves_in_a_fixed_order():
     assert "".join(calls) == "abc" + "abc" + "bca" + "cab"
 
 
-def test_group_key_follows_the_default_group(tmp_path):
-    """Profiles and routes of a destroyed default group are not reused for a re-created one."""
+def test_group_key_follows_the_default_group_and_keeps_it_not(tmp_path):
+    """Profiles and routes of a destroyed default group are not reused for a re-created one,
+    and the profile cached under it does not keep the destroyed group alive."""
     import torch.distributed as dist
 
     def init(name: str) -> None:
@@ -281,17 +284,19 @@ def test_group_key_follows_the_default_group(tmp_path):
         )
 
     init("first")
-    first = switch.group_key(None)
+    first, group = _groups.key(None), weakref.ref(dist.group.WORLD)
     try:
-        assert first is dist.group.WORLD and switch.group_key(first) is first
+        assert first is _groups.key(dist.group.WORLD)
         switch.set_profile(None, profile(20.0))
-        assert first in switch.PROFILES
+        assert switch.profile_key(None) in switch.PROFILES
         dist.destroy_process_group()
+        gc.collect()
+        assert group() is None
         init("second")
-        assert switch.group_key(None) is not first
-        assert switch.group_key(None) not in switch.PROFILES
+        assert _groups.key(None) is not first
+        assert switch.profile_key(None) not in switch.PROFILES
     finally:
-        switch.set_profile(first, None)
+        switch.PROFILES.pop(first, None)
         dist.destroy_process_group()
 
 

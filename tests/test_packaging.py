@@ -92,7 +92,8 @@ def test_public_names_load_on_first_use(tmp_path: Path) -> None:
         "import sys, zipccl; assert 'torch' not in sys.modules;"
         "import zipccl.codec as codec; assert zipccl.compress is codec.compress;"
         "import torch.distributed as dist; assert 'zipccl' in dist.Backend.backend_list;"
-        "print(sorted(set(dir(zipccl)) & set(zipccl.__all__)) == sorted(zipccl.__all__))"
+        "eager = set(zipccl.__all__) - set(zipccl._FSDP2);"  # FSDP's names: when asked for
+        "print(set(dir(zipccl)) & set(zipccl.__all__) == eager)"
     )
     assert _python(code, tmp_path, ROOT / "sw").strip() == "True"
 
@@ -118,13 +119,27 @@ def test_the_codec_without_torch_says_what_to_install(tmp_path: Path) -> None:
     assert "zipccl.compress needs PyTorch" in message and "pip install torch==" in message
 
 
-def test_all_is_what_the_public_module_imports() -> None:
-    """__init__'s __all__ and _public's imports are one list written twice: they must agree."""
+def test_all_is_what_the_public_modules_hold() -> None:
+    """__init__'s __all__ is _public's imports and _fsdp2's names, written twice: they must
+    agree."""
     import zipccl
-    from zipccl import _public
+    from zipccl import _fsdp2, _public
 
-    assert sorted(n for n in vars(_public) if not n.startswith("_")) == sorted(zipccl.__all__)
-    assert all(getattr(zipccl, n) is getattr(_public, n) for n in zipccl.__all__)
+    public = [n for n in vars(_public) if not n.startswith("_")]
+    assert sorted([*public, *_fsdp2.__all__]) == sorted(zipccl.__all__)
+    assert all(getattr(zipccl, n) is getattr(_public, n) for n in public)
+    assert all(getattr(zipccl, n) is getattr(_fsdp2, n) for n in _fsdp2.__all__)
+
+
+def test_import_zipccl_leaves_fsdp_unloaded(tmp_path: Path) -> None:
+    """FSDP loads with its names only (zipccl._fsdp2): imported after init_process_group it
+    pins the default group for the life of the process."""
+    code = (
+        "import sys, torch, zipccl; zipccl.compress; zipccl.ddp_hook;"
+        "before = 'torch.distributed.fsdp' in sys.modules; zipccl.ZipAllGather;"
+        "print(before, 'torch.distributed.fsdp' in sys.modules)"
+    )
+    assert _python(code, tmp_path, ROOT / "sw").split() == ["False", "True"]
 
 
 def _zipccl_imports(path: Path, package: str, modules: Collection[str]) -> set[str]:

@@ -46,6 +46,11 @@ _register.register_when_torch_loads()  # now, or as soon as torch.distributed is
 
 if TYPE_CHECKING or sys.modules.get("torch") is not None:  # torch loaded: load the names now
     from zipccl._public import *  # noqa: F403
+if TYPE_CHECKING:
+    from zipccl._fsdp2 import FSDP2_HOOKS, ZipAllGather, ZipReduceScatter
+
+#  zipccl._fsdp2's names: loaded on first use only, since importing FSDP pins the default group
+_FSDP2 = ("FSDP2_HOOKS", "ZipAllGather", "ZipReduceScatter")
 
 __all__ = [
     "FSDP2_HOOKS",
@@ -87,7 +92,7 @@ def __getattr__(name: str) -> object:
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     try:
-        public = importlib.import_module("zipccl._public")
+        public = importlib.import_module("zipccl._fsdp2" if name in _FSDP2 else "zipccl._public")
     except ModuleNotFoundError as exc:
         if exc.name != "torch":
             raise
@@ -99,5 +104,6 @@ def __getattr__(name: str) -> object:
             "zipccl.golden, zipccl.hw and zipccl.sim work without it.",
             name="torch",
         ) from exc
-    globals().update({n: getattr(public, n) for n in __all__})
+    names = _FSDP2 if name in _FSDP2 else [n for n in __all__ if n not in _FSDP2]
+    globals().update({n: getattr(public, n) for n in names})
     return globals()[name]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -64,7 +65,8 @@ class _Book:
     exchanges: int = 0  # descriptor exchanges the group has run: alike on every rank
 
 
-_BOOKS: dict[object, _Book] = {}  # group -> its plans (kept alive, like switch's caches)
+#  a group's token (zipccl._groups.key) -> its plans; held weakly: they go with the group
+_BOOKS: weakref.WeakKeyDictionary[object, _Book] = weakref.WeakKeyDictionary()
 
 
 def find(group: object, key: tuple) -> Plan | None:

@@ -27,5 +27,5 @@ from zipccl.collectives import (
     reduce_scatter_tensor,
     reference_reduce,
 )
-from zipccl.hooks import FSDP2_HOOKS, ZipAllGather, ZipReduceScatter, ddp_hook
+from zipccl.hooks import ddp_hook
 from zipccl.offload import ActivationOffload, HostCopy, offload_activations, offload_tensor

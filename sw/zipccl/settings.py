@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -239,7 +240,8 @@ def _checked(ranks: list[list[str]]) -> Settings:
     return current()
 
 
-_AGREED: set[object] = set()  # groups whose ranks have agreed (kept alive, like switch's caches)
+#  groups whose ranks have agreed, held weakly: a group the script destroys is freed (_groups)
+_AGREED: weakref.WeakSet[dist.ProcessGroup] = weakref.WeakSet()
 
 
 def ensure_agreed(group: dist.ProcessGroup) -> None:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from zipccl import _plans, settings
+from zipccl import _groups, _plans, settings
 from zipccl.settings import MODES
 
 MARGIN = 0.9  # compress only when predicted at <= 90 % of the native time
@@ -412,17 +412,10 @@ def set_profile(
 
 
 def profile_key(group: dist.ProcessGroup | None, staged: bool = False) -> object:
-    """The profile cache's key: a gloo group moves host tensors and, staged through pinned
-    memory, CUDA ones -- two transports, two profiles."""
-    return (group_key(group), "staged") if staged else group_key(group)
-
-
-def group_key(group: dist.ProcessGroup | None) -> object:
-    """A group's identity for the caches (profiles, routes): the group object itself, None
-    meaning the *current* default group -- a default group destroyed and re-created (another
-    world size, backend or transport) is another key, never a stale hit. The dicts keep their
-    groups alive, so an identity is never reused."""
-    return dist.group.WORLD if group is None else group
+    """The profile cache's key (the group's token, _groups.key: None is the current default
+    group): a gloo group moves host tensors and, staged through pinned memory, CUDA ones --
+    two transports, two profiles."""
+    return (_groups.key(group), "staged") if staged else _groups.key(group)
 
 
 __all__ = [

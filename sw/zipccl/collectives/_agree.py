@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from zipccl import _plans, codec, settings, switch
+from zipccl import _groups, _plans, codec, settings, switch
 from zipccl._errors import CollectiveMismatchError
 from zipccl.collectives import _exchange, _profile, _slots, _transport
 from zipccl.golden.codebook import Codebook
@@ -98,10 +98,10 @@ def entered(group: dist.ProcessGroup | None) -> bool:
     """Whether ``group`` belongs to the ``zipccl`` backend (whose own collectives call zipccl's
     on its inner groups); for any other group, its ranks' settings are agreed first (once per
     group: settings.ensure_agreed)."""
-    key = switch.group_key(group)
-    if isinstance(key, _transport.Forwarding):
+    pg = _groups.current(group)
+    if isinstance(pg, _transport.Forwarding):
         return True
-    settings.ensure_agreed(cast(dist.ProcessGroup, key))  # the group itself, WORLD for None
+    settings.ensure_agreed(cast(dist.ProcessGroup, pg))  # the group itself, WORLD for None
     return False
 
 
@@ -125,7 +125,7 @@ def routed(
     red_code: int,
     env: tuple[object, ...] | None = None,
 ) -> tuple[str, int]:
-    """:func:`strategy_and_chunks`, cached per group (switch.group_key: a re-created default
+    """:func:`strategy_and_chunks`, cached per group (_groups.key: a re-created default
     group is a new key), where its tensors live and environment (``env``: :func:`settings.raw`,
     read again when None): training repeats its calls, and the cost model is pure Python.
 
@@ -134,7 +134,7 @@ def routed(
     """
     env = env or settings.raw()
     where = g.device.type  # a gloo group's host and (staged) CUDA tensors differ
-    key = (switch.group_key(g.pg), where, name, dtype, nbytes, red_code, env[0], env[2], env[3])
+    key = (_groups.key(g.pg), where, name, dtype, nbytes, red_code, env[0], env[2], env[3])
     found = switch.ROUTES.get(key)
     if found is None:
         found = (
@@ -379,7 +379,13 @@ def repeated(
     way, :func:`agree` given the signature."""
     if table is not None:
         return None, None
-    key = [name, switch.group_key(group), verify, _transport.STAGE_HOST_TENSORS, settings.raw()]
+    key: list[object] = [
+        name,
+        _groups.key(group),
+        verify,
+        _transport.STAGE_HOST_TENSORS,
+        settings.raw(),
+    ]
     for t in tensors:
         key += (t.dtype, t.shape, t.device, t.is_contiguous())
     signature = (*key, *extra)
@@ -407,7 +413,7 @@ def _ticket(
 ) -> _plans.Ticket:
     """A compressed call's key (zipccl._plans): its descriptor, device, policy, settings and
     buffer."""
-    group = switch.group_key(g.pg)
+    group = _groups.key(g.pg)
     key = (*head, *fields, g.device, exchange_desc, settings.raw(), buffer)
     return _plans.Ticket(group, key)
 
@@ -453,7 +459,7 @@ def _exchanged(
     CollectiveMismatchError on every rank. Returns the rows, the exchange's number in its group
     (zipccl._plans.digest), on a host transport every rank's carried bytes, and whether every
     rank sent this rank's row."""
-    count = _plans.exchanged(g.handle)  # the key switch.group_key(g.pg) gives: the group, or WORLD
+    count = _plans.exchanged(_groups.key(g.pg))
     carry = None if g.nccl else _exchange.Carry(payload)
     fill = packed.fill if packed is not None else _slots.summary_fill(sample)
     table, alike = _exchange.exchange(g, row, name, _exchange.TAIL_WORDS, fill, carry)

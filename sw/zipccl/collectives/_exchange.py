@@ -30,13 +30,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from zipccl import codec
+from zipccl import _groups, codec
 from zipccl._errors import CollectiveMismatchError, PeerError
 from zipccl.collectives import _transport
 from zipccl.golden.formats import FORMATS
@@ -268,14 +269,15 @@ def room_bytes(rooms: collections.deque[int]) -> int:
 def _rooms(g: _transport.Group) -> collections.deque[int]:
     """The largest claim of each of the group's last ROOM_WINDOW carrying exchanges, 0 where
     it could not ride (more than :func:`inline_bytes`)."""
-    key = g.handle  # the key switch.group_key(g.pg) gives: the group, or WORLD
+    key = _groups.key(g.pg)
     found = _ROOMS.get(key)
     if found is None:
         found = _ROOMS.setdefault(key, collections.deque(maxlen=ROOM_WINDOW))
     return found
 
 
-_ROOMS: dict[object, collections.deque[int]] = {}  # by group (Group.handle)
+#  by group token (_groups.key), held weakly: they go with the group
+_ROOMS: weakref.WeakKeyDictionary[object, collections.deque[int]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)

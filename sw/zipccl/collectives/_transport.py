@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
@@ -19,7 +20,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from zipccl import _streams
+from zipccl import _groups, _streams
 
 
 class Forwarding:
@@ -30,9 +31,11 @@ class Forwarding:
 
 @dataclass(frozen=True)
 class Group:
-    """A resolved process group: the handle torch wants plus what the protocols need."""
+    """A resolved process group: the handle torch wants plus what the protocols need. It holds
+    the group weakly (``ref``; None: the default group), as the caches that keep it (resolved
+    groups, plans) must not keep a group the script destroys alive (zipccl._groups)."""
 
-    pg: dist.ProcessGroup | None
+    ref: weakref.ReferenceType[dist.ProcessGroup] | None
     rank: int
     world: int
     device: torch.device  # where the call's tensors and the codec's buffers live
@@ -49,11 +52,21 @@ class Group:
         """Device buffers go on the wire as they are (else the wire reads host memory)."""
         return self.cuda and not self.staged
 
-    @functools.cached_property
+    @property
+    def pg(self) -> dist.ProcessGroup | None:
+        """The group torch.distributed's calls take (None: the default group)."""
+        if self.ref is None:
+            return None
+        pg = self.ref()
+        if pg is None:
+            raise RuntimeError("zipccl: this call's process group has been destroyed")
+        return pg
+
+    @property
     def handle(self) -> dist.ProcessGroup:
         """The process group object itself (the default one for ``pg`` None): its own
         collectives skip torch.distributed's Python wrappers, which cost a small call more."""
-        pg = self.pg if self.pg is not None else dist.group.WORLD
+        pg = _groups.current(self.pg)
         if pg is None:
             raise RuntimeError("torch.distributed is not initialised")
         return pg
@@ -73,7 +86,7 @@ def resolve(group: dist.ProcessGroup | None, like: torch.Tensor | None = None) -
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
     on = like.device if like is not None and (like.is_cuda or STAGE_HOST_TENSORS) else None
-    key = (dist.group.WORLD if group is None else group, on)  # a new default group: a new key
+    key = (_groups.key(group), on)  # a new default group: a new key
     found = _RESOLVED.get(key)
     if found is None:
         found = _resolve(group, on)
@@ -82,18 +95,19 @@ def resolve(group: dist.ProcessGroup | None, like: torch.Tensor | None = None) -
     return found
 
 
-_RESOLVED: dict[tuple, Group] = {}  # keeps its groups alive: an identity is never reused
+_RESOLVED: dict[tuple, Group] = {}  # by group token (_groups.key) and device
 
 
 def _resolve(group: dist.ProcessGroup | None, on: torch.device | None) -> Group:
     backend = str(dist.get_backend(group)).lower()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
+    ref = weakref.ref(group) if group is not None else None
     if "nccl" in backend:
         device = on if on is not None else torch.device("cuda", torch.cuda.current_device())
-        return Group(group, rank, world, device, backend)
+        return Group(ref, rank, world, device, backend)
     if on is not None:
-        return Group(group, rank, world, on, backend, staged=True)
-    return Group(group, rank, world, torch.device("cpu"), backend)
+        return Group(ref, rank, world, on, backend, staged=True)
+    return Group(ref, rank, world, torch.device("cpu"), backend)
 
 
 #  Tests and benchmarks only: stage host tensors too, so that the staged transport's chunking,
