@@ -14,7 +14,9 @@ For every op, per-rank size and data (BF16 N(0,1); real MiniLM BF16 weights from
 * ``staged_raw``: zipccl's protocol with every piece sent raw -- its own pipelined staging
   through pinned memory, no compression (what compression itself adds is ``always`` over this);
 * ``auto``: zipccl's switch (profiles this transport on first use);
-* ``always``: zipccl compressing every call.
+* ``always``: zipccl compressing every call;
+* ``always_Nmib`` (``--chunk-mib N ...``): ``always`` in chunks of N MiB per rank
+  (``ZIPCCL_CHUNK_BYTES``), beside ``auto``'s own chunks in the same rounds.
 
 Every zipccl result is checked against native first, on a call's second run (the path a
 repeated call takes; bit for bit for data moves; reductions against the fp32 rank-order
@@ -39,7 +41,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import zipccl
-from zipccl import _plans, switch
+from zipccl import switch
 from zipccl.collectives import STATS, _agree, _slots, _transport
 
 from benchmarks.collectives import common
@@ -48,35 +50,60 @@ MIB = 1 << 20
 MODES = ("native", "staged_raw", "auto", "always")
 
 
+#  ZIPCCL_PLAN_CALLS of staged_raw's calls: a value no other mode uses. A plan's key holds the
+#  raw ZIPCCL_* settings, so the raw calls keep plans of their own, and ``always`` (otherwise the
+#  same settings) never reuses a raw call's plan, whose pieces went raw. Forgetting the plans
+#  around each raw call instead made every timed call of every mode a key's first (no plan: a
+#  sample summary, rooms predicted from it), where a repeated call runs on its plan.
+RAW_PLAN_CALLS = "63"
+
+
 @contextlib.contextmanager
 def raw_slots() -> Iterator[None]:
-    """zipccl's protocol with every piece raw: its staging and pipelining without the codec.
-    The plans go before and after: ``always`` has the same settings, and its calls would
-    otherwise reuse the raw call's plan (whose pieces went raw) and send raw too."""
-    real = _slots.Agreed.seg
+    """zipccl's protocol with every piece raw: its staging and pipelining without the codec,
+    on plans of its own (RAW_PLAN_CALLS)."""
+    real, calls = _slots.Agreed.seg, os.environ.get("ZIPCCL_PLAN_CALLS")
 
     def raw(self: _slots.Agreed, key: object, dtype: torch.dtype, numel: int, rank: int):
         return _slots.make_seg(dtype, numel, None)
 
-    _plans.forget()
+    os.environ["ZIPCCL_PLAN_CALLS"] = RAW_PLAN_CALLS
     _slots.Agreed.seg = raw  # type: ignore[method-assign]
     try:
         yield
     finally:
         _slots.Agreed.seg = real  # type: ignore[method-assign]
-        _plans.forget()
+        if calls is None:
+            del os.environ["ZIPCCL_PLAN_CALLS"]
+        else:
+            os.environ["ZIPCCL_PLAN_CALLS"] = calls
+
+
+def chunk_mode(mib: int) -> str:
+    """The mode ``always`` in chunks of ``mib`` MiB per rank (``--chunk-mib``)."""
+    return f"always_{mib}mib"
 
 
 def run_mode(mode: str, fn: Callable[[], object]) -> Callable[[], object]:
-    """``fn`` under ``mode``'s settings (zipccl's calls read them at every call)."""
+    """``fn`` under ``mode``'s settings (zipccl's calls read them at every call; a plan's key
+    holds them, so each chunk size has its own plans)."""
     env = "never" if mode == "native" else "always" if mode == "staged_raw" else mode
+    chunk_mib = None
+    if mode.startswith("always_"):
+        env, chunk_mib = "always", int(mode.removeprefix("always_").removesuffix("mib"))
 
     def call() -> object:
         os.environ["ZIPCCL_MODE"] = env
-        if mode != "staged_raw":
+        if mode == "staged_raw":
+            with raw_slots():
+                return fn()
+        if chunk_mib is None:
             return fn()
-        with raw_slots():
+        os.environ["ZIPCCL_CHUNK_BYTES"] = str(chunk_mib * MIB)
+        try:
             return fn()
+        finally:
+            del os.environ["ZIPCCL_CHUNK_BYTES"]
 
     return call
 
@@ -148,6 +175,7 @@ def probe(rank: int, world: int, sizes: list[int]) -> list[dict]:
 
 def sweep(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
     rows = []
+    modes = MODES + tuple(chunk_mode(mib) for mib in args.chunk_mib)
     for kind in args.data:
         for mib in args.sizes:
             x = common.make_data(kind, mib * MIB, rank, args.minilm)
@@ -155,7 +183,7 @@ def sweep(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
                 want = common.reference(op, x, world, rank)
                 calls = {}
                 row: dict[str, object] = {"op": op, "mib": mib, "data": kind, "world": world}
-                for mode in MODES:
+                for mode in modes:
                     fn, out = common.op_call(op, x, world, zipccl if mode != "native" else dist)
                     call = run_mode(mode, fn)
                     call()  # checked on its second run: the path a repeated call takes
@@ -169,7 +197,7 @@ def sweep(args: argparse.Namespace, rank: int, world: int) -> list[dict]:
                 reps = 3 if mib >= 256 else 5
                 for mode, t in timed_rounds(calls, reps).items():
                     row[f"{mode}_s"], row[f"{mode}_host_s"] = t["s"], t["host_s"]
-                for mode in MODES[1:]:
+                for mode in modes[1:]:
                     row[f"{mode}_x"] = row["native_s"] / row[f"{mode}_s"]  # type: ignore[operator]
                 row["compression_x"] = row["staged_raw_s"] / row["always_s"]  # type: ignore[operator]
                 row["model_s"] = model_view(op, x)
@@ -228,7 +256,20 @@ def main() -> None:
     ap.add_argument("--data", nargs="+", default=["normal", "weights"])
     ap.add_argument("--minilm", type=Path, default=Path(".data/minilm.npz"))
     ap.add_argument("--probe", type=int, nargs="*", default=[], help="MiB sizes to probe first")
+    ap.add_argument(
+        "--chunk-mib",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time `always` in chunks of each of these MiB per rank (ZIPCCL_CHUNK_BYTES)",
+    )
     args = ap.parse_args()
+    if args.chunk_mib and "ZIPCCL_CHUNK_BYTES" in os.environ:
+        ap.error("--chunk-mib sets ZIPCCL_CHUNK_BYTES per mode: unset it in the environment")
+    if os.environ.get("ZIPCCL_PLAN_CALLS") == RAW_PLAN_CALLS:
+        ap.error(f"ZIPCCL_PLAN_CALLS={RAW_PLAN_CALLS} is staged_raw's own: choose another value")
+    if any(mib <= 0 for mib in args.chunk_mib):
+        ap.error("--chunk-mib sizes must be positive")
     torch.cuda.set_device(0)  # every rank on the one GPU
     common.DEV = torch.device("cuda", 0)
     dist.init_process_group("gloo")

@@ -85,13 +85,15 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=24)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--mode", default="always", choices=["always", "auto"])
+    ap.add_argument("--data", default="normal", choices=["normal", "weights"])
+    ap.add_argument("--minilm", type=Path, default=Path(".data/minilm.npz"))
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.cuda.set_device(0)
     common.DEV = torch.device("cuda", 0)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    x = common.make_data("normal", args.mib * MIB, rank, Path(".data/minilm.npz"))
+    x = common.make_data(args.data, args.mib * MIB, rank, args.minilm)
     native, _ = common.op_call(args.op, x, world, dist)
     zipped, _ = common.op_call(args.op, x, world, zipccl)
     os.environ["ZIPCCL_MODE"] = args.mode
@@ -107,7 +109,8 @@ def main() -> None:
             torch.cuda.synchronize()
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"staged-{args.op}-{args.mib}mib-w{world}-{args.mode}.json"
+        name = f"staged-{args.op}-{args.mib}mib-{args.data}-w{world}-{args.mode}.json"
+        path = args.out / name
         prof.export_chrome_trace(str(path))
         print({k: f"{1e3 * v:.2f} ms" for k, v in times.items()}, flush=True)
         print(timeline(json.loads(path.read_text())), flush=True)
