@@ -59,24 +59,34 @@ RAW_PLAN_CALLS = "63"
 
 
 @contextlib.contextmanager
+def env_set(name: str, value: str) -> Iterator[None]:
+    """The environment variable ``name`` at ``value`` inside the block, as it was after."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+
+
+@contextlib.contextmanager
 def raw_slots() -> Iterator[None]:
     """zipccl's protocol with every piece raw: its staging and pipelining without the codec,
     on plans of its own (RAW_PLAN_CALLS)."""
-    real, calls = _slots.Agreed.seg, os.environ.get("ZIPCCL_PLAN_CALLS")
+    real = _slots.Agreed.seg
 
     def raw(self: _slots.Agreed, key: object, dtype: torch.dtype, numel: int, rank: int):
         return _slots.make_seg(dtype, numel, None)
 
-    os.environ["ZIPCCL_PLAN_CALLS"] = RAW_PLAN_CALLS
     _slots.Agreed.seg = raw  # type: ignore[method-assign]
     try:
-        yield
+        with env_set("ZIPCCL_PLAN_CALLS", RAW_PLAN_CALLS):
+            yield
     finally:
         _slots.Agreed.seg = real  # type: ignore[method-assign]
-        if calls is None:
-            del os.environ["ZIPCCL_PLAN_CALLS"]
-        else:
-            os.environ["ZIPCCL_PLAN_CALLS"] = calls
 
 
 def chunk_mode(mib: int) -> str:
@@ -99,11 +109,8 @@ def run_mode(mode: str, fn: Callable[[], object]) -> Callable[[], object]:
                 return fn()
         if chunk_mib is None:
             return fn()
-        os.environ["ZIPCCL_CHUNK_BYTES"] = str(chunk_mib * MIB)
-        try:
+        with env_set("ZIPCCL_CHUNK_BYTES", str(chunk_mib * MIB)):
             return fn()
-        finally:
-            del os.environ["ZIPCCL_CHUNK_BYTES"]
 
     return call
 
