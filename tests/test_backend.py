@@ -591,6 +591,7 @@ def test_training_three_four_ranks_is_the_rank_order_reduction(request, ranks, s
         ("ZIPCCL_NATIVE_REDUCE", "1", "ZIPCCL_NATIVE_REDUCE (rank 0: False, rank 1: True)"),
         ("ZIPCCL_CHECKSUM", "1", "ZIPCCL_CHECKSUM (rank 0: False, rank 1: True)"),
         ("ZIPCCL_LANES", "2", "ZIPCCL_LANES (rank 0: 8, rank 1: 2)"),
+        ("ZIPCCL_STRIPES", "2", "ZIPCCL_STRIPES (rank 0: 4, rank 1: 2)"),
         ("ZIPCCL_MODE", "Sometimes", "rank 1: invalid 'sometimes'"),
         ("ZIPCCL_MODE", "\udcff", "rank 1: invalid '\\\\xff'"),  # not UTF-8: the byte 0xff
     ],
@@ -630,6 +631,8 @@ def test_settings_parsed_once_per_variable(monkeypatch):
         ("ZIPCCL_CHUNK_BYTES", "9" * 5000),  # past int()'s digit limit
         ("ZIPCCL_PLAN_CALLS", "\u0663"),
         ("ZIPCCL_LANES", "-1"),
+        ("ZIPCCL_STRIPES", "0"),
+        ("ZIPCCL_STRIPES", "17"),  # past MAX_STRIPES: each holds sockets and threads
         ("ZIPCCL_BACKEND", "\udcff"),
     ],
 )

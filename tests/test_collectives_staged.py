@@ -16,7 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import zipccl
-from zipccl.collectives import _protocols, _transport
+from zipccl import _groups
+from zipccl.collectives import _protocols, _stripes, _transport
 from zipccl.golden.theory import SAMPLE_SIZE
 
 from tests import test_collectives as base
@@ -235,3 +236,66 @@ def check_native_repeats(results: list[object]) -> None:
             *(["mismatch:sends"] if rank == 0 else []),  # rank 0's call repeats the last
         ], found
         assert "disagree on the tensor numel" in found["error"], found
+
+
+STRIPES = {"ZIPCCL_STRIPES": "3"}
+
+
+def sc_striped(rank: int, world: int, scenario: str, *args: object) -> dict[str, object]:
+    """``scenario`` (this module's) with stripes of 64 KiB and up, so that a native repeat's
+    host bytes (NATIVE_REPEAT_NUMEL BF16 values) are cut: its result, each cut's number of
+    stripes, and the stripe groups this rank made for the default group."""
+    cuts: list[int] = []
+    real_cut, real_min = _stripes.cut, _stripes.MIN_STRIPE_BYTES
+
+    def counted(*cut_args: Any, **kwargs: Any) -> list[tuple[torch.Tensor, object]]:
+        parts = real_cut(*cut_args, **kwargs)
+        cuts.append(len(parts))
+        return parts
+
+    _stripes.cut, _stripes.MIN_STRIPE_BYTES = counted, 64 << 10  # type: ignore[assignment]
+    try:
+        result = globals()[scenario](rank, world, *args)
+    finally:
+        _stripes.cut, _stripes.MIN_STRIPE_BYTES = real_cut, real_min  # type: ignore[assignment]
+    made = _stripes._MADE.get(_groups.key(None), ())
+    return {"result": result, "cuts": cuts, "made": len(made)}
+
+
+def test_native_repeats_in_stripes(pair):
+    """Two ranks: a native repeat's all-reduce and broadcast cut their host bytes into the
+    stripes (torch's bits all the same), over groups made for the default group (two at least:
+    the cluster's earlier tests may have made more, under the default ZIPCCL_STRIPES)."""
+    results = pair.run(sc_striped, "sc_native_repeats", env=AUTO | STRIPES)
+    check_native_repeats([found["result"] for found in results])  # type: ignore[index]
+    for found in results:
+        assert found["made"] >= 2, found  # type: ignore[index]
+        assert found["cuts"] == [3] * 4, found  # type: ignore[index]  # 2 broadcasts, 2 reduces
+
+
+def sc_reductions(rank: int, world: int) -> dict[str, bool]:
+    """Native repeats of an all-reduce, SUM and MAX, on staged host tensors: torch's bits."""
+    x = values(500 + rank, NATIVE_REPEAT_NUMEL, torch.bfloat16)
+    exact = {}
+    _transport.STAGE_HOST_TENSORS = True
+    try:
+        with native_profiles():
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+                want = x.clone()
+                dist.all_reduce(want, op)
+                got = [x.clone() for _ in range(3)]
+                for buf in got:
+                    zipccl.all_reduce(buf, op)
+                exact[str(op)] = all(base.same_bits(g, want) for g in got)
+    finally:
+        _transport.STAGE_HOST_TENSORS = False
+    return exact
+
+
+def test_three_ranks_cut_only_order_free_reductions(trio):
+    """Three ranks: gloo's ring gives each cut of a buffer its own order of summing, so a SUM is
+    moved uncut and a MAX in stripes; both give torch's bits."""
+    env = AUTO | STRIPES | {"ZIPCCL_NATIVE_REDUCE": "1"}
+    for found in trio.run(sc_striped, "sc_reductions", env=env):
+        assert all(found["result"].values()), found  # type: ignore[index]
+        assert found["cuts"] == [1, 1, 3, 3], found  # type: ignore[index]

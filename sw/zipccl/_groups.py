@@ -13,8 +13,11 @@ even at a freed one's address -- gets a new token, never a stale entry.
 from __future__ import annotations
 
 import weakref
+from datetime import timedelta
+from typing import cast
 
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 
 class GroupKey:
@@ -41,3 +44,35 @@ def key(group: dist.ProcessGroup | None) -> GroupKey | None:
     if found is None:
         found = _KEYS[pg] = GroupKey()
     return found
+
+
+def make(
+    backend: str,
+    store: dist.Store,
+    rank: int,
+    size: int,
+    global_ranks: list[int],
+    name: str,
+    timeout: timedelta,
+    options: object = None,
+) -> dist.ProcessGroup:
+    """A registered ``backend`` group of ``size`` ranks, ``global_ranks`` (empty: the world) under
+    ``name``, by torch's own helper behind ``new_group`` -- the original, where zipccl.wrap
+    patched it, so that a gloo group zipccl makes for itself is gloo, never a zipccl group --
+    so that every torch.distributed function takes it and ``destroy_process_group`` ends it."""
+    helper = c10d._new_process_group_helper
+    helper = getattr(helper, "__wrapped__", helper)
+    pg, _ = helper(
+        size,
+        rank,
+        global_ranks,
+        backend,
+        store,
+        group_name=cast(c10d.GroupName, name),
+        backend_options=options,
+        timeout=timeout,
+        pg_tag=name,
+    )
+    ranks = global_ranks or range(size)
+    c10d._world.pg_group_ranks[pg] = {g: r for r, g in enumerate(ranks)}
+    return pg

@@ -34,17 +34,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions  # (torch.distributed does not export it)
-from torch.distributed import distributed_c10d as c10d
 
-from zipccl import _lanes, accounting, collectives, settings, switch
+from zipccl import _groups, _lanes, accounting, collectives, settings, switch
 from zipccl._errors import CollectiveMismatchError, PeerError
 from zipccl._name import NAME
-from zipccl.collectives import DoneWork, Forwarding, ReduceOpArg, _agree, _profile
+from zipccl.collectives import DoneWork, Forwarding, ReduceOpArg, _agree, _profile, _stripes
 from zipccl.collectives._exchange import CODEC_DTYPES
 from zipccl.collectives._transport import resolve
 
@@ -677,26 +676,13 @@ def _inner_group(
     name: str,
     options: Options,
 ) -> dist.ProcessGroup:
-    """A registered ``backend`` group of the same ranks, by torch's own helper (so every
-    torch.distributed function takes it; the original where zipccl.wrap patched it), under a
-    name and tag of its own."""
+    """A registered ``backend`` group of the same ranks (zipccl._groups.make) under a name and
+    tag of its own."""
+    inner_options = options.inner_options if backend == "nccl" else None
     inner_name = f"{name}:zipccl:{backend}"
-    helper = c10d._new_process_group_helper
-    helper = getattr(helper, "__wrapped__", helper)
-    pg, _ = helper(
-        size,
-        rank,
-        global_ranks,
-        backend,
-        store,
-        group_name=cast(c10d.GroupName, inner_name),
-        backend_options=options.inner_options if backend == "nccl" else None,
-        timeout=timeout,
-        pg_tag=inner_name,
+    return _groups.make(
+        backend, store, rank, size, global_ranks, inner_name, timeout, inner_options
     )
-    ranks = global_ranks or range(size)  # empty: the default group, global ranks = group ranks
-    c10d._world.pg_group_ranks[pg] = {g: r for r, g in enumerate(ranks)}
-    return pg
 
 
 def _staged_lanes(count: int, gloo_group: Callable[[str], dist.ProcessGroup]) -> _lanes.Lanes:
@@ -706,6 +692,7 @@ def _staged_lanes(count: int, gloo_group: Callable[[str], dist.ProcessGroup]) ->
     for i in range(count):
         lane = gloo_group(f"lane{i}")
         settings.mark_agreed(lane)
+        _stripes.unstriped(lane)  # its calls run on its thread, where ranks' orders may differ
         groups.append(lane)
     return _lanes.Lanes(groups, torch.device("cuda", torch.cuda.current_device()))
 

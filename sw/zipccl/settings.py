@@ -43,11 +43,13 @@ KEYS = (
     "ZIPCCL_CHECKSUM",
     "ZIPCCL_CUDA_TRANSPORT",
     "ZIPCCL_LANES",
+    "ZIPCCL_STRIPES",
 )
 CUDA_TRANSPORTS = ("auto", "nccl", "gloo")  # what moves a zipccl group's CUDA tensors
 BACKENDS = ("auto", "torch", "triton")  # auto: the CUDA kernels on CUDA tensors, torch elsewhere
 LOCAL_KEYS = ("ZIPCCL_BACKEND", "ZIPCCL_FAST", "ZIPCCL_LOG")  # same bytes on the wire whichever
 LOGS = ("off", "summary", "calls")  # ZIPCCL_LOG: zipccl.accounting's report at exit / per call
+MAX_STRIPES = 16  # ZIPCCL_STRIPES: gloo groups per staged group, each with its sockets and threads
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class Settings:
     checksum: bool = False  # ZIPCCL_CHECKSUM=1: compressed pieces carry a values checksum
     cuda_transport: str = "auto"  # ZIPCCL_CUDA_TRANSPORT: the zipccl backend's inner CUDA group
     lanes: int = 8  # ZIPCCL_LANES: the backend's calls in flight on the staged transport (0: none)
+    stripes: int = 4  # ZIPCCL_STRIPES: gloo groups one staged call's bytes cross at once
 
 
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
@@ -149,6 +152,15 @@ def _lanes(value: str) -> int:
     return _count("ZIPCCL_LANES", value, "non-negative", 0)
 
 
+def _stripes(value: str) -> int:
+    if not value:
+        return Settings.stripes
+    stripes = _count("ZIPCCL_STRIPES", value, "positive", 1)
+    if stripes > MAX_STRIPES:
+        raise ValueError(f"ZIPCCL_STRIPES must be at most {MAX_STRIPES}, got {stripes}")
+    return stripes
+
+
 def _plan_calls(value: str) -> int:
     if not value:
         return Settings.plan_calls
@@ -164,6 +176,7 @@ _PARSERS: dict[str, Callable[[str], object]] = {  # KEYS order: Settings' fields
     "ZIPCCL_CHECKSUM": lambda v: _choice("ZIPCCL_CHECKSUM", v, ("0", "1")) == "1",
     "ZIPCCL_CUDA_TRANSPORT": lambda v: _choice("ZIPCCL_CUDA_TRANSPORT", v, CUDA_TRANSPORTS),
     "ZIPCCL_LANES": _lanes,
+    "ZIPCCL_STRIPES": _stripes,
     "ZIPCCL_BACKEND": lambda v: _choice("ZIPCCL_BACKEND", v, BACKENDS),
     "ZIPCCL_FAST": lambda v: _choice("ZIPCCL_FAST", v, ("1", "0")) == "1",  # byte-escape fast path
     "ZIPCCL_LOG": lambda v: _choice("ZIPCCL_LOG", v, LOGS),

@@ -2,6 +2,8 @@
 
 The package's modules, each calling only those above it in this list:
 
+* ``_stripes``: the more gloo groups of a staged group's ranks (below) that one call's bytes
+  cross at once (``ZIPCCL_STRIPES``);
 * ``_transport``: the process group as the protocols see it (:class:`Group`) and how a buffer
   crosses it -- NCCL on the device, gloo on host memory, or *staged*: CUDA tensors on a gloo
   group, moved through pinned host memory -- plus the side streams that pipeline a call;
@@ -31,7 +33,8 @@ plain torch.distributed, no verification), ``ZIPCCL_VERIFY`` (unless ``verify`` 
 ``auto`` on CUDA -- 4 MiB chunks where CUDA tensors cross gloo --, else 32 MiB on CUDA and one
 chunk on CPU), ``ZIPCCL_PLAN_CALLS`` (calls one plan serves, default 64; 0: no plans),
 ``ZIPCCL_NATIVE_REDUCE=1`` (reductions only: let ``auto`` take the backend's own reduction for
-any world size, giving up rank-order determinism when it does); the codec's ``ZIPCCL_BACKEND``
+any world size, giving up rank-order determinism when it does), ``ZIPCCL_STRIPES`` (gloo groups
+a staged call's bytes cross at once, default 4); the codec's ``ZIPCCL_BACKEND``
 and ``ZIPCCL_FAST`` choose its kernels (same bytes, so not agreed).
 
 The native fast path: each call first takes a *local* decision from values every rank shares in a

@@ -121,7 +121,7 @@ def gather_compressed(a: _slots.Agreed, inp: torch.Tensor, out: torch.Tensor) ->
             if a.packed is None or mine.raw:  # packed: its split layout was no smaller
                 with outcome.local(_exchange.SENDING):
                     _slots.pack(inp[s : s + m], mine, a.sources[g.rank].table, store)
-            sent = _transport.all_gather(g, received[k], store)
+            sent = _transport.all_gather(g, received[k], store, chunk=k)
         _slots.STATS.sent += widths[k]
         return sent
 
@@ -204,7 +204,7 @@ def broadcast_compressed(a: _slots.Agreed, flat: torch.Tensor, group_src: int) -
             if sender:
                 with outcome.local(_exchange.SENDING):
                     _slots.pack(flat[s : s + m], segs[k], source.table, buffers[k])
-            sent = _transport.broadcast(g, buffers[k], group_src)
+            sent = _transport.broadcast(g, buffers[k], group_src, chunk=k)
         _slots.STATS.sent += segs[k].width if sender else 0
         return sent
 
@@ -273,7 +273,7 @@ def a2a_compressed(
                 if m and j != g.rank:
                     _slots.pack(send[j][s : s + m], outs[k][j], me.table, mine[j])
                     unpack.note(("out", k, j), mine[j], outs[k][j], me.table)
-        got, sent = swap(g, streams, stores[k], mine, [s.width for s in ins[k]])
+        got, sent = swap(g, streams, stores[k], mine, [s.width for s in ins[k]], k)
         keep.append(got)
         return got, sent
 
@@ -347,10 +347,12 @@ def swap(
     whole: torch.Tensor,
     out: list[torch.Tensor],
     in_sizes: list[int],
+    chunk: int = 0,
 ) -> tuple[list[torch.Tensor], _transport.Pending | None]:
     """Send ``out[j]`` (views of the one buffer ``whole``, in rank order) to every rank j and
-    receive ``in_sizes[i]`` bytes from every rank i, issued from the compress stream; returns
-    the received pieces and the transfer (None where two ranks have nothing to swap).
+    receive ``in_sizes[i]`` bytes from every rank i, issued from the compress stream (``chunk``:
+    the protocol's chunk number, whose stripe carries it on a staged group); returns the
+    received pieces and the transfer (None where two ranks have nothing to swap).
 
     Two ranks on NCCL: one all-gather of the outgoing piece, which the caller made as wide as
     the incoming one; NCCL's all-gather outruns its all-to-all of the same bytes over sockets by
@@ -365,9 +367,10 @@ def swap(
     )
     with streams.on(streams.compress):
         if by_gather:
-            sent = _transport.all_gather(g, got, whole)
+            sent = _transport.all_gather(g, got, whole, chunk)
         else:
-            sent = _transport.all_to_all(g, got, whole, in_sizes, [t.numel() for t in out])
+            outs = [t.numel() for t in out]
+            sent = _transport.all_to_all(g, got, whole, in_sizes, outs, chunk=chunk)
     _slots.STATS.sent += whole.numel()
     if not by_gather:
         return _slots.segments(got, in_sizes), sent

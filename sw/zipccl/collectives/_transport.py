@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from zipccl import _groups, _streams
+from zipccl.collectives import _stripes
 
 
 class Forwarding:
@@ -249,15 +250,17 @@ def native_reduce_scatter(
 
 
 class Pending:
-    """A transfer in flight: :meth:`wait` makes its results usable on the current stream (NCCL:
-    the stream waits, the host does not; gloo: the host waits for the wire)."""
+    """A transfer in flight, one Work or several (a staged call's stripes): :meth:`wait` makes
+    its results usable on the current stream (NCCL: the stream waits, the host does not; gloo:
+    the host waits for the wire)."""
 
-    def __init__(self, work: dist.Work | None) -> None:
-        self.work = work
+    def __init__(self, work: dist.Work | list[dist.Work | None] | None) -> None:
+        self.works = work if isinstance(work, list) else [work]
 
     def wait(self) -> None:
-        if self.work is not None:
-            self.work.wait()
+        for work in self.works:
+            if work is not None:
+                work.wait()
 
 
 class _Staged(Pending):
@@ -266,7 +269,10 @@ class _Staged(Pending):
     caching host allocator records the stream's use)."""
 
     def __init__(
-        self, work: dist.Work | None, into: torch.Tensor | None, host: torch.Tensor | None
+        self,
+        work: dist.Work | list[dist.Work | None] | None,
+        into: torch.Tensor | None,
+        host: torch.Tensor | None,
     ) -> None:
         super().__init__(work)
         self.into, self.host = into, host
@@ -300,17 +306,18 @@ def _down(t: torch.Tensor, copies: int = 1) -> torch.Tensor:
     return host
 
 
-def all_gather(g: Group, out: torch.Tensor, inp: torch.Tensor) -> Pending:
+def all_gather(g: Group, out: torch.Tensor, inp: torch.Tensor, chunk: int = 0) -> Pending:
     """Every rank's flat ``inp`` into ``out`` in rank order, after the current stream's queued
-    work. On gloo, an all-to-all of ``inp`` repeated for every rank: gloo's all-gather moves the
-    same bytes several times slower (benchmarks/collectives: gloo_ops)."""
+    work (``chunk``: a protocol's chunk number, whose stripe carries it on a staged group). On
+    gloo, an all-to-all of ``inp`` repeated for every rank: gloo's all-gather moves the same
+    bytes several times slower (benchmarks/collectives: gloo_ops)."""
     if g.nccl:
         return Pending(native_all_gather(out, inp, g.pg, async_op=True))
     if not g.staged:
         repeated = inp.repeat(g.world)
         return Pending(dist.all_to_all_single(out, repeated, group=g.pg, async_op=True))
-    host = _pinned(out)
-    work = dist.all_to_all_single(host, _down(inp, g.world), group=g.pg, async_op=True)
+    host, wire = _pinned(out), _stripes.wire(g.pg, chunk)
+    work = dist.all_to_all_single(host, _down(inp, g.world), group=wire, async_op=True)
     return _Staged(work, out, host)
 
 
@@ -321,36 +328,49 @@ def all_to_all(
     out_splits: list[int] | None = None,
     in_splits: list[int] | None = None,
     down: Prestaged | None = None,
+    chunk: int = 0,
 ) -> Pending:
     """all_to_all_single of ``inp`` into ``out`` (None splits: even), after the current
-    stream's queued work (``down``: a staged group's ``inp`` already on its way to the host)."""
+    stream's queued work (``down``: a staged group's ``inp`` already on its way to the host;
+    ``chunk``: a protocol's chunk number, whose stripe carries it)."""
     if not g.staged:
         return Pending(
             dist.all_to_all_single(out, inp, out_splits, in_splits, group=g.pg, async_op=True)
         )
     host, sent = _pinned(out), _down(inp) if down is None else down.host()
-    work = dist.all_to_all_single(host, sent, out_splits, in_splits, group=g.pg, async_op=True)
+    wire = _stripes.wire(g.pg, chunk)
+    work = dist.all_to_all_single(host, sent, out_splits, in_splits, group=wire, async_op=True)
     return _Staged(work, out, host)
 
 
-def broadcast(g: Group, buf: torch.Tensor, src: int, down: Prestaged | None = None) -> Pending:
+def broadcast(
+    g: Group, buf: torch.Tensor, src: int, down: Prestaged | None = None, chunk: int | None = None
+) -> Pending:
     """Group rank ``src``'s ``buf`` into every other rank's ``buf``, after the current stream's
-    queued work (``down``: ``buf``'s host buffer, the source's bytes already on their way)."""
+    queued work (``down``: ``buf``'s host buffer, the source's bytes already on their way).
+    On a staged group ``chunk`` (a protocol's chunk number) picks the stripe that carries it;
+    None: the whole buffer in stripes, all at once (a native broadcast)."""
     if not g.staged:
         return Pending(dist.broadcast(buf, global_rank(g, src), group=g.pg, async_op=True))
     host = down.host() if down is not None else _down(buf) if g.rank == src else _pinned(buf)
-    work = dist.broadcast(host, global_rank(g, src), group=g.pg, async_op=True)
-    return _Staged(work, None if g.rank == src else buf, host)
+    root = global_rank(g, src)
+    parts = (
+        _stripes.cut(g.pg, host, g.world) if chunk is None else [(host, _stripes.wire(g.pg, chunk))]
+    )
+    works = [dist.broadcast(part, root, group=wire, async_op=True) for part, wire in parts]
+    return _Staged(works, None if g.rank == src else buf, host)
 
 
 def all_reduce(
     g: Group, buf: torch.Tensor, op: dist.ReduceOp | dist.ReduceOp.RedOpType, down: Prestaged
 ) -> Pending:
     """A staged group's native all-reduce of ``buf`` in place, its bytes ``down`` already on
-    their way to the host: gloo's own reduction of the host bytes, as its CUDA path runs it."""
+    their way to the host: gloo's own reduction of the host bytes, as its CUDA path runs it, in
+    stripes where that gives the same bits (zipccl.collectives._stripes)."""
     host = down.host()
-    work = dist.all_reduce(host, op, group=g.pg, async_op=True)
-    return _Staged(work, buf, host)
+    parts = _stripes.cut(g.pg, host, g.world, op)
+    works = [dist.all_reduce(part, op, group=wire, async_op=True) for part, wire in parts]
+    return _Staged(works, buf, host)
 
 
 class Prestaged:
