@@ -9,6 +9,7 @@ against torch.distributed bit for bit; tests/test_collectives_gpu_staged.py runs
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import zipccl
+from torch.distributed import distributed_c10d as c10d
 from zipccl import _groups
 from zipccl.collectives import _protocols, _stripes, _transport
 from zipccl.golden.theory import SAMPLE_SIZE
@@ -299,3 +301,28 @@ def test_three_ranks_cut_only_order_free_reductions(trio):
     for found in trio.run(sc_striped, "sc_reductions", env=env):
         assert all(found["result"].values()), found  # type: ignore[index]
         assert found["cuts"] == [1, 1, 3, 3], found  # type: ignore[index]
+
+
+def sc_stripes_end_with_their_group(rank: int, world: int) -> tuple[int, int]:
+    """A subgroup's staged calls in chunks make its stripe groups; destroying the subgroup ends
+    them too. Returns the registered groups' count before and after the destroy, less the
+    count before the subgroup was made."""
+    start = len(c10d._world.pg_map)
+    sub = dist.new_group(list(range(world)), backend="gloo")
+    x = values(700 + rank, 3000, torch.bfloat16)
+    _transport.STAGE_HOST_TENSORS = True
+    try:
+        out = torch.empty(world * x.numel(), dtype=x.dtype)
+        zipccl.all_gather_into_tensor(out, x, group=sub)
+    finally:
+        _transport.STAGE_HOST_TENSORS = False
+    made = len(c10d._world.pg_map) - start
+    dist.destroy_process_group(sub)
+    del sub
+    gc.collect()
+    return made, len(c10d._world.pg_map) - start
+
+
+def test_stripe_groups_end_with_their_group(pair):
+    for made, left in pair.run(sc_stripes_end_with_their_group, env=SMALL_CHUNKS | STRIPES):
+        assert (made, left) == (3, 0)  # the subgroup and its two stripe groups; then none

@@ -41,16 +41,31 @@ ORDER_FREE = frozenset(
 
 def groups(group: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup | None, ...]:
     """``group`` first, then its stripe groups: ``ZIPCCL_STRIPES`` in all, made on first use
-    (every rank of ``group`` must be in the call that first asks) and held weakly -- torch's
-    registry holds them, and ``destroy_process_group()`` ends them with the rest."""
+    (every rank of ``group`` must be in the call that first asks). Held weakly -- torch's
+    registry holds them, and ``destroy_process_group()`` ends them with the rest -- and ended
+    when ``group`` itself is freed: a gloo group left alive into interpreter shutdown can abort
+    the process there (zipccl._groups)."""
     count = settings.value("ZIPCCL_STRIPES")
     token = _groups.key(group)
     assert token is not None  # a call on a group that exists
-    held = [pg for ref in _MADE.get(token, ()) if (pg := ref()) is not None]
+    refs = _MADE.get(token)
+    if refs is None:
+        refs = _MADE[token] = []
+        # on the group, not its token: caches keyed by (token, ...) keep a token past its group
+        weakref.finalize(_groups.current(group), _end, refs)
+    held = [pg for ref in refs if (pg := ref()) is not None]
     if len(held) + 1 < count:
         held = _make(group, count - 1, held)
-        _MADE[token] = tuple(weakref.ref(pg) for pg in held)
+        refs[:] = [weakref.ref(pg) for pg in held]
     return (group, *held[: count - 1])
+
+
+def _end(refs: list[weakref.ref[dist.ProcessGroup]]) -> None:
+    """End the stripe groups still registered (their group is gone, or Python is exiting)."""
+    for ref in refs:
+        pg = ref()
+        if pg is not None and dist.is_initialized() and pg in c10d._world.pg_map:
+            dist.destroy_process_group(pg)
 
 
 def unstriped(group: dist.ProcessGroup) -> None:
@@ -118,7 +133,7 @@ def _make(
 
 
 #  by group token (_groups.key), held weakly: the stripes go with their group
-_MADE: weakref.WeakKeyDictionary[object, tuple[weakref.ref[dist.ProcessGroup], ...]] = (
+_MADE: weakref.WeakKeyDictionary[object, list[weakref.ref[dist.ProcessGroup]]] = (
     weakref.WeakKeyDictionary()
 )
 _NEVER: weakref.WeakSet[object] = weakref.WeakSet()
