@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -303,12 +304,12 @@ def test_three_ranks_cut_only_order_free_reductions(trio):
         assert found["cuts"] == [1, 1, 3, 3], found  # type: ignore[index]
 
 
-def sc_stripes_end_with_their_group(rank: int, world: int) -> tuple[int, int]:
-    """A subgroup's staged calls in chunks make its stripe groups; destroying the subgroup ends
-    them too. Returns the registered groups' count before and after the destroy, less the
-    count before the subgroup was made."""
+def sc_stripes_end_with_their_group(rank: int, world: int) -> tuple[int, int, float]:
+    """A subgroup's staged calls in chunks make its stripe groups, with its timeout; destroying
+    the subgroup ends them too. Returns the registered groups' count before and after the
+    destroy, less the count before the subgroup was made, and the stripes' timeout (s)."""
     start = len(c10d._world.pg_map)
-    sub = dist.new_group(list(range(world)), backend="gloo")
+    sub = dist.new_group(list(range(world)), backend="gloo", timeout=timedelta(seconds=41))
     x = values(700 + rank, 3000, torch.bfloat16)
     _transport.STAGE_HOST_TENSORS = True
     try:
@@ -317,12 +318,16 @@ def sc_stripes_end_with_their_group(rank: int, world: int) -> tuple[int, int]:
     finally:
         _transport.STAGE_HOST_TENSORS = False
     made = len(c10d._world.pg_map) - start
+    stripe = _stripes.groups(sub)[1]
+    assert stripe is not None
+    timeout = stripe._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+    del stripe
     dist.destroy_process_group(sub)
     del sub
     gc.collect()
-    return made, len(c10d._world.pg_map) - start
+    return made, len(c10d._world.pg_map) - start, timeout
 
 
 def test_stripe_groups_end_with_their_group(pair):
-    for made, left in pair.run(sc_stripes_end_with_their_group, env=SMALL_CHUNKS | STRIPES):
-        assert (made, left) == (3, 0)  # the subgroup and its two stripe groups; then none
+    for found in pair.run(sc_stripes_end_with_their_group, env=SMALL_CHUNKS | STRIPES):
+        assert found == (3, 0, 41.0)  # the subgroup and its two stripes, its timeout; then none

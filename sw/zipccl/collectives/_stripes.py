@@ -17,6 +17,7 @@ one wherever every element's reduction is its own (two ranks, or an order-free o
 from __future__ import annotations
 
 import weakref
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -123,13 +124,23 @@ def _make(
     name = f"{pg.group_name}:zipccl:stripe"
     store = c10d._get_default_store()
     round_no = (store.add(f"zipccl/stripes/{name}/arrivals", 1) - 1) // len(ranks)
-    rank, timeout = dist.get_rank(pg), c10d.default_pg_timeout
+    rank, timeout = dist.get_rank(pg), _timeout(pg)
     made = list(have)
     while len(made) < count:
         where = f"{name}{len(made)}:{round_no}"
         prefixed = dist.PrefixStore(f"zipccl/stripes/{where}/", store)
         made.append(_groups.make("gloo", prefixed, rank, len(ranks), ranks, where, timeout))
     return made
+
+
+def _timeout(pg: dist.ProcessGroup) -> timedelta:
+    """``pg``'s own timeout, which its stripes take (a stripe of a group that fails fast must
+    too); torch's default where ``pg`` shows none."""
+    try:
+        found = pg._get_backend(torch.device("cpu")).options._timeout
+    except (AttributeError, RuntimeError):
+        return c10d.default_pg_timeout
+    return found if isinstance(found, timedelta) else c10d.default_pg_timeout
 
 
 #  by group token (_groups.key), held weakly: the stripes go with their group
