@@ -56,10 +56,11 @@ def make(
     timeout: timedelta,
     options: object = None,
 ) -> dist.ProcessGroup:
-    """A registered ``backend`` group of ``size`` ranks, ``global_ranks`` (empty: the world) under
-    ``name``, by torch's own helper behind ``new_group`` -- the original, where zipccl.wrap
-    patched it, so that a gloo group zipccl makes for itself is gloo, never a zipccl group --
-    so that every torch.distributed function takes it and ``destroy_process_group`` ends it."""
+    """A registered ``backend`` group of ``size`` ranks, ``global_ranks`` (empty: the world),
+    under ``name``: made by torch's own helper behind ``new_group`` (the original, where
+    zipccl.wrap patched it, so that a gloo group zipccl makes for itself is gloo, never a zipccl
+    group) and registered, so that every torch.distributed function takes it and
+    ``destroy_process_group`` ends it."""
     helper = c10d._new_process_group_helper
     helper = getattr(helper, "__wrapped__", helper)
     pg, _ = helper(

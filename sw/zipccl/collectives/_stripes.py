@@ -78,11 +78,12 @@ def unstriped(group: dist.ProcessGroup) -> None:
 
 
 def wire(group: dist.ProcessGroup | None, k: int) -> dist.ProcessGroup | None:
-    """The group that carries a protocol's chunk ``k``: stripe k, round robin."""
-    if _never(group):
+    """The group that carries a protocol's chunk ``k``: stripe k, round robin. Stripe 0 is the
+    group itself, so a call that only ever sends chunk 0 (a single transfer) makes no stripes."""
+    stripe = k % settings.value("ZIPCCL_STRIPES")
+    if stripe == 0 or _never(group):
         return group
-    found = groups(group)
-    return found[k % len(found)]
+    return groups(group)[stripe]
 
 
 def cut(
