@@ -10,10 +10,8 @@ import threading
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as c10d
 from zipccl import settings
 from zipccl._lanes import Lanes
-from zipccl.collectives import _stripes, _transport
 
 from tests import _lane_scenarios as scenarios
 from tests import test_backend
@@ -142,9 +140,8 @@ def test_no_lanes_is_an_error():
 zipccl_pair = test_backend.pair  # 2 ranks on a zipccl default group
 
 
-def sc_host_lanes(rank: int, world: int, count: int, stripes: int = 1) -> int:
-    """Give the zipccl default group ``count`` lanes for host tensors (0: take them away), each
-    with ``stripes`` - 1 stripe groups, as the backend gives its staged lanes."""
+def sc_host_lanes(rank: int, world: int, count: int) -> int:
+    """Give the zipccl default group ``count`` lanes for host tensors (0: take them away)."""
     pg = dist.group.WORLD
     if pg._lanes is not None:
         pg._lanes.close()
@@ -153,7 +150,6 @@ def sc_host_lanes(rank: int, world: int, count: int, stripes: int = 1) -> int:
         groups = [dist.new_group(backend="gloo") for _ in range(count)]
         for g in groups:
             settings.mark_agreed(g)
-            _stripes.fixed(g, [dist.new_group(backend="gloo") for _ in range(1, stripes)])
         pg._lanes = Lanes(groups, torch.device("cpu"))
     return pg.lanes
 
@@ -182,34 +178,3 @@ def test_backend_mismatch_on_a_lane_raises_on_every_rank(on_lanes):
     for error, recovered in on_lanes.run(scenarios.sc_mismatch_on_a_lane, "cpu", env=env):
         assert scenarios.MISMATCH in error, error
         assert recovered
-
-
-def sc_striped_lanes(rank: int, world: int) -> dict[str, bool]:
-    """Staged calls in chunks on lanes given two stripes each while ZIPCCL_STRIPES asks for
-    three: every op in flight exact, chunks sent on a lane's stripe, and no group made (on a
-    lane's thread, ranks could make them in different orders)."""
-    sc_host_lanes(rank, world, LANES, stripes=2)
-    lanes = set(dist.group.WORLD._lanes.groups)
-    on_stripes = []
-    real = _stripes.wire
-
-    def counted(group: dist.ProcessGroup | None, k: int) -> dist.ProcessGroup | None:
-        wire = real(group, k)
-        on_stripes.append(group in lanes and wire is not group)
-        return wire
-
-    before = len(c10d._world.pg_map)
-    _stripes.wire, _transport.STAGE_HOST_TENSORS = counted, True  # type: ignore[assignment]
-    try:
-        found = scenarios.sc_every_op_in_flight(rank, world, "cpu")
-    finally:
-        _stripes.wire, _transport.STAGE_HOST_TENSORS = real, False  # type: ignore[assignment]
-    made = len(c10d._world.pg_map) - before
-    sc_host_lanes(rank, world, 0)
-    return {**found, "stripes used": any(on_stripes), "none made": made == 0}
-
-
-def test_backend_lanes_use_their_fixed_stripes(zipccl_pair):
-    env = test_backend.ALWAYS | {"ZIPCCL_CHUNK_BYTES": "65536", "ZIPCCL_STRIPES": "3"}
-    for found in zipccl_pair.run(sc_striped_lanes, env=env):
-        assert all(found.values()), found

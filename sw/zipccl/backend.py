@@ -170,7 +170,6 @@ class ProcessGroupZipccl(dist.ProcessGroup, Forwarding):
             if lanes:
                 self._lanes = _staged_lanes(
                     lanes,
-                    agreed.stripes,
                     lambda lane: _inner_group(
                         "gloo", store, rank, size, timeout, global_ranks, f"{name}:{lane}", options
                     ),
@@ -686,18 +685,14 @@ def _inner_group(
     )
 
 
-def _staged_lanes(
-    count: int, stripes: int, gloo_group: Callable[[str], dist.ProcessGroup]
-) -> _lanes.Lanes:
+def _staged_lanes(count: int, gloo_group: Callable[[str], dist.ProcessGroup]) -> _lanes.Lanes:
     """``count`` lanes for CUDA tensors on the host-staged transport, each with a gloo group of
-    the same ranks (``gloo_group(name)``; zipccl._lanes: why) and its ``stripes`` - 1 stripe
-    groups (collectives._stripes), made here: a lane's calls run on its own thread, where ranks
-    could make groups in different orders. On this rank's GPU."""
+    the same ranks (``gloo_group(name)``; zipccl._lanes: why), on this rank's GPU."""
     groups = []
     for i in range(count):
         lane = gloo_group(f"lane{i}")
         settings.mark_agreed(lane)
-        _stripes.fixed(lane, [gloo_group(f"lane{i}:stripe{s}") for s in range(1, stripes)])
+        _stripes.unstriped(lane)  # its calls run on its thread, where ranks' orders may differ
         groups.append(lane)
     return _lanes.Lanes(groups, torch.device("cuda", torch.cuda.current_device()))
 

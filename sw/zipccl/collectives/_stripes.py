@@ -5,10 +5,9 @@ by one thread, and that, not the copies through pinned memory, is what bounds a 
 call (CUDA tensors on gloo): BENCHMARKS.md section 6, Stripes. So a staged group gets
 ``ZIPCCL_STRIPES - 1`` more gloo groups of the same ranks, made when its first call that uses
 them needs them -- every rank of the group is in that call, at the same point of its sequence
-of collectives -- and kept while the group lives; a group whose calls run on threads (the zipccl
-backend's lanes) is given its stripes when it is made (:func:`fixed`). A native all-reduce or
-broadcast cuts its host bytes into that many contiguous stripes, all in flight at once
-(:func:`cut`); a compressed protocol sends its chunk k on stripe k (:func:`wire`).
+of collectives -- and kept while the group lives. A native all-reduce or broadcast cuts its
+host bytes into that many contiguous stripes, all in flight at once (:func:`cut`); a compressed
+protocol sends its chunk k on stripe k (:func:`wire`).
 
 Each stripe group sees the same calls in the same order on every rank, so the stripes never
 need an agreement of their own, and a reduction cut into stripes gives the bits of the uncut
@@ -52,22 +51,14 @@ def groups(group: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup | None, .
     assert token is not None  # a call on a group that exists
     refs = _MADE.get(token)
     if refs is None:
-        refs = _held(group, token, [])
+        refs = _MADE[token] = []
+        # on the group, not its token: caches keyed by (token, ...) keep a token past its group
+        weakref.finalize(_groups.current(group), _end, refs)
     held = [pg for ref in refs if (pg := ref()) is not None]
-    if len(held) + 1 < count and token not in _FIXED:
+    if len(held) + 1 < count:
         held = _make(group, count - 1, held)
         refs[:] = [weakref.ref(pg) for pg in held]
     return (group, *held[: count - 1])
-
-
-def _held(
-    group: dist.ProcessGroup | None, token: object, stripes: list[dist.ProcessGroup]
-) -> list[weakref.ref[dist.ProcessGroup]]:
-    """``stripes`` held weakly as ``group``'s, ended with it."""
-    refs = _MADE[token] = [weakref.ref(pg) for pg in stripes]
-    # on the group, not its token: caches keyed by (token, ...) keep a token past its group
-    weakref.finalize(_groups.current(group), _end, refs)
-    return refs
 
 
 def _end(refs: list[weakref.ref[dist.ProcessGroup]]) -> None:
@@ -78,24 +69,21 @@ def _end(refs: list[weakref.ref[dist.ProcessGroup]]) -> None:
             dist.destroy_process_group(pg)
 
 
-def fixed(group: dist.ProcessGroup, stripes: list[dist.ProcessGroup]) -> None:
-    """Give ``group`` its stripes (gloo groups of its ranks, made on every rank in the same
-    order), for good: a group whose calls run on threads (the zipccl backend's lanes), where
-    ranks could make groups in different orders, never makes more; it uses as many of these as
-    ``ZIPCCL_STRIPES`` asks for."""
+def unstriped(group: dist.ProcessGroup) -> None:
+    """Mark ``group`` as one that never gets stripes: a group whose calls run on threads (the
+    zipccl backend's lanes), where ranks could make groups in different orders."""
     token = _groups.key(group)
-    assert token is not None  # a group that exists
-    _held(group, token, stripes)
-    _FIXED.add(token)
+    if token is not None:
+        _NEVER.add(token)
 
 
 def wire(group: dist.ProcessGroup | None, k: int) -> dist.ProcessGroup | None:
     """The group that carries a protocol's chunk ``k``: stripe k, round robin. Stripe 0 is the
     group itself, so a call that only ever sends chunk 0 (a single transfer) makes no stripes."""
-    if k % settings.value("ZIPCCL_STRIPES") == 0 or _groups.key(group) is None:
+    stripe = k % settings.value("ZIPCCL_STRIPES")
+    if stripe == 0 or _never(group):
         return group
-    wires = groups(group)  # fewer than asked where the group's stripes are fixed
-    return wires[k % len(wires)]
+    return groups(group)[stripe]
 
 
 def cut(
@@ -110,15 +98,19 @@ def cut(
     count = min(
         settings.value("ZIPCCL_STRIPES"), host.numel() * host.element_size() // MIN_STRIPE_BYTES
     )
-    if count <= 1 or _groups.key(group) is None or not _cuttable(op, world):
+    if count <= 1 or _never(group) or not _cuttable(op, world):
         return [(host, group)]
-    wires = groups(group)[:count]  # fewer where the group's stripes are fixed
-    parts = host.view(-1).tensor_split(len(wires))
-    return list(zip(parts, wires, strict=True))
+    parts = host.view(-1).tensor_split(count)
+    return list(zip(parts, groups(group)[:count], strict=True))
 
 
 def _cuttable(op: object, world: int) -> bool:
     return op is None or world == 2 or op in ORDER_FREE
+
+
+def _never(group: dist.ProcessGroup | None) -> bool:
+    token = _groups.key(group)
+    return token is None or token in _NEVER
 
 
 def _make(
@@ -156,4 +148,4 @@ def _timeout(pg: dist.ProcessGroup) -> timedelta:
 _MADE: weakref.WeakKeyDictionary[object, list[weakref.ref[dist.ProcessGroup]]] = (
     weakref.WeakKeyDictionary()
 )
-_FIXED: weakref.WeakSet[object] = weakref.WeakSet()  # tokens of groups given their stripes
+_NEVER: weakref.WeakSet[object] = weakref.WeakSet()
