@@ -111,7 +111,6 @@ class QLCDecoder(wiring.Component):
         *,
         lanes: int | None = None,
         hold: bool = False,
-        lut_ram: bool = False,
     ) -> None:
         """``lanes``: None for the single-lane ports, N for N-lane beats (with ``count``) of
         ``words_per_beat(N)`` words. ``hold``: a ``hold`` input that stops the parse, for a user
@@ -120,12 +119,12 @@ class QLCDecoder(wiring.Component):
         ``padded`` output, a one-clock pulse when a packet's last code is parsed and its padding
         found zero: a packet's verdict, which a bad padding otherwise gives only as ``error``
         some clocks after the packet's last symbol (the pool tags each packet's last beat with
-        it). ``lut_ram``: the rank LUT in LUT RAM (DecoderTables)."""
+        it)."""
         self.counted, self.holds = lanes is not None, hold
         self.lanes = lanes or 1
         self.words = words_per_beat(self.lanes)
         self.book = book or default_book()
-        self.tables = DecoderTables(self.book, lut_ram=lut_ram)
+        self.tables = DecoderTables(self.book)
         symbols = lane_layout(self.lanes) if self.counted else SymbolLayout
         super().__init__(
             {

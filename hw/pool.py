@@ -16,12 +16,10 @@ and puts their symbols back in packet order:
   at the door.
 - **Dispatch**: packet p's count and beats go to engine p mod E, through a count FIFO and a beat
   FIFO per engine (``depth`` beats: with a whole packet's beats in it, the dispatcher moves on
-  while the engine decodes); through a register behind the FIFO's block RAM, a registered
-  splitter hands the beat's words to the engine one a clock (it takes at most 11 bits a clock).
+  while the engine decodes); a registered splitter hands the beat's words to the engine one a
+  clock (the engine takes at most 11 bits a clock).
 - **Engines**: hw.decoder's single lane, on one-word beats as when it stands alone (a window of
-  the single lane's width, so its clock rate), each with its own tables, its rank LUT in LUT
-  RAM: the pool's FIFOs take most of the part's block RAMs, so an engine's rank table would lie
-  wherever one was left, a block RAM's slow output away from the engine.
+  the single lane's width, so its clock rate), each with its own tables.
 - **Collect**: each engine's symbols are packed E to a beat into its output FIFO (``depth`` beats,
   a 4096-symbol packet's at E = 4; ``default_depth``), then through a register that takes the
   block RAM's output where it lies and two 3-beat FIFOs (the second feeds the output); the
@@ -83,26 +81,17 @@ def _pick(flags: list[Value], index: Value) -> Value:
     return Cat(*flags).bit_select(index, 1)
 
 
-def _registered_read(m: Module, name: str, src, take: Value) -> tuple[Signal, Signal]:
-    """A register in front of the FIFO ``src``: its beat and whether it holds one, refilled on a
-    clock its beat is taken (``take``), a beat a clock. ``src``'s output (a block RAM's, 5.8 ns
-    from the clock on the ECP5) then ends at flip-flops with no other load, which the placer can
-    put beside the block RAM, not at the beat's user wherever that lies. (yosys 0.23 cannot fold
-    a register into the ECP5 block RAM's own output register: it maps every DP16KD with REGMODE
-    NOREG.)"""
+def _registered_move(m: Module, name: str, src, dst) -> None:
+    """``src``'s beats into ``dst`` through a register, a beat a clock: ``src``'s output (a block
+    RAM's, 5.8 ns from the clock on the ECP5) then ends at flip-flops the placer can put beside
+    the block RAM, not at ``dst`` wherever that lies. (yosys 0.23 cannot fold a register into the
+    ECP5 block RAM's own output register: it maps every DP16KD with REGMODE NOREG.)"""
     beat = Signal(src.width, name=f"{name}_beat")
     full = Signal(name=f"{name}_full")
-    move = ~full | take  # the register is empty, or its beat goes on this clock
-    m.d.comb += src.r_en.eq(move)
+    move = ~full | dst.w_rdy  # the register is empty, or its beat goes on this clock
+    m.d.comb += [src.r_en.eq(move), dst.w_data.eq(beat), dst.w_en.eq(full)]
     with m.If(move):
         m.d.sync += [beat.eq(src.r_data), full.eq(src.r_rdy)]
-    return beat, full
-
-
-def _registered_move(m: Module, name: str, src, dst) -> None:
-    """``src``'s beats into the FIFO ``dst`` through ``_registered_read``'s register."""
-    beat, full = _registered_read(m, name, src, dst.w_rdy)
-    m.d.comb += [dst.w_data.eq(beat), dst.w_en.eq(full)]
 
 
 def default_depth(engines: int) -> int:
@@ -154,7 +143,7 @@ class QLCDecoderPool(wiring.Component):
         m = Module()
         e_count, err = self.engines, Signal()
         m.d.comb += self.error.eq(err)
-        engines = [QLCDecoder(self.book, hold=True, lut_ram=True) for _ in range(e_count)]
+        engines = [QLCDecoder(self.book, hold=True) for _ in range(e_count)]
         counts = [SyncFIFOBuffered(width=COUNT_BITS, depth=COUNT_DEPTH) for _ in engines]
         beat = pool_beat_layout(self.words)
         beats = [SyncFIFOBuffered(width=beat.size, depth=self.depth) for _ in engines]
@@ -263,10 +252,9 @@ class QLCDecoderPool(wiring.Component):
         return writes
 
     def _feed_engine(self, m: Module, k: int, engine, counts, beats) -> None:
-        """Engine ``k``'s counts, and its beats' words one a clock: the FIFO's head beat passes
-        a register beside its block RAM (``_registered_read``), then into the splitter's (so no
-        choice starts from a block RAM's output or a long route), and its first ``words`` words
-        go out from a third register, one a clock."""
+        """Engine ``k``'s counts, and its beats' words one a clock: the FIFO's head beat is
+        first taken into a register (a block RAM's output is slow, so no choice starts from it),
+        then its first ``words`` words go out from a second register, one a clock."""
         m.d.comb += [
             engine.n.valid.eq(counts.r_rdy),
             engine.n.payload.eq(counts.r_data),
@@ -279,14 +267,14 @@ class QLCDecoderPool(wiring.Component):
         free = ~word_valid | engine.i.ready
         done = index + 1 >= head.words  # this clock sends the beat's last word (or it has none)
         load = ~loaded | (free & done)
-        read, read_full = _registered_read(m, f"split{k}_read", beats, load)
         in_order = Cat(head.data.word_select(w, WORD_BITS) for w in reversed(range(self.words)))
         m.d.comb += [
             engine.i.valid.eq(word_valid),
             engine.i.payload.eq(word),
+            beats.r_en.eq(load),
         ]
         with m.If(load):
-            m.d.sync += [loaded.eq(read_full), head.eq(read)]
+            m.d.sync += [loaded.eq(beats.r_rdy), head.eq(beats.r_data)]
         with m.If(free):
             m.d.sync += [
                 word_valid.eq(loaded & (head.words != 0)),
@@ -304,7 +292,8 @@ class QLCDecoderPool(wiring.Component):
         e_count = self.engines
         lanes = [Signal(8, name=f"pack{k}_lane{j}") for j in range(e_count)]
         held = Signal(range(e_count + 1), name=f"pack{k}_held")
-        # each symbol first lands in a register by the engine, then in its lane of the beat
+        # each symbol first lands in a register by the engine (its rank LUT's block RAM output
+        # is slow), then in its lane of the beat
         sym = Signal(SymbolLayout, name=f"pack{k}_symbol")
         take = Signal(name=f"pack{k}_take")
         m.d.sync += [take.eq(engine.o.valid), sym.eq(engine.o.payload)]

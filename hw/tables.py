@@ -113,22 +113,15 @@ class DecoderTables:
     """A decoder's tables: the 8 region words and the rank count in registers, the rank LUT in a
     memory (``lut``: the caller adds its read ports and the memory to its module), all starting
     as ``book`` (reset-time init; reset does not touch them, like the memory). Built with the
-    block, before it elaborates, so that a formal harness can read them (sim/formal.py).
-    ``lut_ram``: ask synthesis for LUT RAM (``ram_style`` "distributed") rather than a block RAM,
-    whose slow output and fixed sites cost a large pool its clock rate."""
+    block, before it elaborates, so that a formal harness can read them (sim/formal.py)."""
 
-    def __init__(self, book: Codebook, *, lut_ram: bool = False) -> None:
+    def __init__(self, book: Codebook) -> None:
         self.regions = [
             Signal(REGION_WORD_BITS, init=w, reset_less=True, name=f"region{p}")
             for p, w in enumerate(book.region_words())
         ]
         self.num_ranked = Signal(RANK_COUNT_BITS, init=book.num_ranked, reset_less=True)
-        self.lut = memory.Memory(
-            shape=8,
-            depth=ALPHABET,
-            init=book.rank_words(),
-            attrs={"ram_style": "distributed"} if lut_ram else None,
-        )
+        self.lut = memory.Memory(shape=8, depth=ALPHABET, init=book.rank_words())
 
     def write_port(self, m: Module, tw, ready: Value, wr) -> None:
         """Take ``tw`` beats while ``ready``: ranks through the memory write port ``wr``, region
