@@ -29,7 +29,7 @@ from zipccl.golden.codebook import Codebook
 from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.encoder import QLCEncoder
 from zipccl.hw.multilane import QLCDecoderN, QLCEncoderN, words_per_beat
-from zipccl.hw.pool import QLCDecoderPool
+from zipccl.hw.pool import QLCDecoderPool, default_words
 from zipccl.hw.tables import COUNT_BITS, TableWriteLayout
 
 TABLE_TDATA_BITS = 32  # a table write beat, zero extended to whole bytes
@@ -117,7 +117,7 @@ class AxisDecoder(_AxisTop):
 
     def __init__(self, lanes: int = 1, book: Codebook | None = None, *, pool: bool = False) -> None:
         self.lanes, self.book, self.pool = lanes, book, pool
-        words = words_per_beat(lanes)
+        words = default_words(lanes) if pool else words_per_beat(lanes)
         keep = (("tkeep", 4 * words),) if pool else ()
         super().__init__(
             {

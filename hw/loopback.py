@@ -8,11 +8,10 @@ loopback checks prove that a write then lands with no symbol in flight and both 
 their reset state, the tables and stale data aside).
 
 With ``engines``, the decoder is hw/pool.py's pool of that many engines behind the N-lane
-encoder: both a billion symbols a second on an ECP5 (BENCHMARKS.md section 2) when N = 16 and
-E = 12 (``qlc_loopback_pool``), whose beats are both 8 words wide. The pool takes a packet
-padded to a word with the final beat's word count (``words``), where the encoder pads it to a
-beat and counts its bits: the final beat holds ceil(bits mod beat / 32) words (all of them
-where that is 0), every other beat all.
+encoder (``qlc_loopback_pool``: N = 16, E = 13), the pool taking the encoder's beats as they
+are (8 words wide at N = 16). The pool takes a packet padded to a word with the final beat's
+word count (``words``), where the encoder pads it to a beat and counts its bits: the final beat
+holds ceil(bits mod beat / 32) words (all of them where that is 0), every other beat all.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.encoder import QLCEncoder
 from zipccl.hw.multilane import QLCDecoderN, QLCEncoderN, lane_layout
 from zipccl.hw.pool import QLCDecoderPool
-from zipccl.hw.tables import COUNT_BITS, WORD_BITS, SymbolLayout, TableWriteLayout, words_per_beat
+from zipccl.hw.tables import COUNT_BITS, WORD_BITS, SymbolLayout, TableWriteLayout
 
 LOOPBACK_POOL = (16, 13)  # encoder lanes, decoder engines: qlc_loopback_pool
 
@@ -48,12 +47,8 @@ class QLCLoopback(wiring.Component):
         elif engines is None:
             self.enc, self.dec = QLCEncoderN(lanes, book), QLCDecoderN(lanes, book)
         else:
-            if words_per_beat(lanes) != words_per_beat(engines):
-                raise ValueError(
-                    f"a {lanes}-lane encoder's beats are {words_per_beat(lanes)} words, "
-                    f"a {engines}-engine pool's {words_per_beat(engines)}: they must match"
-                )
-            self.enc, self.dec = QLCEncoderN(lanes, book), QLCDecoderPool(engines, book)
+            encoder = QLCEncoderN(lanes, book)
+            self.enc, self.dec = encoder, QLCDecoderPool(engines, book, words=encoder.words)
         symbols = SymbolLayout if lanes is None else lane_layout(lanes)
         out = symbols if engines is None else lane_layout(engines)
         super().__init__(

@@ -7,13 +7,13 @@ on a beat boundary with its own count), as the container's blocks are. The pool 
 packets to E engines in turn, so E packets decode at once, each at the single lane's clock rate,
 and puts their symbols back in packet order:
 
-- **Input**: beats of ``words_per_beat(E)`` 32-bit words (first word on top, as hw.multilane's),
-  each with ``words``, how many of its first words it holds, and ``last`` on a packet's final
-  beat (AXI4-Stream's ``tkeep`` and ``tlast``). A packet is its serial words, padded to a whole
-  word as for the single lane (not to a beat): only its final beat may hold fewer words, and the
-  next packet starts on a new beat. The dispatcher so learns where a packet ends without parsing
-  it. Counts on ``n`` as before; a packet of count 0 has no beats and no symbols and is dropped
-  at the door.
+- **Input**: beats of ``words`` 32-bit words (first word on top, as hw.multilane's; by default
+  ``default_words(E)``, enough for E codes of 11 bits a clock), each with ``words``, how many of
+  its first words it holds, and ``last`` on a packet's final beat (AXI4-Stream's ``tkeep`` and
+  ``tlast``). A packet is its serial words, padded to a whole word as for the single lane (not
+  to a beat): only its final beat may hold fewer words, and the next packet starts on a new beat.
+  The dispatcher so learns where a packet ends without parsing it. Counts on ``n`` as before; a
+  packet of count 0 has no beats and no symbols and is dropped at the door.
 - **Dispatch**: packet p's count and beats go to engine p mod E, through a count FIFO and a beat
   FIFO per engine (``depth`` beats: with a whole packet's beats in it, the dispatcher moves on
   while the engine decodes); a registered splitter hands the beat's words to the engine one a
@@ -52,7 +52,7 @@ from amaranth import C, Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
-from zipccl.golden.codebook import Codebook
+from zipccl.golden.codebook import MAX_CODE_LENGTH, Codebook
 from zipccl.hw.decoder import QLCDecoder
 from zipccl.hw.tables import (
     COUNT_BITS,
@@ -94,6 +94,17 @@ def _registered_move(m: Module, name: str, src, dst) -> None:
         m.d.sync += [beat.eq(src.r_data), full.eq(src.r_rdy)]
 
 
+def default_words(engines: int) -> int:
+    """Input beat width in words: hw.multilane's power of two (``words_per_beat``) up to 8
+    engines; past 8, the fewest words that carry E codes of 11 bits (5 at E = 12 or 13, not 8).
+    Each engine's beat FIFO takes a block RAM per 36 bits of beat, and the dispatch register
+    fans the beat out to every engine: at E = 13, 8-word beats took 169 of the LFE5U-85F's 208
+    block RAMs and did not route."""
+    if engines <= 8:
+        return words_per_beat(engines)
+    return -(-MAX_CODE_LENGTH * engines // WORD_BITS)
+
+
 def default_depth(engines: int) -> int:
     """FIFO depth in beats: 1024 holds a 4096-symbol packet's symbols at E = 4; past 8 engines,
     512 still holds them (342 beats at E = 12) and keeps the FIFOs within the LFE5U-85F's 208
@@ -119,15 +130,24 @@ class QLCDecoderPool(wiring.Component):
     order; ``tw`` loads every engine's tables."""
 
     def __init__(
-        self, engines: int, book: Codebook | None = None, *, depth: int | None = None
+        self,
+        engines: int,
+        book: Codebook | None = None,
+        *,
+        depth: int | None = None,
+        words: int | None = None,
     ) -> None:
-        depth = default_depth(engines) if depth is None else depth
+        """``words``: the input beat's width (``default_words(engines)``); a wider beat for a
+        source whose beats are wider (the N-lane encoder's, in hw.loopback)."""
         if engines < 2:
             raise ValueError(f"a pool needs at least 2 engines, got {engines}")
+        depth = default_depth(engines) if depth is None else depth
+        words = default_words(engines) if words is None else words
         if depth <= HOLD_MARGIN:
             raise ValueError(f"FIFO depth must be over {HOLD_MARGIN}, got {depth}")
-        self.engines, self.depth = engines, depth
-        self.words = words_per_beat(engines)
+        if words < 1:
+            raise ValueError(f"a beat needs at least 1 word, got {words}")
+        self.engines, self.depth, self.words = engines, depth, words
         self.book = book or default_book()
         super().__init__(
             {

@@ -21,7 +21,8 @@ from typing import Protocol
 import numpy as np
 from zipccl.golden.codebook import Codebook
 from zipccl.golden.streams import Codewords, StreamError, encode_codewords, pack_serial, resolve
-from zipccl.hw.tables import WORD_BITS, Mem, pack_table_write, table_writes, words_per_beat
+from zipccl.hw.pool import default_words
+from zipccl.hw.tables import WORD_BITS, Mem, pack_table_write, table_writes
 
 MAX_CYCLES_PER_BEAT = 64  # a stuck design fails instead of hanging; generous for 25 % rates
 
@@ -123,9 +124,11 @@ class Shape:
         return out
 
     @classmethod
-    def pool(cls, engines: int) -> Shape:
-        """The decoder pool's beats (hw/pool.py): the E-lane decoder's, with ``tlast``."""
-        return cls(engines, words_per_beat(engines), counted=True, tlast=True)
+    def pool(cls, engines: int, words: int | None = None) -> Shape:
+        """The decoder pool's beats (hw/pool.py): ``words`` (``default_words(E)``) words with
+        ``tlast``, E symbols out."""
+        words = default_words(engines) if words is None else words
+        return cls(engines, words, counted=True, tlast=True)
 
     @property
     def pad_bits(self) -> int:
