@@ -7,11 +7,12 @@ on a beat boundary with its own count), as the container's blocks are. The pool 
 packets to E engines in turn, so E packets decode at once, each at the single lane's clock rate,
 and puts their symbols back in packet order:
 
-- **Input**: beats of ``words`` 32-bit words (first word on top, as hw.multilane's; by default
-  ``default_words(E)``, enough for E codes of 11 bits a clock), each with ``words``, how many of
-  its first words it holds, and ``last`` on a packet's final beat (AXI4-Stream's ``tkeep`` and
-  ``tlast``). A packet is its serial words, padded to a whole word as for the single lane (not
-  to a beat): only its final beat may hold fewer words, and the next packet starts on a new beat.
+- **Input**: beats of W 32-bit words (first word on top, as hw.multilane's; W is the ``words``
+  argument, by default ``default_words(E)``, enough for E codes of 11 bits a clock), each with a
+  field ``words``, how many of its first words it holds, and ``last`` on a packet's final beat
+  (AXI4-Stream's ``tkeep`` and ``tlast``). A packet is its serial words, padded to a whole word
+  as for the single lane (not to a beat): only its final beat may hold fewer words, and the next
+  packet starts on a new beat.
   The dispatcher so learns where a packet ends without parsing it. Counts on ``n`` as before; a
   packet of count 0 has no beats and no symbols and is dropped at the door.
 - **Dispatch**: packet p's count and beats go to engine p mod E, through a count FIFO and a beat

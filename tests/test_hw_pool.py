@@ -73,7 +73,7 @@ def test_default_beats_carry_e_codes() -> None:
 @pytest.mark.parametrize(("engines", "words"), [(4, 3), (2, 5)])
 def test_beats_of_any_width(engines: int, words: int) -> None:
     """Beats of a width that is not the default (odd, and wider than the engines need):
-    every symbol in order under back-pressure, packets ending at every word of a beat."""
+    every symbol in order under back-pressure, packets of random sizes."""
     seed = 41 + words
     rng = np.random.default_rng(seed)
 
